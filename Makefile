@@ -1,0 +1,35 @@
+# Chores. `make demo` and `make test` install what is missing first.
+PYTHON ?= python3
+# The torch installed when none is importable: this machine's local CPU build. A torch
+# the user already has (any >= 2.1) is kept as it is.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install demo test test-gpu bench lint format clean
+
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_PIN)"
+	@cd / && $(PYTHON) -c "import gpu_mem_track.tracker as t, pandas, tabulate, pytest, ruff; \
+		assert t.__file__.startswith('$(CURDIR)/')" 2>/dev/null \
+		|| $(PYTHON) -m pip install -e ".[dev]"
+
+demo: install
+	$(PYTHON) scripts/vgg_demo.py
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-gpu: install
+	$(PYTHON) -m pytest -q -m cuda -rs
+
+bench: install
+	$(PYTHON) scripts/bench_census.py
+
+lint:
+	$(PYTHON) -m ruff check gpu_mem_track tests scripts
+	$(PYTHON) -m ruff format --check gpu_mem_track tests scripts
+
+format:
+	$(PYTHON) -m ruff format gpu_mem_track tests scripts
+
+clean:
+	rm -rf build *.egg-info .pytest_cache

@@ -1,0 +1,135 @@
+"""The CSV report: one totals row per stamp, then one row per changed group.
+
+All sizes are raw bytes. Columns (``COLUMNS``), empty where they do not apply:
+
+- every row: ``seq``, ``time`` (seconds since the epoch), ``elapsed`` (seconds since the
+  tracker started), ``file``, ``line``, ``function``, ``label``, ``row`` (``totals`` or
+  ``change``), ``device``;
+- change rows: ``kind``, ``shape`` (``4096x25088``; ``scalar`` for 0-d), ``dtype``,
+  ``count_delta``, ``bytes_delta``, ``count`` and ``bytes`` (the group after the change),
+  ``names`` (``;``-separated);
+- totals rows: the ledger (see ``records.Ledger``): ``tensors``, ``allocated``,
+  ``requested``, ``reserved``, ``peak_allocated``, ``driver``, ``driver_source``,
+  ``context``, ``rss``, and the derived ``hidden``, ``cache``, ``framework``,
+  ``framework_other``; ``views``; ``skipped`` (``reason:count:nominal_bytes``, ``;``-separated).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .records import GroupChange, Ledger, Skipped, Stamp
+
+__all__ = ["COLUMNS", "append_stamp", "read_stamps", "stamp_rows", "stamps_from_rows"]
+
+_WHERE = ("seq", "time", "elapsed", "file", "line", "function", "label", "row", "device")
+_CHANGE = ("kind", "shape", "dtype", "count_delta", "bytes_delta", "count", "bytes", "names")
+_LEDGER = ("tensors", "allocated", "requested", "reserved", "peak_allocated", "driver",
+           "driver_source", "context", "rss")
+_DERIVED = ("hidden", "cache", "framework", "framework_other")
+_TOTALS = _LEDGER + _DERIVED + ("views", "skipped")
+COLUMNS = _WHERE + _CHANGE + _TOTALS
+
+
+def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
+    """The CSV rows of one stamp: its totals row, then its change rows."""
+    where = {
+        "seq": stamp.seq, "time": f"{stamp.time:.6f}", "elapsed": f"{stamp.elapsed:.6f}",
+        "file": stamp.file, "line": stamp.line, "function": stamp.function,
+        "label": stamp.label, "device": stamp.ledger.device,
+    }
+    ledger = stamp.ledger
+    totals = {name: getattr(ledger, name) for name in _LEDGER + _DERIVED}
+    totals["views"] = stamp.views
+    totals["skipped"] = ";".join(f"{s.reason}:{s.count}:{s.nominal_bytes}" for s in stamp.skipped)
+    rows = [{**where, "row": "totals", **totals}]
+    for change in stamp.changes:
+        rows.append({
+            **where, "row": "change", "kind": change.kind, "shape": _shape_text(change.shape),
+            "dtype": change.dtype, "count_delta": change.count_delta,
+            "bytes_delta": change.bytes_delta, "count": change.count, "bytes": change.nbytes,
+            "names": ";".join(change.names),
+        })
+    return [{column: _cell(row.get(column)) for column in COLUMNS} for row in rows]
+
+
+def append_stamp(path: Path, stamp: Stamp) -> None:
+    """Append a stamp's rows to ``path`` (writing the header first if the file is new),
+    then flush and close, so a crash after this call loses nothing of it."""
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerows(stamp_rows(stamp))
+
+
+def read_stamps(path: Path) -> list[Stamp]:
+    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``)."""
+    with Path(path).open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in ("seq", "row", "device") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path} is not a gpu_mem_track CSV report (no {', '.join(missing)} column)")
+        return list(stamps_from_rows(reader))
+
+
+def stamps_from_rows(rows: Iterable[dict[str, str]]) -> Iterator[Stamp]:
+    """Rebuild stamps from CSV rows: a totals row opens a stamp, change rows follow it."""
+    current: dict[str, Any] | None = None
+    for row in rows:
+        if row["row"] == "totals":
+            if current is not None:
+                yield _stamp(current)
+            current = {"totals": row, "changes": []}
+        elif row["row"] == "change" and current is not None:
+            current["changes"].append(_change(row))
+    if current is not None:
+        yield _stamp(current)
+
+
+def _stamp(parts: dict[str, Any]) -> Stamp:
+    row = parts["totals"]
+    ledger = Ledger(
+        device=row["device"],
+        tensors=int(row["tensors"]),
+        driver_source=row["driver_source"] or None,
+        **{name: _int(row[name]) for name in _LEDGER if name not in ("tensors", "driver_source")},
+    )
+    skipped = tuple(
+        Skipped(reason, int(count), int(nominal))
+        for reason, count, nominal in (item.rsplit(":", 2) for item in row["skipped"].split(";") if item)
+    )
+    return Stamp(
+        seq=int(row["seq"]), time=float(row["time"]), elapsed=float(row["elapsed"]),
+        file=row["file"], line=int(row["line"]), function=row["function"], label=row["label"],
+        ledger=ledger, changes=tuple(parts["changes"]), skipped=skipped, views=int(row["views"] or 0),
+    )
+
+
+def _change(row: dict[str, str]) -> GroupChange:
+    return GroupChange(
+        kind=row["kind"], shape=_shape_from(row["shape"]), dtype=row["dtype"], device=row["device"],
+        count_delta=int(row["count_delta"]), bytes_delta=int(row["bytes_delta"]),
+        count=int(row["count"]), nbytes=int(row["bytes"]),
+        names=tuple(row["names"].split(";")) if row["names"] else (),
+    )
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def _shape_from(text: str) -> tuple[int, ...]:
+    return () if text == "scalar" else tuple(int(n) for n in text.split("x"))
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text not in ("", None) else None
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else value

@@ -1,0 +1,64 @@
+"""Report files: safe names, a unique run name per folder, append-and-flush writes."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UsageError
+
+__all__ = ["ReportFiles", "default_run_name", "safe_name"]
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a file name that is valid on every OS: letters, digits, ``._-`` only."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
+    return cleaned or "run"
+
+
+def default_run_name(now: float) -> str:
+    """``<script stem>-<YYYYmmdd>-<HHMMSS>`` from ``sys.argv[0]`` and the time ``now``."""
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "python"
+    return f"{safe_name(script)}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """The text log and CSV of one run: ``<folder>/<run_name>.log`` and ``.csv``."""
+
+    folder: Path
+    run_name: str
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"{self.run_name}.log"
+
+    @property
+    def csv(self) -> Path:
+        return self.folder / f"{self.run_name}.csv"
+
+    @classmethod
+    def create(cls, folder: str | Path, run_name: str) -> ReportFiles:
+        """Create the folder and claim a run name no earlier run in it used
+        (``name``, ``name-2``, ...). Raises ``UsageError`` when the folder is unusable."""
+        path = Path(folder)
+        base = safe_name(run_name)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for n in range(1, 10_000):
+                name = base if n == 1 else f"{base}-{n}"
+                files = cls(path, name)
+                if not files.log.exists() and not files.csv.exists():
+                    files.log.touch()
+                    return files
+        except OSError as exc:
+            raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}") from exc
+        raise UsageError(f"cannot find a free report name for {base!r} in {path}")
+
+    def write_text(self, text: str) -> None:
+        """Append ``text`` to the log and close it, so nothing waits in a buffer."""
+        with self.log.open("a", encoding="utf-8") as handle:
+            handle.write(text)

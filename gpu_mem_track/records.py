@@ -1,0 +1,269 @@
+"""The data model: plain, frozen records and pure functions over them.
+
+Nothing here measures or prints. Collectors (``census``, ``readers``) produce these
+records, renderers (``render``, ``csvlog``) consume them, and every record converts to
+and from a plain ``dict`` so reports can be saved, reloaded and compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = [
+    "KINDS",
+    "Census",
+    "GroupChange",
+    "Ledger",
+    "Skipped",
+    "Stamp",
+    "TensorGroup",
+    "diff_census",
+]
+
+#: Tensor kinds, in the order used to decide which tensor "owns" a shared storage.
+KINDS = ("Parameter", "Buffer", "Optimizer state", "Gradient", "Tensor")
+
+GroupKey = tuple[str, tuple[int, ...], str, str]
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """Live storages of one kind, shape, dtype and device.
+
+    ``count`` is the number of distinct storages; ``nbytes`` their total size in bytes
+    (on CUDA rounded to the allocator's 512 B blocks); ``names`` the known names of the
+    tensors that own them (``features.0.weight``, ``exp_avg of fc.bias``, ``x``).
+    """
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    count: int
+    nbytes: int
+    names: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> GroupKey:
+        return (self.kind, self.shape, self.dtype, self.device)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Tensors the census saw but did not count, with the reason.
+
+    ``reason`` is one of ``"meta"``, ``"fake"``, ``"no storage"`` or ``"error"``;
+    ``nominal_bytes`` is what they would occupy if real (0 when unknown).
+    """
+
+    reason: str
+    count: int
+    nominal_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Census:
+    """Every live tensor storage on one device at one moment, grouped.
+
+    ``views`` counts tensors that share a storage already counted (views, slices,
+    ``expand``, ``.data``): they add no bytes.
+    """
+
+    device: str
+    groups: tuple[TensorGroup, ...] = ()
+    views: int = 0
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the counted storages."""
+        return sum(g.nbytes for g in self.groups)
+
+    @property
+    def storages(self) -> int:
+        """Number of distinct storages counted."""
+        return sum(g.count for g in self.groups)
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Bytes per tensor kind, every kind present (0 when absent), in ``KINDS`` order."""
+        totals = dict.fromkeys(KINDS, 0)
+        for group in self.groups:
+            totals[group.kind] = totals.get(group.kind, 0) + group.nbytes
+        return totals
+
+
+@dataclass(frozen=True)
+class GroupChange:
+    """How one tensor group changed between two stamps.
+
+    ``count_delta`` and ``bytes_delta`` are signed; ``count`` and ``nbytes`` are the
+    group's values after the change. ``names`` lists the names that appeared (for a
+    growth) or disappeared (for a shrink), or the group's names when none changed.
+    """
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    count_delta: int
+    bytes_delta: int
+    count: int
+    nbytes: int
+    names: tuple[str, ...] = ()
+
+    @property
+    def sign(self) -> str:
+        """``+`` when the group grew, ``-`` when it shrank."""
+        if self.bytes_delta != 0:
+            return "+" if self.bytes_delta > 0 else "-"
+        return "+" if self.count_delta >= 0 else "-"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Where the device's memory goes at one stamp, all figures in bytes.
+
+    Measured parts (``None`` when unknown or not applicable):
+
+    - ``tensors``: bytes of the live tensors the census found (visible tensors).
+    - ``allocated``, ``requested``, ``reserved``, ``peak_allocated``: the CUDA caching
+      allocator's ``allocated_bytes``, ``requested_bytes``, ``reserved_bytes`` (current)
+      and ``allocated_bytes`` peak, as ``torch.cuda.memory_stats`` reports them.
+    - ``driver``: device memory used by this process as the driver sees it (what
+      nvidia-smi shows); ``driver_source`` says how it was read: ``"nvml process"``
+      or ``"nvml device-wide"`` (the whole GPU, when this process is not visible, as
+      in some containers).
+    - ``context``: CUDA context cost measured by the probe (``gpu_mem_track.probe``).
+    - ``rss``: resident set size of this process (CPU runs).
+
+    Derived parts are properties: ``hidden``, ``cache``, ``framework`` and
+    ``framework_other``.
+    """
+
+    device: str
+    tensors: int
+    allocated: int | None = None
+    requested: int | None = None
+    reserved: int | None = None
+    peak_allocated: int | None = None
+    driver: int | None = None
+    driver_source: str | None = None
+    context: int | None = None
+    rss: int | None = None
+
+    @property
+    def hidden(self) -> int | None:
+        """Allocated bytes no visible tensor accounts for (saved activations, C++-only grads)."""
+        return None if self.allocated is None else self.allocated - self.tensors
+
+    @property
+    def cache(self) -> int | None:
+        """Reserved but unallocated bytes held by the caching allocator."""
+        if self.reserved is None or self.allocated is None:
+            return None
+        return self.reserved - self.allocated
+
+    @property
+    def framework(self) -> int | None:
+        """Driver-level bytes outside the allocator: CUDA context, library workspaces, kernels."""
+        if self.driver is None or self.reserved is None:
+            return None
+        return self.driver - self.reserved
+
+    @property
+    def framework_other(self) -> int | None:
+        """Framework cost beyond the probed CUDA context (cuBLAS/cuDNN handles, loaded kernels)."""
+        if self.framework is None or self.context is None:
+            return None
+        return self.framework - self.context
+
+    def parts(self) -> dict[str, int | None]:
+        """The ledger's additive parts; on CUDA with a driver reading they sum to ``driver``."""
+        return {
+            "tensors": self.tensors,
+            "hidden": self.hidden,
+            "cache": self.cache,
+            "framework": self.framework,
+        }
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """One ``track()`` call: where and when, the ledger, and the changes since the last call.
+
+    ``time`` is seconds since the epoch; ``elapsed`` seconds since the tracker started.
+    ``file`` is the caller's path as Python reports it (``co_filename``).
+    """
+
+    seq: int
+    time: float
+    elapsed: float
+    file: str
+    line: int
+    function: str
+    label: str
+    ledger: Ledger
+    changes: tuple[GroupChange, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+    views: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Stamp:
+        """Inverse of ``to_dict``."""
+        values = dict(data)
+        values["ledger"] = Ledger(**values["ledger"])
+        values["changes"] = tuple(
+            GroupChange(**{**c, "shape": tuple(c["shape"]), "names": tuple(c["names"])})
+            for c in values.get("changes", ())
+        )
+        values["skipped"] = tuple(Skipped(**s) for s in values.get("skipped", ()))
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def diff_census(before: Census | None, after: Census) -> tuple[GroupChange, ...]:
+    """Group changes from ``before`` to ``after``, largest byte change first.
+
+    A group appears when its storage count or byte total changed; ``before=None``
+    means everything in ``after`` is new.
+    """
+    old = {g.key: g for g in (before.groups if before else ())}
+    new = {g.key: g for g in after.groups}
+    changes = []
+    for key in list(new) + [k for k in old if k not in new]:
+        was, now = old.get(key), new.get(key)
+        count_delta = (now.count if now else 0) - (was.count if was else 0)
+        bytes_delta = (now.nbytes if now else 0) - (was.nbytes if was else 0)
+        if count_delta == 0 and bytes_delta == 0:
+            continue
+        changes.append(_change(key, was, now, count_delta, bytes_delta))
+    changes.sort(key=lambda c: (-abs(c.bytes_delta), -abs(c.count_delta), c.kind, c.shape))
+    return tuple(changes)
+
+
+def _change(
+    key: GroupKey, was: TensorGroup | None, now: TensorGroup | None, count_delta: int, bytes_delta: int
+) -> GroupChange:
+    old_names = set(was.names) if was else set()
+    new_names = set(now.names) if now else set()
+    growing = bytes_delta > 0 or (bytes_delta == 0 and count_delta > 0)
+    moved = (new_names - old_names) if growing else (old_names - new_names)
+    source = now if (growing and now) or not was else was
+    names = tuple(n for n in source.names if n in moved) if moved else source.names
+    kind, shape, dtype, device = key
+    return GroupChange(
+        kind=kind,
+        shape=shape,
+        dtype=dtype,
+        device=device,
+        count_delta=count_delta,
+        bytes_delta=bytes_delta,
+        count=now.count if now else 0,
+        nbytes=now.nbytes if now else 0,
+        names=names,
+    )

@@ -1,0 +1,322 @@
+"""``MemTracker``: line-stamped reports of live tensors and where device memory goes.
+
+Each ``track()`` call takes a census of live tensors on the tracked device, reads the
+allocator, the driver and the process, and writes one stamp: a line with totals, the
+reconciliation ledger, and the tensor groups that appeared (``+``) or disappeared
+(``-``) since the previous call. Reports go to the stream (stdout by default), to a text
+log and to a CSV under the output folder, flushed at every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import platform
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+import torch
+
+from . import __version__
+from .census import LiveTensorFinder, TensorSource, full_scan, take_census
+from .csvlog import COLUMNS, append_stamp, stamp_rows
+from .errors import UsageError
+from .naming import Registry, frame_roots
+from .outputs import ReportFiles, default_run_name
+from .probe import ProbeError, ProbeResult, cached_probe
+from .readers import MemoryReader, reader_for
+from .records import Census, Ledger, Stamp, diff_census
+from .render import render_census, render_header, render_stamp
+
+__all__ = ["MemTracker"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+Probe = Callable[[str], "ProbeResult | None"]
+
+
+class MemTracker:
+    """Line-stamped live-tensor reports that add up, byte for byte.
+
+    ``MemTracker()`` needs no arguments; the classic ``MemTracker(inspect.currentframe())``
+    and ``MemTracker(detail, path, verbose, device)`` forms work too (the frame is not
+    needed: each ``track()`` reads its caller's frame itself).
+
+    Args:
+        frame: accepted for compatibility with the classic tool; ignored.
+        detail: list changed tensor groups (True) or print totals only (False).
+        path: the classic name of ``out_dir``.
+        verbose: the classic switch; True means ``verbosity=2``.
+        device: ``"cuda:1"``, ``"cuda"``, ``"cpu"``, a ``torch.device`` or a CUDA index.
+            Default: the current CUDA device when CUDA is available, else the CPU.
+        out_dir: folder of the text log and CSV (created if missing); None writes no files.
+        run_name: base name of the report files; default ``<script>-<date>-<time>``.
+        verbosity: 0 prints nothing, 1 prints each stamp, 2 also lists every live group.
+        stream: where stamps are printed (default: ``sys.stdout`` at call time).
+        probe: measure the CUDA context cost once per GPU in a subprocess and split the
+            framework cost with it (True), skip it (False), or a callable
+            ``device -> ProbeResult`` (tests, or results measured elsewhere).
+        census: ``"fast"`` (one ``gc.get_referrers`` walk) or ``"full"`` (filter all of
+            ``gc.get_objects()``; slower, for checking the fast census).
+        reader: the memory reader (default: CUDA allocator + NVML, or process RSS on CPU).
+        source: the object source for the census (default: per ``census``).
+        clock: the wall clock, seconds since the epoch.
+    """
+
+    def __init__(
+        self,
+        frame: Any = None,
+        detail: bool = True,
+        path: str | Path | None = None,
+        verbose: bool = False,
+        device: str | int | torch.device | None = None,
+        *,
+        out_dir: str | Path | None = "reports",
+        run_name: str | None = None,
+        verbosity: int = 1,
+        stream: TextIO | None = None,
+        probe: bool | Probe = True,
+        census: str = "fast",
+        reader: MemoryReader | None = None,
+        source: TensorSource | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if isinstance(frame, bool):  # the classic MemTracker(detail, path, verbose, device)
+            frame, detail = None, frame
+        if frame is not None and not isinstance(frame, types.FrameType):
+            raise UsageError(f"MemTracker's first argument is a frame or None, not {type(frame).__name__}")
+        if census not in ("fast", "full"):
+            raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
+        if verbosity not in (0, 1, 2):
+            raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
+        self.detail = detail
+        self.verbosity = 2 if verbose else verbosity
+        self._device = _parse_device(device)
+        self._stream = stream
+        self._probe: Probe | None = _probe_function(probe)
+        self._source = source or (full_scan if census == "full" else LiveTensorFinder())
+        self._reader = reader
+        self._clock = clock
+        self._registry = Registry()
+        self._previous: Census | None = None
+        self._seq = 0
+        self._start = clock()
+        self._memory_rows: list[dict[str, Any]] = []
+        self._notes_shown: set[str] = set()
+        folder = path if path not in (None, "") else out_dir
+        self.run_name = run_name or default_run_name(clock())
+        self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
+        if self.files is not None:
+            self.run_name = self.files.run_name
+            versions = f"torch {torch.__version__} | Python {platform.python_version()} | gpu_mem_track {__version__}"
+            self.files.write_text(render_header(self.run_name, self._device or "auto", versions))
+
+    # -- registration -------------------------------------------------------------------------
+
+    def watch(self, *objects: Any, **named: Any) -> MemTracker:
+        """Name and classify the tensors of models, optimizers and tensors.
+
+        Positional objects are named from their own structure (``features.0.weight``,
+        ``exp_avg of features.0.weight``); keyword objects get the keyword as prefix
+        (``watch(teacher=t)`` names ``teacher.fc.weight``). Held by weak reference.
+        Returns the tracker.
+        """
+        for obj in objects:
+            self._registry.add(obj)
+        for prefix, obj in named.items():
+            self._registry.add(obj, prefix)
+        return self
+
+    # -- stamping -----------------------------------------------------------------------------
+
+    def track(self, label: str | None = None) -> Stamp:
+        """Stamp the caller's file, line and function (and ``label``) and report changes.
+
+        Returns the stamp (plain data). Nothing it keeps refers to a tensor.
+        """
+        caller = sys._getframe(1)
+        try:
+            where = (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
+            return self._stamp(caller, where, label)
+        finally:
+            del caller
+
+    def region(self, label: str) -> _Region:
+        """Stamp on entry and exit: ``with tracker.region("forward"): ...`` or as a decorator."""
+        return _Region(self, label)
+
+    @property
+    def device(self) -> str:
+        """The device being tracked, resolved now (``"cpu"``, ``"cuda:0"``, ...)."""
+        if self._device is not None and self._device != "cuda":
+            return self._device
+        if torch.cuda.is_initialized():
+            resolved = f"cuda:{torch.cuda.current_device()}"
+            self._device = resolved
+            return resolved
+        if self._device == "cuda" or torch.cuda.is_available():
+            return "cuda:0"
+        return "cpu"
+
+    def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: str | None) -> Stamp:
+        device = self.device
+        roots = self._registry.roots() + frame_roots(frame)
+        frame = None
+        census = take_census(device, self._source, roots)
+        del roots
+        now = self._clock()
+        self._seq += 1
+        stamp = Stamp(
+            seq=self._seq,
+            time=now,
+            elapsed=now - self._start,
+            file=where[0],
+            line=where[1],
+            function=where[2],
+            label=label or "",
+            ledger=self._ledger(device, census),
+            changes=diff_census(self._previous, census),
+            skipped=census.skipped,
+            views=census.views,
+        )
+        self._previous = census
+        self._emit(stamp, census)
+        return stamp
+
+    def _ledger(self, device: str, census: Census) -> Ledger:
+        reader = self._reader or reader_for(device)
+        self._reader = reader
+        allocator = reader.allocator(device)
+        driver = reader.driver(device)
+        context = None
+        if driver is not None and self._probe is not None:
+            context = self._context(device)
+        return Ledger(
+            device=device,
+            tensors=census.nbytes,
+            allocated=allocator.allocated if allocator else None,
+            requested=allocator.requested if allocator else None,
+            reserved=allocator.reserved if allocator else None,
+            peak_allocated=allocator.peak_allocated if allocator else None,
+            driver=driver.nbytes if driver else None,
+            driver_source=driver.source if driver else None,
+            context=context,
+            rss=reader.rss(),
+        )
+
+    def _context(self, device: str) -> int | None:
+        assert self._probe is not None
+        try:
+            result = self._probe(device)
+        except ProbeError as exc:
+            self._note(f"gpu_mem_track: no CUDA context probe ({exc}); framework cost not split")
+            self._probe = None
+            return None
+        return None if result is None else result.context
+
+    def _emit(self, stamp: Stamp, census: Census) -> None:
+        text = render_stamp(stamp, self.detail)
+        if self.verbosity >= 2:
+            text += render_census(census)
+        if self.verbosity >= 1:
+            stream = self._stream or sys.stdout
+            stream.write(text)
+            stream.flush()
+        if self.files is not None:
+            self.files.write_text(text)
+            append_stamp(self.files.csv, stamp)
+        else:
+            self._memory_rows.extend(stamp_rows(stamp))
+
+    def _note(self, message: str) -> None:
+        if message not in self._notes_shown and self.verbosity >= 1:
+            self._notes_shown.add(message)
+            print(message, file=self._stream or sys.stderr)
+
+    # -- results ------------------------------------------------------------------------------
+
+    def to_dataframe(self) -> Any:
+        """The CSV report as a pandas DataFrame (columns as in ``csvlog.COLUMNS``).
+
+        Read back from the CSV file, so memory stays bounded however long the run;
+        with ``out_dir=None`` the rows were kept in memory instead.
+        """
+        import pandas as pd
+
+        if self.files is not None:
+            return pd.read_csv(self.files.csv)
+        buffer = io.StringIO()
+        import csv
+
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(self._memory_rows)
+        buffer.seek(0)
+        return pd.read_csv(buffer)
+
+
+class _Region(contextlib.AbstractContextManager):
+    """Stamps ``<label> start`` on entry and ``<label> end`` on exit, also as a decorator."""
+
+    def __init__(self, tracker: MemTracker, label: str) -> None:
+        self._tracker = tracker
+        self._label = label
+
+    def __enter__(self) -> _Region:
+        caller = sys._getframe(1)
+        where = (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
+        self._tracker._stamp(caller, where, f"{self._label} start")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        caller = sys._getframe(1)
+        where = (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
+        self._tracker._stamp(caller, where, f"{self._label} end")
+
+    def __call__(self, func: F) -> F:
+        code = func.__code__
+        where = (code.co_filename, code.co_firstlineno, func.__qualname__)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self._tracker._stamp(sys._getframe(0), where, f"{self._label} start")
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self._tracker._stamp(sys._getframe(0), where, f"{self._label} end")
+
+        return wrapper  # type: ignore[return-value]
+
+
+def _parse_device(device: str | int | torch.device | None) -> str | None:
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise UsageError(f"device must be a device name or CUDA index, not {device!r}")
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"not a device: {device!r} (examples: 'cpu', 'cuda', 'cuda:1')") from exc
+    return "cuda" if parsed.type == "cuda" and parsed.index is None else str(parsed)
+
+
+def _probe_function(probe: bool | Probe) -> Probe | None:
+    if probe is True:
+        return _cached_probe
+    if probe is False or probe is None:
+        return None
+    if callable(probe):
+        return probe
+    raise UsageError(f"probe must be True, False or a callable, not {probe!r}")
+
+
+def _cached_probe(device: str) -> ProbeResult:
+    index = torch.device(device).index or 0
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", f"index{index}"))
+    return cached_probe(device, f"{uuid}-torch{torch.__version__}")

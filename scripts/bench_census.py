@@ -1,0 +1,299 @@
+"""Benchmark: the cost of ``MemTracker.track()`` against a bare ``gc.get_objects()``.
+
+Acceptance target: a ``track()`` call is dominated by finding the tensors among all live
+objects. For heaps of about 100k, 1M and 3M live gc-tracked objects holding a few thousand
+tensors, this script times ``gc.get_objects()`` and ``tracker.track()`` alternately in one
+process, reports min and median of each and their ratio (target: <= 1.5 at 1M and 3M), and
+checks that the fast census is complete (same storages and bytes as the exhaustive one).
+
+Writes a markdown report (``--out``) and the same data as JSON next to it. Exits 1 when
+a census is incomplete; the ratio target is reported, not enforced.
+
+    python3 scripts/bench_census.py [--sizes 100000,1000000,3000000] [--tensors 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu_mem_track.census import LiveTensorFinder, full_scan, take_census
+from gpu_mem_track.tracker import MemTracker
+
+TARGET_RATIO = 1.5
+TARGET_MIN_SIZE = 1_000_000
+FLOATS_PER_TENSOR = 16
+
+
+class Node:
+    """A plain Python object with a ``__dict__``, as application code has many of."""
+
+    def __init__(self, index: int, payload: list[int]) -> None:
+        self.index = index
+        self.payload = payload
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes",
+        default="100000,1000000,3000000",
+        help="comma-separated target counts of live gc-tracked objects (default: %(default)s)",
+    )
+    parser.add_argument("--tensors", type=int, default=3000, help="tensors in total (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls of each (default: %(default)s)")
+    parser.add_argument(
+        "--out", default="reports/bench_census.md", help="markdown report; JSON goes next to it (%(default)s)"
+    )
+    args = parser.parse_args(argv)
+    args.size_list = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    if args.repeats < 1 or args.tensors < 20 or not args.size_list:
+        parser.error("need --repeats >= 1, --tensors >= 20 and at least one size")
+    return args
+
+
+def build_heap(target: int) -> list[list[Any]]:
+    """Add gc-tracked objects until about ``target`` objects are live in total.
+
+    Four kinds in equal numbers, each one tracked object: a one-item list, a dict
+    holding that list, a ``Node`` instance and a tuple holding the list.
+    """
+    count = max(0, target - len(gc.get_objects())) // 4
+    lists = [[i] for i in range(count)]
+    dicts = [{"index": i, "payload": item} for i, item in enumerate(lists)]
+    nodes = [Node(i, item) for i, item in enumerate(lists)]
+    tuples = [(i, item) for i, item in enumerate(lists)]
+    return [lists, dicts, nodes, tuples]
+
+
+def build_tensors(total: int) -> dict[str, Any]:
+    """About ``total`` small tensors: a model with Adam state after one step, plain ones, views.
+
+    Each ``Linear(4, 4)`` layer gives 2 parameters, and each parameter a gradient and
+    Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``: 10 tensors per layer.
+    """
+    torch.manual_seed(0)
+    layers = max(1, total // 3 // 10)
+    width = int(FLOATS_PER_TENSOR**0.5)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()
+    n_views = max(1, total // 50)
+    n_plain = max(1, total - 10 * layers - n_views)
+    plain = [torch.randn(FLOATS_PER_TENSOR) for _ in range(n_plain)]
+    views = [plain[i % n_plain][: FLOATS_PER_TENSOR // 2] for i in range(n_views)]
+    return {"model": model, "optimizer": optimizer, "plain": plain, "views": views}
+
+
+def time_calls(tracker: MemTracker, repeats: int) -> tuple[list[float], list[float], Any]:
+    """Alternate timed ``gc.get_objects()`` and ``tracker.track()``; return seconds and last stamp."""
+    scan_times: list[float] = []
+    track_times: list[float] = []
+    stamp = None
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            objects = gc.get_objects()
+            scan_times.append(time.perf_counter() - start)
+            len(objects)
+            del objects
+            start = time.perf_counter()
+            stamp = tracker.track()
+            track_times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return scan_times, track_times, stamp
+
+
+def check_complete(stamp: Any) -> dict[str, Any]:
+    """Compare the fast census, the exhaustive one and the tracker's last stamp."""
+    fast = take_census("cpu", LiveTensorFinder(), [])
+    full = take_census("cpu", full_scan, [])
+    tensor_objects = len(full_scan())
+    complete = (
+        fast.storages == full.storages and fast.nbytes == full.nbytes and stamp.ledger.tensors == full.nbytes
+    )
+    return {
+        "storages_fast": fast.storages,
+        "storages_full": full.storages,
+        "nbytes_fast": fast.nbytes,
+        "nbytes_full": full.nbytes,
+        "nbytes_stamp": stamp.ledger.tensors,
+        "tensor_objects": tensor_objects,
+        "complete": complete,
+    }
+
+
+def bench_size(target: int, tensors: int, repeats: int) -> dict[str, Any]:
+    """Build one heap, time the calls, check completeness, free the heap."""
+    held = build_tensors(tensors)
+    heap = build_heap(target)
+    gc.collect()
+    live = len(gc.get_objects())
+    tracker = MemTracker(out_dir=None, verbosity=0, probe=False, device="cpu")
+    tracker.watch(held["model"], held["optimizer"])
+    start = time.perf_counter()
+    tracker.track()
+    first = time.perf_counter() - start
+    scan_times, track_times, stamp = time_calls(tracker, repeats)
+    check = check_complete(stamp)
+    del tracker, stamp, heap, held
+    gc.collect()
+    scan_min, scan_med = min(scan_times), statistics.median(scan_times)
+    track_min, track_med = min(track_times), statistics.median(track_times)
+    return {
+        "target": target,
+        "live_objects": live,
+        "get_objects_ms": {"min": scan_min * 1e3, "median": scan_med * 1e3},
+        "track_ms": {"min": track_min * 1e3, "median": track_med * 1e3},
+        "ratio_min": track_min / scan_min,
+        "ratio_median": track_med / scan_med,
+        "first_track_ms": first * 1e3,
+        "samples_ms": {"get_objects": [t * 1e3 for t in scan_times], "track": [t * 1e3 for t in track_times]},
+        **check,
+    }
+
+
+def git_commit() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "uncommitted"
+    return result.stdout.strip() or "uncommitted"
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "machine": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def target_verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether every heap of at least 1M targeted objects meets the ratio target (by min and median)."""
+    judged = [r for r in results if r["target"] >= TARGET_MIN_SIZE]
+    return {
+        "ratio_target": TARGET_RATIO,
+        "applies_from": TARGET_MIN_SIZE,
+        "judged_sizes": [r["target"] for r in judged],
+        "met_by_min": bool(judged) and all(r["ratio_min"] <= TARGET_RATIO for r in judged),
+        "met_by_median": bool(judged) and all(r["ratio_median"] <= TARGET_RATIO for r in judged),
+        "complete": all(r["complete"] for r in results),
+    }
+
+
+HEADERS = (
+    "heap target",
+    "live objects",
+    "tensors (storages)",
+    "get_objects min / median ms",
+    "track min / median ms",
+    "ratio (min)",
+    "ratio (median)",
+    "first track ms",
+    "complete",
+)
+
+
+def table_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            f"{r['target']:,}",
+            f"{r['live_objects']:,}",
+            f"{r['storages_full']:,}",
+            f"{r['get_objects_ms']['min']:.1f} / {r['get_objects_ms']['median']:.1f}",
+            f"{r['track_ms']['min']:.1f} / {r['track_ms']['median']:.1f}",
+            f"{r['ratio_min']:.2f}",
+            f"{r['ratio_median']:.2f}",
+            f"{r['first_track_ms']:.1f}",
+            "yes" if r["complete"] else "no",
+        ]
+        for r in results
+    ]
+
+
+def render_markdown(env: dict[str, Any], results: list[dict[str, Any]], verdict: dict[str, Any]) -> str:
+    lines = [
+        "# Census benchmark: `MemTracker.track()` vs `gc.get_objects()`",
+        "",
+        f"- Date: {env['date_utc']}",
+        f"- Machine: {env['machine']}, {env['cpu_count']} CPUs",
+        f"- Python {env['python']}, torch {env['torch']}",
+        f"- Commit: {env['commit']}",
+        f"- Command: `{env['command']}`",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---" for _ in HEADERS) + "|",
+        *("| " + " | ".join(row) + " |" for row in table_rows(results)),
+        "",
+        f"Target: ratio `track()` / `gc.get_objects()` <= {TARGET_RATIO} at heaps of "
+        f"{TARGET_MIN_SIZE:,} objects and more, with the census complete.",
+        "",
+        f"- Met by min: **{'yes' if verdict['met_by_min'] else 'no'}**; "
+        f"met by median: **{'yes' if verdict['met_by_median'] else 'no'}**",
+        f"- Census complete at every size: **{'yes' if verdict['complete'] else 'no'}** "
+        "(fast vs exhaustive storages and bytes, and the last stamp's `ledger.tensors`)",
+        "",
+        "Live objects is `len(gc.get_objects())` after building, interpreter and torch included, "
+        "so a target below that baseline adds nothing. Times are alternating calls with automatic "
+        "gc disabled; the first `track()` call (which asks about every tensor subclass) is untimed "
+        "in the loop and shown separately.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    rows = [list(HEADERS), *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    for row in rows:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = environment()
+    results = []
+    for target in args.size_list:
+        print(f"heap of about {target:,} objects ...", flush=True)
+        results.append(bench_size(target, args.tensors, args.repeats))
+    verdict = target_verdict(results)
+    print_table(results)
+    print(
+        f"target ratio <= {TARGET_RATIO} at >= {TARGET_MIN_SIZE:,}: min {verdict['met_by_min']}, "
+        f"median {verdict['met_by_median']}; complete: {verdict['complete']}"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(env, results, verdict))
+    payload = {"environment": env, "verdict": verdict, "results": results}
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0 if verdict["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+from __future__ import annotations
+
+import gc
+import sys
+import warnings
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from gpu_mem_track.census import LiveTensorFinder, full_scan, take_census
+from gpu_mem_track.naming import frame_roots
+
+MIB4 = 4 * 2**20
+
+
+def census_of(*objects, roots=()):
+    """Census of exactly ``objects`` (plus their view bases and gradients)."""
+    return take_census("cpu", lambda: list(objects), list(roots))
+
+
+def by_kind(census):
+    return {kind: n for kind, n in census.bytes_by_kind().items() if n}
+
+
+def test_views_and_slices_count_their_storage_once():
+    x = torch.zeros(2**20)
+    census = census_of(x, x.view(-1), x[:1], x[10:20], x.reshape(1024, 1024).t())
+    assert census.nbytes == MIB4
+    assert census.storages == 1
+    assert census.views == 4
+    assert [(g.shape, g.count) for g in census.groups] == [((2**20,), 1)]
+
+
+def test_a_slice_holds_its_whole_storage_after_the_base_is_gone():
+    x = torch.zeros(2**20)
+    v = x[:1]
+    del x
+    census = take_census("cpu", lambda: [v], [("v", v)])
+    assert census.nbytes == MIB4
+    assert census.groups[0].names == ("v (view)",)
+
+
+def test_expand_counts_the_small_storage():
+    e = torch.zeros(1).expand(1000, 1000)
+    assert census_of(e).nbytes == 4
+
+
+def test_parameter_and_tensor_of_one_shape_are_separate_groups():
+    p = nn.Parameter(torch.zeros(3, 3))
+    t = torch.zeros(3, 3)
+    census = census_of(p, t)
+    assert [(g.kind, g.shape, g.count, g.nbytes) for g in census.groups] == [
+        ("Parameter", (3, 3), 1, 36),
+        ("Tensor", (3, 3), 1, 36),
+    ]
+
+
+def test_shared_storage_goes_to_the_parameter_not_its_data_alias():
+    p = nn.Parameter(torch.zeros(8))
+    alias = p.data
+    census = census_of(alias, p)
+    assert [(g.kind, g.nbytes) for g in census.groups] == [("Parameter", 32)]
+    assert census.views == 1
+
+
+def test_gradients_are_found_without_python_touching_grad():
+    model = nn.Linear(10, 5)
+    model(torch.randn(4, 10)).sum().backward()
+    # The source sees only the parameters; the grads exist in C++ until read.
+    census = take_census("cpu", lambda: list(model.parameters()), [("", model)])
+    assert by_kind(census) == {"Parameter": 220, "Gradient": 220}
+    names = {n for g in census.groups if g.kind == "Gradient" for n in g.names}
+    assert names == {"weight.grad", "bias.grad"}
+
+
+def test_buffers_optimizer_state_and_names_from_watched_roots():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    census = take_census("cpu", LiveTensorFinder(), [("", model), ("", optimizer)])
+    kinds = by_kind(census)
+    params = 4 * 4 * 4 + 4 * 4 + 4 * 4 + 4 * 4  # weight, bias, bn weight, bn bias (float32)
+    assert kinds["Parameter"] == params
+    assert kinds["Gradient"] == params
+    assert kinds["Buffer"] == 4 * 4 + 4 * 4 + 8  # running mean, var, num_batches_tracked
+    # Adam: exp_avg and exp_avg_sq per parameter, plus a 4-byte float32 step per parameter.
+    assert kinds["Optimizer state"] == 2 * params + 4 * 4
+    state_names = {n for g in census.groups if g.kind == "Optimizer state" for n in g.names}
+    assert {"exp_avg of 0.weight", "exp_avg_sq of 1.bias", "step of 0.bias"} <= state_names
+
+
+def test_prefixed_roots_prefix_names():
+    model = nn.Linear(2, 2)
+    census = take_census("cpu", lambda: [], [("teacher", model)])
+    assert {n for g in census.groups for n in g.names} == {"teacher.weight", "teacher.bias"}
+
+
+def test_frame_roots_name_module_level_tensors_and_find_models():
+    namespace = {"weights": torch.zeros(5), "net": nn.Linear(1, 1), "other": 3}
+    code = compile("import sys\nframe = sys._getframe()", "<t>", "exec")
+    exec(code, namespace)
+    roots = frame_roots(namespace.pop("frame"))
+    assert ("weights", namespace["weights"]) in roots
+    assert ("", namespace["net"]) in roots
+
+
+def test_device_filter_keeps_only_the_tracked_device():
+    census = take_census("cuda:0", lambda: [torch.zeros(10)], [])
+    assert census.groups == () and census.skipped == ()
+
+
+class Exploding:
+    """Every attribute access raises."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} for you")
+
+
+class DataWithoutSize:
+    """Has a tensor .data but no .size(): crashed the classic tool."""
+
+    def __init__(self):
+        self.data = torch.zeros(2)
+
+
+class Referent:
+    pass
+
+
+class NoStorage(torch.Tensor):
+    """A wrapper subclass whose storage cannot be accessed (like DTensor)."""
+
+    @staticmethod
+    def __new__(cls):
+        return torch.Tensor._make_wrapper_subclass(cls, (4,), dtype=torch.float32)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(str(func))
+
+
+def odd_objects():
+    dead = weakref.proxy(Referent())
+    with warnings.catch_warnings():  # deprecation and "beta" notices from torch
+        warnings.simplefilter("ignore")
+        quantized = torch.quantize_per_tensor(torch.zeros(10), 0.1, 0, torch.quint8)
+        csr = torch.eye(3).to_sparse_csr()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(100)
+    return {
+        "dead proxy": dead,
+        "exploding": Exploding(),
+        "data without size": DataWithoutSize(),
+        "sparse coo": torch.eye(3).to_sparse(),
+        "sparse csr": csr,
+        "complex64": torch.zeros(3, dtype=torch.complex64),
+        "complex128": torch.zeros(3, dtype=torch.complex128),
+        "int16": torch.zeros(10, dtype=torch.int16),
+        "uint16": torch.zeros(5, dtype=torch.uint16),
+        "uint32": torch.zeros(5, dtype=torch.uint32),
+        "uint64": torch.zeros(5, dtype=torch.uint64),
+        "float8_e4m3fn": torch.zeros(10, dtype=torch.float8_e4m3fn),
+        "float8_e5m2": torch.zeros(10, dtype=torch.float8_e5m2),
+        "bfloat16": torch.zeros(7, dtype=torch.bfloat16),
+        "bool": torch.zeros(9, dtype=torch.bool),
+        "quint8": quantized,
+        "meta": torch.empty(10, device="meta"),
+        "fake": fake,
+        "no storage": NoStorage(),
+    }
+
+
+EXPECTED_BYTES = {
+    "sparse coo": 2 * 3 * 8 + 3 * 4,  # int64 indices (2, nnz) + float32 values
+    # crow (n+1) int64 + values; col_indices is a slice of the COO (2, nnz) int64 index
+    # storage it was converted from, which it keeps alive whole (48 B).
+    "sparse csr": 4 * 8 + 48 + 3 * 4,
+    "complex64": 24,
+    "complex128": 48,
+    "int16": 20,
+    "uint16": 10,
+    "uint32": 20,
+    "uint64": 40,
+    "float8_e4m3fn": 10,
+    "float8_e5m2": 10,
+    "bfloat16": 14,
+    "bool": 9,
+    "quint8": 10,
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_BYTES))
+def test_every_dtype_and_layout_gets_its_true_size(name):
+    objects = odd_objects()
+    assert census_of(objects[name]).nbytes == EXPECTED_BYTES[name]
+
+
+def test_odd_objects_never_crash_the_census_and_are_reported():
+    objects = odd_objects()
+    census = census_of(*objects.values())
+    # Only tensors count: DataWithoutSize's inner tensor is not among the objects given.
+    assert census.nbytes == sum(EXPECTED_BYTES.values())
+    skipped = {s.reason: (s.count, s.nominal_bytes) for s in census.skipped}
+    assert skipped == {"fake": (1, 400), "meta": (1, 40), "no storage": (1, 0)}
+
+
+def test_odd_objects_in_the_real_heap_never_crash_the_scan():
+    keep = odd_objects()
+    for source in (LiveTensorFinder(), full_scan):
+        census = take_census("cpu", source, frame_roots(sys._getframe()))
+        assert census.nbytes >= sum(EXPECTED_BYTES.values())
+        assert {s.reason for s in census.skipped} >= {"fake", "meta", "no storage"}
+    del keep
+
+
+def test_fast_census_equals_full_scan_through_a_training_step():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(5, 8, requires_grad=True)
+    view = x[:2]
+    loss = model(x).pow(2).sum()  # graph alive: parameters and x are also held by autograd
+    finder = LiveTensorFinder()
+    roots = [("", model), ("", optimizer)]
+    assert take_census("cpu", finder, roots) == take_census("cpu", full_scan, roots)
+    loss.backward()
+    optimizer.step()
+    assert take_census("cpu", finder, roots) == take_census("cpu", full_scan, roots)
+    del view, loss
+
+
+def test_finder_sees_instances_of_a_subclass_created_after_a_census():
+    finder = LiveTensorFinder()
+    take_census("cpu", finder, [])
+    take_census("cpu", finder, [])  # the subclass below does not exist yet
+
+    class Late(torch.Tensor):
+        pass
+
+    late = torch.zeros(1000).as_subclass(Late)
+    found = take_census("cpu", finder, [])
+    assert any(g.shape == (1000,) and g.nbytes == 4000 for g in found.groups)
+    del late
+
+
+def test_finder_asks_again_about_a_subclass_once_it_has_instances():
+    class Rare(torch.Tensor):
+        pass
+
+    finder = LiveTensorFinder()
+    finder()
+    finder()  # Rare now has a recorded empty reference count
+    rare = torch.zeros(333).as_subclass(Rare)
+    assert any(type(t) is Rare for t in finder())
+    del rare
+
+
+def test_the_census_keeps_no_tensor_alive():
+    model = nn.Linear(100, 100)
+    model(torch.randn(2, 100)).sum().backward()
+    tensor = torch.zeros(1000)
+    refs = [weakref.ref(tensor), weakref.ref(model.weight), weakref.ref(model.weight.grad)]
+    census = take_census("cpu", LiveTensorFinder(), [("", model), ("t", tensor)])
+    assert census.nbytes > 0
+    del model, tensor
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
