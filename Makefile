@@ -8,8 +8,8 @@ TORCH_PIN ?= torch==2.13.0
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_PIN)"
-	@cd / && $(PYTHON) -c "import gpu_mem_track.tracker as t, pandas, tabulate, pytest, ruff; \
-		assert t.__file__.startswith('$(CURDIR)/')" 2>/dev/null \
+	@(cd / && $(PYTHON) -c "import gpu_mem_track.tracker as t, pandas, tabulate, pytest, ruff; \
+		assert t.__file__.startswith('$(CURDIR)/')") 2>/dev/null \
 		|| $(PYTHON) -m pip install -e ".[dev]"
 
 demo: install

@@ -16,18 +16,16 @@ discovered modules and optimizers, the bases of views, and the gradients of leaf
 
 from __future__ import annotations
 
-import collections
 import gc
 import itertools
 import sys
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .naming import Known, known_tensors
+from .naming import known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
 from .units import cuda_block_bytes
 
@@ -59,20 +57,59 @@ def tensor_types() -> list[type]:
     return found
 
 
-class LiveTensorFinder:
-    """Returns the live tensor objects, in one ``gc.get_referrers`` walk of the heap.
+# Objects enter generation 2 only in a gen-1 or gen-2 collection (or gc.unfreeze), so
+# while those counters stand still every tensor born since the last walk is young.
+# CPython 3.14 replaced the generations with an incremental collector: walk every time.
+_YOUNG_SCAN_WORKS = sys.version_info < (3, 14) and getattr(sys, "_is_gil_enabled", lambda: True)()
 
-    ``torch.Tensor`` and ``nn.Parameter`` are always asked about. Another subclass is
-    asked about until a walk finds none of its instances; its reference count is then
-    recorded, and it is asked about again only once that count grows (every instance
-    holds a reference to its class). The finder holds classes only weakly.
+
+def _gc_epoch() -> tuple[int, int, int]:
+    stats = gc.get_stats()
+    return (stats[1]["collections"], stats[2]["collections"], gc.get_freeze_count())
+
+
+class LiveTensorFinder:
+    """Returns the live tensor objects, walking the heap only when it must.
+
+    A full walk is one ``gc.get_referrers`` call over the tensor classes. ``torch.Tensor``
+    and ``nn.Parameter`` are always asked about; another subclass is asked about until a
+    walk finds none of its instances, then only once its reference count grows (every
+    instance holds a reference to its class).
+
+    Between walks, while no gen-1 or gen-2 collection has run, the tensors alive are
+    those the last call found (held by weak reference) plus the tensors among the young
+    objects (generations 0 and 1, a few thousand objects): a young scan. ``last_scan``
+    says which of ``"full"`` and ``"young"`` the last call did.
     """
 
     def __init__(self) -> None:
         self._empty_refcount: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
+        self._known: list[weakref.ref[Any]] = []
+        self._epoch: tuple[int, int, int] | None = None
+        self.last_scan = ""
 
     def __call__(self) -> list[Any]:
         classes = tensor_types()
+        epoch = _gc_epoch()
+        if _YOUNG_SCAN_WORKS and epoch == self._epoch:
+            found = self._young_scan(frozenset(classes))
+            self.last_scan = "young"
+        else:
+            found = self._full_walk(classes)
+            self.last_scan = "full"
+        self._epoch = epoch
+        self._known = [weakref.ref(t) for t in found]
+        return found
+
+    def _young_scan(self, class_set: frozenset[type]) -> list[Any]:
+        by_id = {id(t): t for t in (ref() for ref in self._known) if t is not None}
+        for generation in (0, 1):
+            for obj in gc.get_objects(generation):
+                if type(obj) in class_set:
+                    by_id[id(obj)] = obj
+        return list(by_id.values())
+
+    def _full_walk(self, classes: list[type]) -> list[Any]:
         refcounts = [sys.getrefcount(cls) for cls in classes]
         asked = [
             cls
@@ -99,20 +136,10 @@ def full_scan() -> list[Any]:
     return list(itertools.compress(objects, map(class_set.__contains__, map(type, objects))))
 
 
-@dataclass
-class _Entry:
-    tensor: torch.Tensor
-    kind: str | None
-    names: list[str]
-    order: int
-    parts: list[tuple[Any, int]] = field(default_factory=list)
-    rank: tuple[int, int, int, int] = (0, 0, 0, 0)
-
-
 def take_census(
     device: str,
     source: TensorSource,
-    roots: list[tuple[str, Any]] = (),  # type: ignore[assignment]
+    roots: Iterable[tuple[str, Any]] = (),
 ) -> Census:
     """Count the storages of live tensors on ``device`` (``"cpu"``, ``"cuda:0"``, ...).
 
@@ -125,96 +152,189 @@ def take_census(
     No tensor is referenced once this returns.
     """
     target = torch.device(device)
-    entries = _collect(source, roots)
-    skipped: dict[str, list[int]] = {}
-    kept = []
-    for entry in entries:
-        verdict = _measure(entry, target)
-        if verdict is None:
-            kept.append(entry)
-        elif verdict != "other device":
-            reason, nominal = verdict
-            tally = skipped.setdefault(reason, [0, 0])
-            tally[0] += 1
-            tally[1] += nominal
-    census = _group(kept, str(target), target.type == "cuda")
-    del entries, kept
+    seen = _Seen()
+    seen.add_roots(roots)
+    seen.add_objects(source())
+    seen.add_relatives()
+    owners, skipped, views = _storages(seen, target)
+    groups = _groups(seen, owners, str(target), target.type == "cuda")
+    seen.clear()
     return Census(
-        device=census.device,
-        groups=census.groups,
-        views=census.views,
+        device=str(target),
+        groups=groups,
+        views=views,
         skipped=tuple(Skipped(r, c, b) for r, (c, b) in sorted(skipped.items())),
     )
 
 
-def _collect(source: TensorSource, roots: Iterable[tuple[str, Any]]) -> list[_Entry]:
-    """Named tensors first, then everything the source finds, then view bases and grads."""
-    by_id: dict[int, _Entry] = {}
+class _Seen:
+    """The tensors of one census by id, in discovery order, with known kinds and names."""
 
-    def add(tensor: Any, kind: str | None, name: str | None) -> None:
-        if not issubclass(type(tensor), torch.Tensor):
-            return
-        entry = by_id.get(id(tensor))
-        if entry is None:
-            by_id[id(tensor)] = entry = _Entry(tensor, kind, [], len(by_id))
-        elif entry.kind is None:
-            entry.kind = kind
-        if name and name not in entry.names:
-            entry.names.append(name)
+    def __init__(self) -> None:
+        self.tensors: dict[int, Any] = {}
+        self.kinds: dict[int, str] = {}
+        self.names: dict[int, list[str]] = {}
 
-    for known in known_tensors(list(roots)):
-        add(known.tensor, known.kind, known.name)
+    def add(self, tensor: Any, kind: str | None, name: str | None) -> bool:
+        key = id(tensor)
+        new = key not in self.tensors
+        if new:
+            self.tensors[key] = tensor
+        if kind is not None:
+            self.kinds.setdefault(key, kind)
+        if name:
+            names = self.names.setdefault(key, [])
+            if name not in names:
+                names.append(name)
+        return new
+
+    def add_roots(self, roots: Iterable[tuple[str, Any]]) -> None:
+        for known in known_tensors(list(roots)):
+            if _is_tensor_class(type(known.tensor)):
+                self.add(known.tensor, known.kind, known.name)
         known = None  # type: ignore[assignment]  # drop the last reference promptly
-    for obj in source():
-        add(obj, None, None)
-    pending = collections.deque(by_id.values())
-    while pending:
-        entry = pending.popleft()
-        for tensor, kind, name in _relatives(entry):
-            before = len(by_id)
-            add(tensor, kind, name)
-            if len(by_id) > before:
-                pending.append(by_id[id(tensor)])
-    return list(by_id.values())
+
+    def add_objects(self, objects: Iterable[Any]) -> None:
+        tensors = self.tensors
+        for obj in objects:
+            if _is_tensor_class(type(obj)) and id(obj) not in tensors:
+                tensors[id(obj)] = obj
+
+    def add_relatives(self) -> None:
+        """View bases, and leaf gradients (which may exist only in C++ until read)."""
+        queue = list(self.tensors.values())
+        for tensor in queue:  # grows while iterating: relatives of relatives
+            try:
+                base = tensor._base
+                if base is not None and self.add(base, None, None):
+                    queue.append(base)
+                if tensor.is_leaf:  # .grad of a non-leaf warns and is always None
+                    grad = tensor.grad
+                    if grad is not None:
+                        names = self.names.get(id(tensor))
+                        if self.add(grad, "Gradient", f"{names[0]}.grad" if names else None):
+                            queue.append(grad)
+            except Exception:
+                continue
+        del queue
+
+    def clear(self) -> None:
+        self.tensors.clear()
 
 
-def _relatives(entry: _Entry) -> list[tuple[Any, str | None, str | None]]:
-    """A view's base, and a leaf tensor's gradient, which may exist only in C++ so far."""
-    found: list[tuple[Any, str | None, str | None]] = []
-    tensor = entry.tensor
-    try:
-        base = tensor._base
-        if base is not None:
-            found.append((base, None, None))
-        if tensor.is_leaf:  # .grad of a non-leaf warns and is always None
-            grad = tensor.grad
-            if grad is not None:
-                name = f"{entry.names[0]}.grad" if entry.names else None
-                found.append((grad, "Gradient", name))
-    except Exception:
-        pass
-    return found
+_TENSOR_CLASS: dict[type, bool] = {}
+_CLASS_KIND: dict[type, str | None] = {}
+_DTYPE_NAME: dict[torch.dtype, str] = {}
 
 
-def _measure(entry: _Entry, target: torch.device) -> tuple[str, int] | str | None:
-    """Fill ``entry.parts``; return a skip reason, ``"other device"``, or None when kept."""
-    tensor = entry.tensor
-    try:
-        if _is_fake(tensor):
-            return "fake", _nominal_bytes(tensor)
-        device = tensor.device
-        if device.type == "meta":
-            return "meta", _nominal_bytes(tensor)
-        if device.type != target.type or (target.index is not None and device.index != target.index):
-            return "other device"
-        entry.parts = _storage_parts(tensor)
-        if entry.kind is None:
-            entry.kind = _kind_of(tensor)
-        total = sum(nbytes for _, nbytes in entry.parts)
-        entry.rank = (_RANK.get(entry.kind, len(KINDS)), -total, -tensor.numel(), entry.order)
-    except Exception:
-        return "no storage", 0
-    return None
+def _is_tensor_class(cls: type) -> bool:
+    known = _TENSOR_CLASS.get(cls)
+    if known is None:
+        known = _TENSOR_CLASS[cls] = issubclass(cls, torch.Tensor)
+    return known
+
+
+def _class_kind(cls: type) -> str | None:
+    """``"Parameter"``, ``"Buffer"``, ``"Tensor"``, or None for fake tensors (cached per class)."""
+    if cls not in _CLASS_KIND:
+        fake_module = sys.modules.get("torch._subclasses.fake_tensor")
+        fake = getattr(fake_module, "FakeTensor", None)
+        buffer = getattr(torch.nn, "Buffer", None)
+        if fake is not None and issubclass(cls, fake):
+            _CLASS_KIND[cls] = None
+        elif issubclass(cls, torch.nn.Parameter):
+            _CLASS_KIND[cls] = "Parameter"
+        elif buffer is not None and issubclass(cls, buffer):
+            _CLASS_KIND[cls] = "Buffer"
+        else:
+            _CLASS_KIND[cls] = "Tensor"
+    return _CLASS_KIND[cls]
+
+
+def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], dict[str, list[int]], int]:
+    """Map each storage on ``target`` to its owner: ``key -> [rank, id, nbytes]``."""
+    owners: dict[Any, list[Any]] = {}
+    skipped: dict[str, list[int]] = {}
+    views = 0
+    for order, (tid, tensor) in enumerate(seen.tensors.items()):
+        try:
+            cls_kind = _class_kind(type(tensor))
+            device = tensor.device
+            if cls_kind is None or device.type == "meta":
+                _tally(skipped, "fake" if cls_kind is None else "meta", _nominal_bytes(tensor))
+                continue
+            if device != target:
+                continue
+            parts = _storage_parts(tensor)
+        except Exception:
+            _tally(skipped, "no storage", 0)
+            continue
+        kind = seen.kinds.setdefault(tid, cls_kind)
+        for key, nbytes in parts:
+            current = owners.get(key)
+            if current is None:
+                owners[key] = [None, tid, nbytes, order, tensor]
+                continue
+            views += 1
+            rank = (_RANK.get(kind, len(KINDS)), -tensor.numel(), order)
+            if current[0] is None:
+                other = current[4]
+                current[0] = (_RANK.get(seen.kinds[current[1]], len(KINDS)), -other.numel(), current[3])
+            if rank < current[0]:
+                current[:2], current[3:] = [rank, tid], [order, tensor]
+    return owners, skipped, views
+
+
+def _tally(skipped: dict[str, list[int]], reason: str, nbytes: int) -> None:
+    entry = skipped.setdefault(reason, [0, 0])
+    entry[0] += 1
+    entry[1] += nbytes
+
+
+def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool) -> tuple[TensorGroup, ...]:
+    """Group owned storages by (kind, shape, dtype); views' names go to their storage's owner."""
+    per_tensor: dict[int, int] = {}
+    for owner in owners.values():
+        nbytes = cuda_block_bytes(owner[2]) if on_cuda else owner[2]
+        per_tensor[owner[1]] = per_tensor.get(owner[1], 0) + nbytes
+        owner[4] = None
+    _pass_view_names(seen, owners, per_tensor)
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for tid, nbytes in per_tensor.items():
+        tensor = seen.tensors[tid]
+        dtype = tensor.dtype
+        dtype_name = _DTYPE_NAME.get(dtype) or _DTYPE_NAME.setdefault(
+            dtype, str(dtype).removeprefix("torch.")
+        )
+        key = (seen.kinds[tid], tuple(tensor.shape), dtype_name, device)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = [0, 0, []]
+        group[0] += 1
+        group[1] += nbytes
+        group[2].extend(seen.names.get(tid, ()))
+    result = [
+        TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(names))
+        for key, (count, nbytes, names) in groups.items()
+    ]
+    result.sort(key=lambda g: (_RANK.get(g.kind, len(KINDS)), -g.nbytes, g.shape, g.dtype))
+    return tuple(result)
+
+
+def _pass_view_names(seen: _Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
+    """Name a storage's owner after its views too (``v (view)``), so a slice kept after its
+    base was deleted is still found by its variable name."""
+    for tid, names in list(seen.names.items()):
+        if tid in per_tensor or tid not in seen.tensors:
+            continue
+        try:
+            parts = _storage_parts(seen.tensors[tid])
+        except Exception:
+            continue
+        owner = owners.get(parts[0][0]) if parts else None
+        if owner is not None:
+            owner_names = seen.names.setdefault(owner[1], [])
+            owner_names.extend(f"{n} (view)" for n in names if f"{n} (view)" not in owner_names)
 
 
 def _storage_parts(tensor: torch.Tensor) -> list[tuple[Any, int]]:
@@ -227,23 +347,7 @@ def _storage_parts(tensor: torch.Tensor) -> list[tuple[Any, int]]:
         return parts
     storage = tensor.untyped_storage()
     pointer = storage.data_ptr()
-    key = (tensor.device.type, tensor.device.index, pointer) if pointer else ("impl", storage._cdata)
-    return [(key, storage.nbytes())]
-
-
-def _kind_of(tensor: torch.Tensor) -> str:
-    if isinstance(tensor, torch.nn.Parameter):
-        return "Parameter"
-    buffer_class = getattr(torch.nn, "Buffer", None)
-    if buffer_class is not None and isinstance(tensor, buffer_class):
-        return "Buffer"
-    return "Tensor"
-
-
-def _is_fake(tensor: torch.Tensor) -> bool:
-    fake_module = sys.modules.get("torch._subclasses.fake_tensor")
-    fake_class = getattr(fake_module, "FakeTensor", None)
-    return fake_class is not None and isinstance(tensor, fake_class)
+    return [(pointer if pointer else ("impl", storage._cdata), storage.nbytes())]
 
 
 def _nominal_bytes(tensor: torch.Tensor) -> int:
@@ -254,38 +358,3 @@ def _nominal_bytes(tensor: torch.Tensor) -> int:
             return int(tensor.numel() * tensor.element_size())
         except Exception:
             return 0
-
-
-def _group(entries: list[_Entry], device: str, on_cuda: bool) -> Census:
-    """Give each storage to its best-ranked tensor; tensors left with none are views.
-
-    A view's names pass to the tensor that owns its storage, marked ``(view)``, so a
-    slice kept after its base was deleted is still found by its variable name.
-    """
-    entries.sort(key=lambda e: e.rank)
-    owner_of: dict[Any, _Entry] = {}
-    owners: list[tuple[_Entry, int]] = []
-    views = 0
-    for entry in entries:
-        fresh = [(key, nbytes) for key, nbytes in entry.parts if key not in owner_of]
-        if not fresh and entry.parts:
-            views += 1
-            owner = owner_of[entry.parts[0][0]]
-            owner.names.extend(f"{name} (view)" for name in entry.names if name not in owner.names)
-            continue
-        owner_of.update((key, entry) for key, _ in fresh)
-        owners.append((entry, sum(cuda_block_bytes(n) if on_cuda else n for _, n in fresh)))
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    for entry, nbytes in owners:
-        tensor = entry.tensor
-        key = (entry.kind, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), device)
-        group = groups.setdefault(key, [0, 0, []])
-        group[0] += 1
-        group[1] += nbytes
-        group[2].extend((entry.order, name) for name in entry.names)
-    result = [
-        TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(n for _, n in sorted(names)))
-        for key, (count, nbytes, names) in groups.items()
-    ]
-    result.sort(key=lambda g: (_RANK.get(g.kind, len(KINDS)), -g.nbytes, g.shape, g.dtype))
-    return Census(device=device, groups=tuple(result), views=views)

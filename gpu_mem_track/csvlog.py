@@ -27,8 +27,17 @@ __all__ = ["COLUMNS", "append_stamp", "read_stamps", "stamp_rows", "stamps_from_
 
 _WHERE = ("seq", "time", "elapsed", "file", "line", "function", "label", "row", "device")
 _CHANGE = ("kind", "shape", "dtype", "count_delta", "bytes_delta", "count", "bytes", "names")
-_LEDGER = ("tensors", "allocated", "requested", "reserved", "peak_allocated", "driver",
-           "driver_source", "context", "rss")
+_LEDGER = (
+    "tensors",
+    "allocated",
+    "requested",
+    "reserved",
+    "peak_allocated",
+    "driver",
+    "driver_source",
+    "context",
+    "rss",
+)
 _DERIVED = ("hidden", "cache", "framework", "framework_other")
 _TOTALS = _LEDGER + _DERIVED + ("views", "skipped")
 COLUMNS = _WHERE + _CHANGE + _TOTALS
@@ -37,9 +46,14 @@ COLUMNS = _WHERE + _CHANGE + _TOTALS
 def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
     """The CSV rows of one stamp: its totals row, then its change rows."""
     where = {
-        "seq": stamp.seq, "time": f"{stamp.time:.6f}", "elapsed": f"{stamp.elapsed:.6f}",
-        "file": stamp.file, "line": stamp.line, "function": stamp.function,
-        "label": stamp.label, "device": stamp.ledger.device,
+        "seq": stamp.seq,
+        "time": f"{stamp.time:.6f}",
+        "elapsed": f"{stamp.elapsed:.6f}",
+        "file": stamp.file,
+        "line": stamp.line,
+        "function": stamp.function,
+        "label": stamp.label,
+        "device": stamp.ledger.device,
     }
     ledger = stamp.ledger
     totals = {name: getattr(ledger, name) for name in _LEDGER + _DERIVED}
@@ -47,12 +61,20 @@ def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
     totals["skipped"] = ";".join(f"{s.reason}:{s.count}:{s.nominal_bytes}" for s in stamp.skipped)
     rows = [{**where, "row": "totals", **totals}]
     for change in stamp.changes:
-        rows.append({
-            **where, "row": "change", "kind": change.kind, "shape": _shape_text(change.shape),
-            "dtype": change.dtype, "count_delta": change.count_delta,
-            "bytes_delta": change.bytes_delta, "count": change.count, "bytes": change.nbytes,
-            "names": ";".join(change.names),
-        })
+        rows.append(
+            {
+                **where,
+                "row": "change",
+                "kind": change.kind,
+                "shape": _shape_text(change.shape),
+                "dtype": change.dtype,
+                "count_delta": change.count_delta,
+                "bytes_delta": change.bytes_delta,
+                "count": change.count,
+                "bytes": change.nbytes,
+                "names": ";".join(change.names),
+            }
+        )
     return [{column: _cell(row.get(column)) for column in COLUMNS} for row in rows]
 
 
@@ -104,17 +126,30 @@ def _stamp(parts: dict[str, Any]) -> Stamp:
         for reason, count, nominal in (item.rsplit(":", 2) for item in row["skipped"].split(";") if item)
     )
     return Stamp(
-        seq=int(row["seq"]), time=float(row["time"]), elapsed=float(row["elapsed"]),
-        file=row["file"], line=int(row["line"]), function=row["function"], label=row["label"],
-        ledger=ledger, changes=tuple(parts["changes"]), skipped=skipped, views=int(row["views"] or 0),
+        seq=int(row["seq"]),
+        time=float(row["time"]),
+        elapsed=float(row["elapsed"]),
+        file=row["file"],
+        line=int(row["line"]),
+        function=row["function"],
+        label=row["label"],
+        ledger=ledger,
+        changes=tuple(parts["changes"]),
+        skipped=skipped,
+        views=int(row["views"] or 0),
     )
 
 
 def _change(row: dict[str, str]) -> GroupChange:
     return GroupChange(
-        kind=row["kind"], shape=_shape_from(row["shape"]), dtype=row["dtype"], device=row["device"],
-        count_delta=int(row["count_delta"]), bytes_delta=int(row["bytes_delta"]),
-        count=int(row["count"]), nbytes=int(row["bytes"]),
+        kind=row["kind"],
+        shape=_shape_from(row["shape"]),
+        dtype=row["dtype"],
+        device=row["device"],
+        count_delta=int(row["count_delta"]),
+        bytes_delta=int(row["bytes_delta"]),
+        count=int(row["count"]),
+        nbytes=int(row["bytes"]),
         names=tuple(row["names"].split(";")) if row["names"] else (),
     )
 

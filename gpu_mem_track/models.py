@@ -12,8 +12,29 @@ from torch import nn
 __all__ = ["VGG19_CONFIG", "load_vgg19", "vgg19"]
 
 #: Output channels of each 3x3 convolution; "M" is a 2x2 max-pool.
-VGG19_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
-                512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+VGG19_CONFIG = (
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    512,
+    "M",
+)
 
 
 class VGG(nn.Module):
@@ -24,8 +45,12 @@ class VGG(nn.Module):
         self.features = features
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
         self.classifier = nn.Sequential(
-            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(),
-            nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(),
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(4096, 4096),
+            nn.ReLU(True),
+            nn.Dropout(),
             nn.Linear(4096, num_classes),
         )
 

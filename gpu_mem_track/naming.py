@@ -50,8 +50,7 @@ class Registry:
         """
         if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.Tensor)):
             raise TypeError(
-                "watch() takes nn.Module, torch.optim.Optimizer or tensor objects, "
-                f"not {type(obj).__name__}"
+                f"watch() takes nn.Module, torch.optim.Optimizer or tensor objects, not {type(obj).__name__}"
             )
         self._refs.append((prefix, weakref.ref(obj)))
 

@@ -154,8 +154,14 @@ def render_probe(result: ProbeResult) -> str:
     rows = [("stage", "driver", "allocator reserved", "cost outside the allocator")]
     for stage in result.stages:
         cost = costs.get(stage.name)
-        rows.append((stage.name, format_bytes(stage.driver), format_bytes(stage.reserved),
-                     "" if cost is None else format_bytes(cost)))
+        rows.append(
+            (
+                stage.name,
+                format_bytes(stage.driver),
+                format_bytes(stage.reserved),
+                "" if cost is None else format_bytes(cost),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     body = "".join("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in rows)
     return header + body + f"  framework cost in all: {format_bytes(result.total)}\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import io
 import platform
 import sys
@@ -112,7 +113,10 @@ class MemTracker:
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
         if self.files is not None:
             self.run_name = self.files.run_name
-            versions = f"torch {torch.__version__} | Python {platform.python_version()} | gpu_mem_track {__version__}"
+            versions = (
+                f"torch {torch.__version__} | Python {platform.python_version()}"
+                f" | gpu_mem_track {__version__}"
+            )
             self.files.write_text(render_header(self.run_name, self._device or "auto", versions))
 
     # -- registration -------------------------------------------------------------------------
@@ -162,12 +166,27 @@ class MemTracker:
             return "cuda:0"
         return "cpu"
 
+    @property
+    def last_scan(self) -> str:
+        """How the last census found tensors: ``"full"`` (a heap walk), ``"young"`` (only
+        objects born since the previous walk, see ``census.LiveTensorFinder``), or ``""``
+        for other sources."""
+        return str(getattr(self._source, "last_scan", ""))
+
     def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: str | None) -> Stamp:
         device = self.device
-        roots = self._registry.roots() + frame_roots(frame)
-        frame = None
-        census = take_census(device, self._source, roots)
-        del roots
+        # Our temporary objects must not trigger the program's collections (nor make the
+        # next census walk the heap): collect nothing until they are gone again.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            roots = self._registry.roots() + frame_roots(frame)
+            frame = None
+            census = take_census(device, self._source, roots)
+            del roots
+        finally:
+            if collecting:
+                gc.enable()
         now = self._clock()
         self._seq += 1
         stamp = Stamp(

@@ -34,8 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    tracker = MemTracker(device=device, out_dir=args.out_dir, run_name=args.run_name,
-                         detail=not args.totals_only)
+    tracker = MemTracker(
+        device=device, out_dir=args.out_dir, run_name=args.run_name, detail=not args.totals_only
+    )
     tracker.track("before building the model")
 
     model, source = load_vgg19()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from gpu_mem_track import census as census_module
 from gpu_mem_track.census import LiveTensorFinder, full_scan, take_census
 from gpu_mem_track.naming import frame_roots
 
@@ -269,3 +270,27 @@ def test_the_census_keeps_no_tensor_alive():
     del model, tensor
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
+
+
+@pytest.mark.skipif(not census_module._YOUNG_SCAN_WORKS, reason="no generational gc on this Python")
+def test_young_scan_finds_tensors_born_since_the_last_walk_and_walks_after_promotion():
+    finder = LiveTensorFinder()
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection may run between the calls below
+    try:
+        take_census("cpu", finder, [])
+        assert finder.last_scan == "full"
+        born = [torch.zeros(123) for _ in range(3)]
+        young = take_census("cpu", finder, [])
+        assert finder.last_scan == "young"
+        assert young == take_census("cpu", full_scan, [])
+        assert sum(g.count for g in young.groups if g.shape == (123,)) == 3
+        gc.collect(1)  # survivors move to the oldest generation: the next call must walk
+        promoted = take_census("cpu", finder, [])
+        assert finder.last_scan == "full"
+        assert promoted == young
+        del born[0]
+        assert take_census("cpu", finder, []) == take_census("cpu", full_scan, [])
+    finally:
+        if was_enabled:
+            gc.enable()

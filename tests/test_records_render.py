@@ -17,8 +17,12 @@ def group(kind, shape, count, nbytes, *names):
 
 
 def test_diff_reports_appearing_growing_and_vanishing_groups_largest_first():
-    before = Census("cuda:0", (group("Parameter", (4,), 1, 512, "a"), group("Tensor", (2, 2), 2, 1024, "x", "y")))
-    after = Census("cuda:0", (group("Parameter", (4,), 3, 1536, "a", "b", "c"), group("Gradient", (8,), 1, 4 * MiB)))
+    before = Census(
+        "cuda:0", (group("Parameter", (4,), 1, 512, "a"), group("Tensor", (2, 2), 2, 1024, "x", "y"))
+    )
+    after = Census(
+        "cuda:0", (group("Parameter", (4,), 3, 1536, "a", "b", "c"), group("Gradient", (8,), 1, 4 * MiB))
+    )
     changes = diff_census(before, after)
     assert [(c.sign, c.kind, c.count_delta, c.bytes_delta, c.names) for c in changes] == [
         ("+", "Gradient", 1, 4 * MiB, ()),
@@ -35,20 +39,53 @@ def test_diff_from_nothing_lists_everything_and_unchanged_groups_are_silent():
 
 def cuda_stamp():
     ledger = Ledger(
-        device="cuda:0", tensors=548 * MiB, allocated=550 * MiB, requested=549 * MiB, reserved=552 * MiB,
-        peak_allocated=600 * MiB, driver=1100 * MiB, driver_source="nvml process", context=500 * MiB,
+        device="cuda:0",
+        tensors=548 * MiB,
+        allocated=550 * MiB,
+        requested=549 * MiB,
+        reserved=552 * MiB,
+        peak_allocated=600 * MiB,
+        driver=1100 * MiB,
+        driver_source="nvml process",
+        context=500 * MiB,
     )
     changes = (
-        GroupChange("Parameter", (4096, 25088), "float32", "cuda:0", 1, 392 * MiB, 1, 392 * MiB,
-                    ("classifier.0.weight",)),
-        GroupChange("Parameter", (512, 512, 3, 3), "float32", "cuda:0", 7, 63 * MiB, 7, 63 * MiB,
-                    ("features.21.weight", "features.23.weight", "features.25.weight", "features.28.weight")),
+        GroupChange(
+            "Parameter",
+            (4096, 25088),
+            "float32",
+            "cuda:0",
+            1,
+            392 * MiB,
+            1,
+            392 * MiB,
+            ("classifier.0.weight",),
+        ),
+        GroupChange(
+            "Parameter",
+            (512, 512, 3, 3),
+            "float32",
+            "cuda:0",
+            7,
+            63 * MiB,
+            7,
+            63 * MiB,
+            ("features.21.weight", "features.23.weight", "features.25.weight", "features.28.weight"),
+        ),
         GroupChange("Tensor", (1,), "int64", "cuda:0", -3, -1536, 0, 0, ()),
     )
     return Stamp(
-        seq=2, time=1_700_000_000.5, elapsed=1.25, file="/home/u/vgg_demo.py", line=13,
-        function="<module>", label="model on device", ledger=ledger, changes=changes,
-        skipped=(Skipped("meta", 2, 800),), views=1,
+        seq=2,
+        time=1_700_000_000.5,
+        elapsed=1.25,
+        file="/home/u/vgg_demo.py",
+        line=13,
+        function="<module>",
+        label="model on device",
+        ledger=ledger,
+        changes=changes,
+        skipped=(Skipped("meta", 2, 800),),
+        views=1,
     )
 
 
@@ -69,8 +106,17 @@ def test_cuda_stamp_renders_exactly():
 
 def test_totals_only_and_cpu_rendering():
     ledger = Ledger(device="cpu", tensors=1536, rss=300 * MiB)
-    stamp = Stamp(1, 0.0, 0.0, "train.py", 7, "step", "", ledger,
-                  (GroupChange("Tensor", (), "float32", "cpu", 1, 4, 1, 4, ("loss",)),))
+    stamp = Stamp(
+        1,
+        0.0,
+        0.0,
+        "train.py",
+        7,
+        "step",
+        "",
+        ledger,
+        (GroupChange("Tensor", (), "float32", "cpu", 1, 4, 1, 4, ("loss",)),),
+    )
     assert render_stamp(stamp, detail=False) == (
         "At train.py:7 step | cpu | tensors 1.50 KiB | process RSS 300.00 MiB\n"
         "  ledger: CPU tensors 1.50 KiB of process RSS 300.00 MiB (no allocator statistics on CPU)\n"
@@ -107,14 +153,18 @@ def test_stamp_dict_round_trip():
 
 def fake_probe():
     readings = iter([(900 * MiB, 0), (1400 * MiB, 2 * MiB), (1430 * MiB, 12 * MiB), (1500 * MiB, 14 * MiB)])
-    stages = run_stages(lambda: (*next(readings), "nvml device-wide"), dict.fromkeys(STAGES[1:], lambda: None))
+    stages = run_stages(
+        lambda: (*next(readings), "nvml device-wide"), dict.fromkeys(STAGES[1:], lambda: None)
+    )
     return ProbeResult("cuda:0", "Fake GPU", "nvml device-wide", "2.13.0", tuple(stages))
 
 
 def test_probe_costs_subtract_what_the_allocator_reserved():
     result = fake_probe()
     assert result.costs() == {
-        "CUDA context": 498 * MiB, "first cuBLAS matmul": 20 * MiB, "first cuDNN convolution": 68 * MiB,
+        "CUDA context": 498 * MiB,
+        "first cuBLAS matmul": 20 * MiB,
+        "first cuDNN convolution": 68 * MiB,
     }
     assert result.context == 498 * MiB
     assert result.total == 586 * MiB

@@ -1,0 +1,119 @@
+"""The command line and the demo, end to end in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_mem_track import MemTracker, read_stamps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, cwd=None, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+def test_show_renders_the_csv_as_the_text_log(tmp_path):
+    tracker = MemTracker(device="cpu", out_dir=tmp_path, run_name="r", verbosity=0, probe=False)
+    kept = torch.zeros(10)
+    tracker.watch(kept=kept)
+    tracker.track("a")
+    del kept
+    tracker.track("b")
+    done = run("-m", "gpu_mem_track", "show", str(tracker.files.csv))
+    assert done.returncode == 0, done.stderr
+    log = tracker.files.log.read_text().split("\n", 1)[1]  # after the header line
+    assert done.stdout == log
+    totals = run("-m", "gpu_mem_track", "show", "--totals-only", str(tracker.files.csv))
+    assert "+ |" not in totals.stdout and totals.stdout.count("At ") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("show", "missing.csv"), 2, "gpu_mem_track: no such report: missing.csv\n"),
+        (("show", "notes.txt"), 2, "is not a gpu_mem_track CSV report"),
+        (("probe", "--device", "cpu"), 2, "the probe measures CUDA devices, not 'cpu'"),
+        (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
+        ((), 2, "the following arguments are required: COMMAND"),
+    ],
+)
+def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, args, code, message):
+    (tmp_path / "notes.txt").write_text("hello\n")
+    done = run("-m", "gpu_mem_track", *args, cwd=tmp_path)
+    assert done.returncode == code
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_probe_without_cuda_exits_1_saying_why():
+    done = run("-m", "gpu_mem_track", "probe")
+    assert done.returncode == 1
+    assert (
+        done.stderr
+        == "gpu_mem_track: CUDA is not available on this machine; the probe measures CUDA's own cost\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["probe", "show"])
+def test_every_command_has_help(command):
+    done = run("-m", "gpu_mem_track", command, "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout and "--" in done.stdout
+
+
+def test_vgg19_has_torchvisions_parameter_count():
+    from gpu_mem_track.models import vgg19
+
+    with torch.device("meta"):
+        model = vgg19()
+    assert sum(p.numel() for p in model.parameters()) == 143_667_240
+    assert dict(model.named_parameters())["classifier.0.weight"].shape == (4096, 25088)
+
+
+def test_demo_reports_vgg19_training_step_on_cpu(tmp_path):
+    done = run(
+        str(ROOT / "scripts" / "vgg_demo.py"),
+        "--device",
+        "cpu",
+        "--image-size",
+        "32",
+        "--batch",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "demo",
+    )
+    assert done.returncode == 0, done.stderr
+    stamps = read_stamps(tmp_path / "demo.csv")
+    labels = [s.label for s in stamps]
+    assert labels == [
+        "before building the model",
+        "model built",
+        "model on device",
+        "forward",
+        "backward",
+        "optimizer step",
+        "gradients released",
+    ]
+    by_label = {s.label: s for s in stamps}
+    params = 574_668_960  # VGG-19: 143,667,240 float32 parameters
+    assert by_label["before building the model"].ledger.tensors == 0
+    assert by_label["model built"].ledger.tensors == params
+    step = by_label["optimizer step"]
+    adam = sum(c.bytes_delta for c in step.changes if c.kind == "Optimizer state")
+    assert adam == 2 * params + 38 * 4  # exp_avg, exp_avg_sq, and a float32 step per parameter tensor
+    grads = sum(c.bytes_delta for c in by_label["backward"].changes if c.kind == "Gradient")
+    assert grads == params
+    assert "At vgg_demo.py:" in done.stdout and "| cpu |" in done.stdout
+    assert "classifier.0.weight" in done.stdout

@@ -1,0 +1,87 @@
+"""CUDA facts, checked byte for byte (marked ``cuda``; skipped without a GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpu_mem_track import MemTracker
+from gpu_mem_track.units import cuda_block_bytes
+
+MiB = 2**20
+
+
+def tracker(tmp_path, **kwargs):
+    return MemTracker(device="cuda:0", out_dir=tmp_path, verbosity=0, **kwargs)
+
+
+@pytest.mark.cuda
+def test_a_one_element_tensor_holds_a_512_byte_block(tmp_path):
+    t = tracker(tmp_path, probe=False)
+    torch.cuda.init()
+    before = t.track()
+    x = torch.empty(1, device="cuda:0")
+    after = t.track()
+    assert [(c.shape, c.count_delta, c.bytes_delta) for c in after.changes] == [((1,), 1, 512)]
+    assert after.ledger.allocated - (before.ledger.allocated or 0) == 512
+    assert after.ledger.reserved >= 2 * MiB
+    del x
+
+
+@pytest.mark.cuda
+def test_vgg19_on_cuda_census_matches_the_allocator_byte_for_byte(tmp_path):
+    from gpu_mem_track.models import vgg19
+
+    t = tracker(tmp_path, probe=False)
+    torch.empty(1, device="cuda:0")  # start CUDA so the baseline is read
+    before = t.track()
+    model = vgg19().to("cuda:0")
+    t.watch(model)
+    after = t.track()
+    params = list(model.parameters())
+    assert sum(p.numel() * p.element_size() for p in params) == 574_668_960
+    rounded = sum(cuda_block_bytes(p.numel() * p.element_size()) for p in params)
+    assert after.ledger.tensors - before.ledger.tensors == rounded
+    assert after.ledger.allocated - before.ledger.allocated == rounded
+    assert after.ledger.hidden == before.ledger.hidden
+
+
+@pytest.mark.cuda
+def test_ledger_parts_sum_to_the_driver_figure(tmp_path):
+    pytest.importorskip("pynvml")
+    t = tracker(tmp_path, probe=True)
+    x = torch.randn(1024, 1024, device="cuda:0")
+    (x @ x).sum().item()
+    ledger = t.track().ledger
+    assert ledger.driver is not None and ledger.driver_source in ("nvml process", "nvml device-wide")
+    assert sum(ledger.parts().values()) == ledger.driver
+    assert ledger.hidden >= 0 and ledger.cache >= 0 and ledger.framework > 0
+    assert ledger.context is not None and 50 * MiB < ledger.context < 4096 * MiB
+    del x
+
+
+@pytest.mark.cuda
+def test_probe_measures_the_context_on_this_gpu():
+    pytest.importorskip("pynvml")
+    from gpu_mem_track.probe import run_probe
+
+    result = run_probe("cuda:0")
+    assert [s.name for s in result.stages][0] == "before CUDA"
+    assert result.context > 50 * MiB
+    assert result.total >= result.context
+
+
+def test_tracking_never_initialises_cuda():
+    code = (
+        "import torch\n"
+        "from gpu_mem_track import MemTracker\n"
+        "t = MemTracker(device='cuda', out_dir=None, verbosity=0)\n"
+        "x = torch.zeros(3)\n"
+        "t.track(); t.track()\n"
+        "assert not torch.cuda.is_initialized(), 'the tracker initialised CUDA'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,281 @@
+from __future__ import annotations
+
+import gc
+import inspect
+import io
+import sys
+import weakref
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from gpu_mem_track import MemTracker, UsageError, read_stamps
+from gpu_mem_track.probe import ProbeResult, ProbeStage
+from gpu_mem_track.readers import AllocatorReading, CudaReader, DriverReading, FakeReader
+
+MiB = 2**20
+
+
+def test_no_argument_tracker_writes_reports_under_reports(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tracker = MemTracker(verbosity=0, probe=False)
+    x = torch.zeros(1000)
+    tracker.track()
+    assert (
+        tracker.files.folder == tmp_path / "reports" or tracker.files.folder.resolve() == tmp_path / "reports"
+    )
+    assert tracker.files.csv.exists() and tracker.files.log.exists()
+    assert ":" not in tracker.files.csv.name and ":" not in tracker.files.log.name
+    del x
+
+
+def test_classic_constructor_forms(tmp_path):
+    classic = MemTracker(inspect.currentframe(), path=tmp_path, verbosity=0, probe=False)
+    positional = MemTracker(None, False, tmp_path, False, "cpu", verbosity=0, probe=False)
+    assert classic.files.folder == tmp_path and classic.detail is True
+    assert positional.detail is False and positional.device == "cpu"
+    with pytest.raises(UsageError, match="first argument is a frame or None, not str"):
+        MemTracker("reports/")
+
+
+@pytest.mark.parametrize(
+    ("device", "resolved"),
+    [(0, "cuda:0"), ("cuda:1", "cuda:1"), (torch.device("cuda", 2), "cuda:2"), ("cpu", "cpu")],
+)
+def test_device_argument_is_honoured(device, resolved):
+    assert MemTracker(device=device, out_dir=None, verbosity=0).device == resolved
+
+
+def test_bad_arguments_name_the_problem(tmp_path):
+    with pytest.raises(UsageError, match="not a device: 'gpu7'"):
+        MemTracker(device="gpu7", out_dir=None)
+    with pytest.raises(UsageError, match="census must be 'fast' or 'full'"):
+        MemTracker(census="quick", out_dir=None)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match="cannot write reports to"):
+        MemTracker(out_dir=blocker / "reports")
+
+
+def test_track_stamps_caller_line_and_writes_stamp_before_changes(quiet_tracker):
+    stream = io.StringIO()
+    tracker = quiet_tracker(verbosity=1, stream=stream)
+    model = nn.Linear(4, 3)
+    tracker.watch(model)
+    line = sys._getframe().f_lineno + 1
+    stamp = tracker.track("after model")
+    assert (stamp.line, stamp.function, stamp.label) == (
+        line,
+        "test_track_stamps_caller_line_and_writes_stamp_before_changes",
+        "after model",
+    )
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith(f"At test_tracker.py:{line} test_track_stamps_caller")
+    assert lines[0].endswith(f"| cpu | tensors 60 B | process RSS {lines[0].rsplit('RSS ', 1)[1]}")
+    assert lines[2:] == [
+        "+ | 1 * Size:(3, 4) | Memory: 48 B | Parameter | float32 | weight",
+        "+ | 1 * Size:(3,)   | Memory: 12 B | Parameter | float32 | bias",
+    ]
+    assert tracker.files.log.read_text().endswith(stream.getvalue())
+
+
+def test_count_deltas_and_disappearing_tensors(quiet_tracker):
+    tracker = quiet_tracker()
+    tracker.track()
+    a, b, c = torch.zeros(256), torch.zeros(256), torch.zeros(256)
+    tracker.watch(a=a, b=b, c=c)
+    grown = tracker.track()
+    del a, b
+    shrunk = tracker.track()
+    assert [(ch.sign, ch.count_delta, ch.bytes_delta, ch.names) for ch in grown.changes] == [
+        ("+", 3, 3072, ("a", "b", "c"))
+    ]
+    assert [(ch.sign, ch.count_delta, ch.bytes_delta, ch.names) for ch in shrunk.changes] == [
+        ("-", -2, -2048, ("a", "b"))
+    ]
+    del c
+
+
+def test_csv_is_flushed_at_every_track_and_round_trips(quiet_tracker):
+    tracker = quiet_tracker()
+    tracker.track("one")
+    assert [s.label for s in read_stamps(tracker.files.csv)] == ["one"]
+    y = torch.ones(10, dtype=torch.int16)
+    tracker.watch(y=y)
+    tracker.track("two")
+    stamps = read_stamps(tracker.files.csv)
+    assert [s.label for s in stamps] == ["one", "two"]
+    assert stamps[1].changes[0].names == ("y",) and stamps[1].changes[0].nbytes == 20
+    frame = tracker.to_dataframe()
+    pd.testing.assert_frame_equal(frame, pd.read_csv(tracker.files.csv))
+    assert frame[frame["row"] == "totals"]["label"].tolist() == ["one", "two"]
+    del y
+
+
+def test_in_memory_tracker_gives_the_same_dataframe(quiet_tracker, tmp_path):
+    reader = FakeReader(rss_bytes=123)
+    on_disk = quiet_tracker(run_name="same", clock=lambda: 100.0, reader=reader)
+    in_memory = quiet_tracker(out_dir=None, clock=lambda: 100.0, reader=reader)
+    z = torch.zeros(7)
+    for tracker in (on_disk, in_memory):
+        tracker.track("x")
+    pd.testing.assert_frame_equal(on_disk.to_dataframe(), in_memory.to_dataframe())
+    del z
+
+
+def test_detail_false_prints_totals_only(quiet_tracker):
+    stream = io.StringIO()
+    tracker = quiet_tracker(detail=False, verbosity=1, stream=stream)
+    w = torch.zeros(3)
+    tracker.track()
+    assert len(stream.getvalue().splitlines()) == 2
+    del w
+
+
+def test_verbosity_two_lists_every_live_group(quiet_tracker):
+    stream = io.StringIO()
+    tracker = quiet_tracker(verbosity=2, stream=stream)
+    kept = torch.zeros(5)
+    tracker.watch(kept=kept)
+    tracker.track()
+    tracker.track()
+    last = stream.getvalue().split("At ")[-1]
+    assert "= | 1 * Size:(5,) | Memory: 20 B | Tensor | float32 | kept" in last
+    del kept
+
+
+def test_run_names_are_made_safe_and_unique(quiet_tracker):
+    first = quiet_tracker(run_name="fp32: batch 32/64")
+    second = quiet_tracker(run_name="fp32: batch 32/64")
+    assert first.run_name == "fp32_batch_32_64"
+    assert second.run_name == "fp32_batch_32_64-2"
+
+
+def test_ledger_reconciles_injected_cuda_figures(quiet_tracker):
+    reader = FakeReader(
+        allocator_reading=AllocatorReading(
+            allocated=10 * MiB, requested=9 * MiB, reserved=20 * MiB, peak_allocated=30 * MiB
+        ),
+        driver_reading=DriverReading(600 * MiB, "nvml process"),
+    )
+    probe = ProbeResult(
+        "cuda:0",
+        "Fake",
+        "nvml process",
+        "x",
+        (ProbeStage("before CUDA", 0, 0), ProbeStage("CUDA context", 502 * MiB, 2 * MiB)),
+    )
+    tracker = quiet_tracker(device="cuda:0", reader=reader, probe=lambda device: probe)
+    ledger = tracker.track().ledger
+    assert ledger.tensors == 0  # no CUDA tensors on this machine
+    assert (ledger.hidden, ledger.cache, ledger.framework) == (10 * MiB, 10 * MiB, 580 * MiB)
+    assert (ledger.context, ledger.framework_other) == (500 * MiB, 80 * MiB)
+    assert sum(ledger.parts().values()) == ledger.driver
+    frame = tracker.to_dataframe()
+    assert frame.loc[0, "framework_other"] == 80 * MiB and frame.loc[0, "driver_source"] == "nvml process"
+
+
+def test_probe_failure_is_reported_once_and_tracking_goes_on(quiet_tracker):
+    from gpu_mem_track.probe import ProbeError
+
+    calls = []
+
+    def failing(device):
+        calls.append(device)
+        raise ProbeError("no NVML here")
+
+    stream = io.StringIO()
+    reader = FakeReader(AllocatorReading(0, 0, 0, 0), DriverReading(100, "nvml process"))
+    tracker = quiet_tracker(device="cuda:0", reader=reader, probe=failing, verbosity=1, stream=stream)
+    tracker.track()
+    tracker.track()
+    assert calls == ["cuda:0"]
+    assert stream.getvalue().count("no CUDA context probe (no NVML here)") == 1
+    assert tracker.track().ledger.context is None
+
+
+def test_region_as_context_manager_and_decorator(quiet_tracker):
+    tracker = quiet_tracker()
+    with tracker.region("forward"):
+        inside = torch.zeros(64)
+
+    @tracker.region("step")
+    def step():
+        return torch.zeros(32)
+
+    kept = step()
+    labels = [(s.label, s.function) for s in read_stamps(tracker.files.csv)]
+    assert labels == [
+        ("forward start", "test_region_as_context_manager_and_decorator"),
+        ("forward end", "test_region_as_context_manager_and_decorator"),
+        ("step start", "test_region_as_context_manager_and_decorator.<locals>.step"),
+        ("step end", "test_region_as_context_manager_and_decorator.<locals>.step"),
+    ]
+    del inside, kept
+
+
+def test_watch_rejects_what_it_cannot_name(quiet_tracker):
+    with pytest.raises(TypeError, match="not int"):
+        quiet_tracker().watch(3)
+
+
+def test_tracking_keeps_no_tensor_alive(quiet_tracker):
+    tracker = quiet_tracker(verbosity=2, stream=io.StringIO())
+    model = nn.Linear(50, 50)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 50)).sum().backward()
+    optimizer.step()
+    tracker.watch(model, optimizer, extra=torch.zeros(9))
+    x = torch.zeros(100)
+    tracker.track()
+    refs = [
+        weakref.ref(t) for t in (x, model.weight, model.weight.grad, *optimizer.state[model.weight].values())
+    ]
+    refs.append(weakref.ref(model))
+    del model, optimizer, x
+    gc.collect()
+    assert all(r() is None for r in refs)
+    tracker.track()  # watched objects are gone: nothing breaks
+
+
+def test_cuda_reader_does_not_initialise_cuda():
+    reader = CudaReader()
+    assert reader.allocator("cuda:0") is None or torch.cuda.is_initialized()
+    assert reader.driver("cuda:0") is None or torch.cuda.is_initialized()
+    if not torch.cuda.is_available():
+        assert not torch.cuda.is_initialized()
+
+
+def test_deleting_a_local_after_track_frees_it_at_once(quiet_tracker):
+    """Reading a function's locals on Python < 3.13 would store them in the frame and keep
+    a deleted tensor alive until the next read; the tracker must not do that."""
+    tracker = quiet_tracker()
+    x = torch.zeros(1000)
+    ref = weakref.ref(x)
+    tracker.track()
+    del x
+    assert ref() is None
+
+
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="function locals are read on Python 3.13+ only")
+def test_function_locals_name_tensors_on_313(quiet_tracker):
+    tracker = quiet_tracker()
+    activations = torch.zeros(77)
+    stamp = tracker.track()
+    assert any("activations" in c.names for c in stamp.changes)
+    del activations
+
+
+def test_track_pauses_automatic_collection_and_restores_it(quiet_tracker):
+    tracker = quiet_tracker()
+    gc.enable()
+    tracker.track()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        tracker.track()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
