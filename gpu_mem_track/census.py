@@ -3,10 +3,12 @@
 Finding tensors is the expensive part of a ``track()`` call. ``LiveTensorFinder`` asks
 ``gc.get_referrers`` for the objects that refer to the tensor classes: instances of a
 Python-level class hold a reference to their class, so this returns every tensor in
-one walk of the heap that costs about as much as ``gc.get_objects()`` alone, with no
-Python-level loop over the million objects. The walk's cost grows with the number of
-classes asked about, so rarely used tensor subclasses are asked about only when their
-reference count shows they may have instances (see ``LiveTensorFinder``).
+one walk of the heap with no Python-level loop over the million objects (1.1-1.7x the
+cost of a bare ``gc.get_objects()``, depending on what the heap holds; see
+``reports/bench_census.md``). The walk's cost grows with the number of classes asked
+about, so rarely used tensor subclasses are asked about only when their reference count
+shows they may have instances. Between collections that move objects into the oldest
+generation, only young objects are scanned (see ``LiveTensorFinder``).
 ``full_scan`` is the exhaustive (slower) alternative, used to check the fast one.
 
 ``take_census`` then adds what the finder cannot see or name: tensors of watched and
@@ -114,7 +116,7 @@ class LiveTensorFinder:
         asked = [
             cls
             for cls, count in zip(classes, refcounts)
-            if cls in _ALWAYS_ASKED or count > self._empty_refcount.get(cls, -1)
+            if cls in _ALWAYS_ASKED or count != self._empty_refcount.get(cls, -1)
         ]
         class_set = frozenset(classes)
         found = [obj for obj in gc.get_referrers(*asked) if type(obj) in class_set]
@@ -153,11 +155,13 @@ def take_census(
     """
     target = torch.device(device)
     seen = _Seen()
-    seen.add_roots(roots)
-    seen.add_objects(source())
-    seen.add_relatives()
-    owners, skipped, views = _storages(seen, target)
-    groups = _groups(seen, owners, str(target), target.type == "cuda")
+    # Attribute reads must not run tensor subclasses' __torch_function__ (user code).
+    with torch._C.DisableTorchFunctionSubclass():
+        seen.add_roots(roots)
+        seen.add_objects(source())
+        seen.add_relatives()
+        owners, skipped, views = _storages(seen, target)
+        groups = _groups(seen, owners, str(target), target.type == "cuda")
     seen.clear()
     return Census(
         device=str(target),
@@ -252,7 +256,12 @@ def _class_kind(cls: type) -> str | None:
 
 
 def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], dict[str, list[int]], int]:
-    """Map each storage on ``target`` to its owner: ``key -> [rank, id, nbytes]``."""
+    """Map each storage on ``target`` to its owner: ``key -> [rank, id, nbytes, tensor]``.
+
+    The owner is the best-ranked tensor using the storage: by kind (a parameter before a
+    plain alias), then a base before a view (``expand`` views are larger but own
+    nothing), then the larger tensor, then the first found.
+    """
     owners: dict[Any, list[Any]] = {}
     skipped: dict[str, list[int]] = {}
     views = 0
@@ -266,22 +275,19 @@ def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], 
             if device != target:
                 continue
             parts = _storage_parts(tensor)
+            kind = seen.kinds.setdefault(tid, cls_kind)
+            rank = (_RANK.get(kind, len(KINDS)), tensor._base is not None, -tensor.numel(), order)
         except Exception:
             _tally(skipped, "no storage", 0)
             continue
-        kind = seen.kinds.setdefault(tid, cls_kind)
         for key, nbytes in parts:
             current = owners.get(key)
             if current is None:
-                owners[key] = [None, tid, nbytes, order, tensor]
+                owners[key] = [rank, tid, nbytes, tensor]
                 continue
             views += 1
-            rank = (_RANK.get(kind, len(KINDS)), -tensor.numel(), order)
-            if current[0] is None:
-                other = current[4]
-                current[0] = (_RANK.get(seen.kinds[current[1]], len(KINDS)), -other.numel(), current[3])
             if rank < current[0]:
-                current[:2], current[3:] = [rank, tid], [order, tensor]
+                current[0], current[1], current[3] = rank, tid, tensor
     return owners, skipped, views
 
 
@@ -297,7 +303,7 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
     for owner in owners.values():
         nbytes = cuda_block_bytes(owner[2]) if on_cuda else owner[2]
         per_tensor[owner[1]] = per_tensor.get(owner[1], 0) + nbytes
-        owner[4] = None
+        owner[3] = None
     _pass_view_names(seen, owners, per_tensor)
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for tid, nbytes in per_tensor.items():

@@ -18,6 +18,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m gpu_mem_track`` parser, one subcommand per library call."""
     parser = argparse.ArgumentParser(
         prog="python -m gpu_mem_track",
         description="Where GPU memory goes: line by line, tensor by tensor, byte by byte.",
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command in ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "probe":
@@ -56,10 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _probe(device: str, as_json: bool) -> int:
+    import torch
+
     from .probe import ProbeError, run_probe
     from .render import render_probe
 
-    if not device.startswith("cuda"):
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        return _fail(f"not a device: {device!r} (examples: cuda, cuda:1)", 2)
+    if parsed.type != "cuda":
         return _fail(f"the probe measures CUDA devices, not {device!r}", 2)
     try:
         result = run_probe(device)

@@ -23,7 +23,15 @@ from typing import Any
 
 from .records import GroupChange, Ledger, Skipped, Stamp
 
-__all__ = ["COLUMNS", "append_stamp", "read_stamps", "stamp_rows", "stamps_from_rows"]
+__all__ = [
+    "COLUMNS",
+    "append_stamp",
+    "read_frame",
+    "read_stamps",
+    "stamp_rows",
+    "stamps_from_rows",
+    "write_header",
+]
 
 _WHERE = ("seq", "time", "elapsed", "file", "line", "function", "label", "row", "device")
 _CHANGE = ("kind", "shape", "dtype", "count_delta", "bytes_delta", "count", "bytes", "names")
@@ -47,8 +55,8 @@ def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
     """The CSV rows of one stamp: its totals row, then its change rows."""
     where = {
         "seq": stamp.seq,
-        "time": f"{stamp.time:.6f}",
-        "elapsed": f"{stamp.elapsed:.6f}",
+        "time": repr(float(stamp.time)),
+        "elapsed": repr(float(stamp.elapsed)),
         "file": stamp.file,
         "line": stamp.line,
         "function": stamp.function,
@@ -78,6 +86,12 @@ def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
     return [{column: _cell(row.get(column)) for column in COLUMNS} for row in rows]
 
 
+def write_header(path: Path) -> None:
+    """Create ``path`` holding only the header row (a report with no stamps yet)."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
+
+
 def append_stamp(path: Path, stamp: Stamp) -> None:
     """Append a stamp's rows to ``path`` (writing the header first if the file is new),
     then flush and close, so a crash after this call loses nothing of it."""
@@ -90,13 +104,58 @@ def append_stamp(path: Path, stamp: Stamp) -> None:
 
 
 def read_stamps(path: Path) -> list[Stamp]:
-    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``)."""
+    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``).
+
+    Raises ``ValueError`` naming the file and line when it is not such a report.
+    """
     with Path(path).open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in ("seq", "row", "device") if c not in (reader.fieldnames or [])]
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path} is not a gpu_mem_track CSV report (no {', '.join(missing)} column)")
-        return list(stamps_from_rows(reader))
+            raise ValueError(f"{path} is not a gpu_mem_track CSV report (no {', '.join(missing[:3])} column)")
+        try:
+            return list(stamps_from_rows(reader))
+        except (TypeError, AttributeError, KeyError, ValueError, csv.Error) as exc:
+            raise ValueError(f"{path}, line {reader.line_num}: not a valid report row ({exc})") from exc
+
+
+_TEXT_COLUMNS = (
+    "file",
+    "function",
+    "label",
+    "row",
+    "device",
+    "kind",
+    "shape",
+    "dtype",
+    "names",
+    "driver_source",
+    "skipped",
+)
+
+
+def read_frame(source: Path | list[dict[str, Any]]) -> Any:
+    """The report as a pandas DataFrame with ``COLUMNS``: from a CSV path, or from rows
+    as ``stamp_rows`` makes them. Text columns stay text (``""`` where empty; a label
+    ``"007"`` stays ``"007"``); number columns are numbers (NaN where not applicable)."""
+    import io
+
+    import pandas as pd
+
+    if not isinstance(source, Path):
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(source)
+        buffer.seek(0)
+        source = buffer  # type: ignore[assignment]
+    frame = pd.read_csv(
+        source,
+        dtype={c: str for c in _TEXT_COLUMNS},
+        keep_default_na=False,
+        na_values={c: [""] for c in COLUMNS if c not in _TEXT_COLUMNS},
+    )
+    return frame
 
 
 def stamps_from_rows(rows: Iterable[dict[str, str]]) -> Iterator[Stamp]:
@@ -109,6 +168,8 @@ def stamps_from_rows(rows: Iterable[dict[str, str]]) -> Iterator[Stamp]:
             current = {"totals": row, "changes": []}
         elif row["row"] == "change" and current is not None:
             current["changes"].append(_change(row))
+        else:
+            raise ValueError(f"row type {row['row']!r} where 'totals' or 'change' belongs")
     if current is not None:
         yield _stamp(current)
 

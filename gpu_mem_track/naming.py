@@ -48,10 +48,13 @@ class Registry:
 
         Raises ``TypeError`` for anything else.
         """
-        if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.Tensor)):
+        cls = type(obj)  # not isinstance: a weakref.proxy would pass it, then fail below
+        if not issubclass(cls, (nn.Module, torch.optim.Optimizer, torch.Tensor)):
             raise TypeError(
-                f"watch() takes nn.Module, torch.optim.Optimizer or tensor objects, not {type(obj).__name__}"
+                f"watch() takes nn.Module, torch.optim.Optimizer or tensor objects, not {cls.__name__}"
             )
+        if any(p == prefix and r() is obj for p, r in self._refs):
+            return
         self._refs.append((prefix, weakref.ref(obj)))
 
     def roots(self) -> list[tuple[str, Any]]:

@@ -13,9 +13,15 @@ from .errors import UsageError
 __all__ = ["ReportFiles", "default_run_name", "safe_name"]
 
 
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
+
+
 def safe_name(text: str) -> str:
-    """``text`` as a file name that is valid on every OS: letters, digits, ``._-`` only."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
+    """``text`` as a file name valid on every OS: letters, digits and ``._-`` only, at most
+    100 characters, never a Windows device name (``CON``, ``NUL``, ...)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")[:100].rstrip("._")
+    if cleaned.split(".")[0].upper() in _RESERVED:
+        cleaned = f"run_{cleaned}"
     return cleaned or "run"
 
 

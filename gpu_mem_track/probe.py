@@ -19,62 +19,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-__all__ = ["ProbeError", "ProbeResult", "ProbeStage", "cached_probe", "run_probe", "run_stages"]
+from .records import STAGES, ProbeResult, ProbeStage
 
-STAGES = ("before CUDA", "CUDA context", "first cuBLAS matmul", "first cuDNN convolution")
+__all__ = ["STAGES", "ProbeError", "ProbeResult", "ProbeStage", "cached_probe", "run_probe", "run_stages"]
 
 
 class ProbeError(RuntimeError):
     """The probe cannot run here (no CUDA, no NVML, or the child failed); the message says why."""
-
-
-@dataclass(frozen=True)
-class ProbeStage:
-    """Readings after one stage: driver-level bytes and the allocator's reserved bytes."""
-
-    name: str
-    driver: int
-    reserved: int
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """Stages measured on one device, and the framework cost of each step between them."""
-
-    device: str
-    gpu_name: str
-    driver_source: str
-    torch_version: str
-    stages: tuple[ProbeStage, ...]
-
-    def costs(self) -> dict[str, int]:
-        """Bytes each stage added outside the caching allocator, keyed by stage name."""
-        costs = {}
-        for before, after in zip(self.stages, self.stages[1:]):
-            costs[after.name] = (after.driver - before.driver) - (after.reserved - before.reserved)
-        return costs
-
-    @property
-    def context(self) -> int:
-        """The CUDA context's cost in bytes (the second stage's cost)."""
-        return self.costs().get(STAGES[1], 0)
-
-    @property
-    def total(self) -> int:
-        """Framework cost once CUDA, cuBLAS and cuDNN are all started, in bytes."""
-        return sum(self.costs().values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
-        stages = tuple(ProbeStage(**s) for s in data["stages"])
-        return cls(**{**data, "stages": stages})
 
 
 Reading = Callable[[], tuple[int, int, str]]
@@ -95,48 +48,84 @@ def run_stages(read: Reading, steps: dict[str, Callable[[], None]]) -> list[Prob
     return stages
 
 
-def run_probe(device: str = "cuda:0", timeout: float = 300.0) -> ProbeResult:
+def run_probe(device: str = "cuda:0", uuid: str | None = None, timeout: float = 300.0) -> ProbeResult:
     """Measure the framework cost on ``device`` in a fresh subprocess (takes seconds).
 
-    Raises ``ProbeError`` when CUDA or NVML is unavailable or the child fails.
+    With ``uuid`` (the GPU's UUID, known once CUDA runs) the child sees exactly that GPU;
+    without it CUDA numbers devices in PCI order, as NVML does. Raises ``ProbeError``
+    when CUDA or NVML is unavailable or the child fails.
     """
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "gpu_mem_track.probe_child", device]
+    if uuid:
+        env["CUDA_VISIBLE_DEVICES"] = _nvml_uuid(uuid)
+        command = [sys.executable, "-m", "gpu_mem_track.probe_child", "cuda:0", _nvml_uuid(uuid)]
+    else:
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise ProbeError(f"the probe subprocess did not finish within {timeout:.0f} s") from exc
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProbeError(f"the probe subprocess failed: {exc}") from exc
+    lines = (done.stderr or done.stdout).strip().splitlines()
     if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
         raise ProbeError(lines[-1] if lines else f"the probe subprocess exited with {done.returncode}")
-    return ProbeResult.from_dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    try:
+        result = ProbeResult.from_dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ProbeError(f"the probe subprocess printed no result ({exc})") from exc
+    return result if uuid is None else ProbeResult.from_dict({**result.to_dict(), "device": device})
 
 
 _MEMORY_CACHE: dict[str, ProbeResult] = {}
 
 
-def cached_probe(device: str, cache_key: str, cache_dir: Path | None = None) -> ProbeResult:
-    """``run_probe`` once per device: from memory, else from the disk cache, else measured.
+def cached_probe(device: str, uuid: str | None = None, cache_dir: Path | None = None) -> ProbeResult:
+    """``run_probe`` once per GPU: from memory, else from the disk cache, else measured.
 
-    ``cache_key`` identifies the hardware and software (GPU UUID, torch and driver
-    versions); a change of any of them measures again.
+    The cache key is the GPU's UUID (else the device name) with the torch and NVIDIA
+    driver versions; a change of any of them measures again.
     """
-    if cache_key in _MEMORY_CACHE:
-        return _MEMORY_CACHE[cache_key]
+    key = "-".join((uuid or device, f"torch{_torch_version()}", f"driver{_driver_version()}"))
+    if key in _MEMORY_CACHE:
+        return _MEMORY_CACHE[key]
     folder = cache_dir or Path(
         os.environ.get("GPU_MEM_TRACK_CACHE", Path.home() / ".cache" / "gpu_mem_track")
     )
-    path = folder / f"probe-{_safe(cache_key)}.json"
+    path = folder / f"probe-{_safe(key)}.json"
     try:
         result = ProbeResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        result = ProbeResult.from_dict({**result.to_dict(), "device": device})
     except (OSError, ValueError, KeyError, TypeError):
-        result = run_probe(device)
+        result = run_probe(device, uuid)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result.to_dict()), encoding="utf-8")
         except OSError:
             pass  # an unwritable cache only costs a re-measurement next time
-    _MEMORY_CACHE[cache_key] = result
+    _MEMORY_CACHE[key] = result
     return result
+
+
+def _nvml_uuid(uuid: str) -> str:
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "unknown"))
+
+
+def _driver_version() -> str:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return "unknown"
 
 
 def _safe(text: str) -> str:

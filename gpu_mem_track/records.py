@@ -12,6 +12,9 @@ from typing import Any
 
 __all__ = [
     "KINDS",
+    "STAGES",
+    "ProbeResult",
+    "ProbeStage",
     "Census",
     "GroupChange",
     "Ledger",
@@ -53,7 +56,8 @@ class TensorGroup:
 class Skipped:
     """Tensors the census saw but did not count, with the reason.
 
-    ``reason`` is one of ``"meta"``, ``"fake"``, ``"no storage"`` or ``"error"``;
+    ``reason`` is one of ``"meta"``, ``"fake"`` or ``"no storage"`` (its storage cannot be
+    read, as for wrapper subclasses like DTensor, or reading it raised);
     ``nominal_bytes`` is what they would occupy if real (0 when unknown).
     """
 
@@ -135,7 +139,7 @@ class Ledger:
       or ``"nvml device-wide"`` (the whole GPU, when this process is not visible, as
       in some containers).
     - ``context``: CUDA context cost measured by the probe (``gpu_mem_track.probe``).
-    - ``rss``: resident set size of this process (CPU runs).
+    - ``rss``: resident set size of this process (host memory; shown on CPU runs).
 
     Derived parts are properties: ``hidden``, ``cache``, ``framework`` and
     ``framework_other``.
@@ -154,7 +158,9 @@ class Ledger:
 
     @property
     def hidden(self) -> int | None:
-        """Allocated bytes no visible tensor accounts for (saved activations, C++-only grads)."""
+        """Allocated bytes no visible tensor accounts for: tensors only C++ holds (saved
+        activations, library workspaces) and block slack (the allocator does not split a
+        large block whose leftover is 1 MiB or less, and counts it whole as allocated)."""
         return None if self.allocated is None else self.allocated - self.tensors
 
     @property
@@ -209,7 +215,7 @@ class Stamp:
     views: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
+        """A dict of plain values (records become dicts; shapes and names stay tuples)."""
         return asdict(self)
 
     @classmethod
@@ -267,3 +273,54 @@ def _change(
         nbytes=now.nbytes if now else 0,
         names=names,
     )
+
+
+#: The probe's stages, in the order it enters them.
+STAGES = ("before CUDA", "CUDA context", "first cuBLAS matmul", "first cuDNN convolution")
+
+
+@dataclass(frozen=True)
+class ProbeStage:
+    """Readings after one stage: driver-level bytes and the allocator's reserved bytes."""
+
+    name: str
+    driver: int
+    reserved: int
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Stages measured on one device, and the framework cost of each step between them."""
+
+    device: str
+    gpu_name: str
+    driver_source: str
+    torch_version: str
+    stages: tuple[ProbeStage, ...]
+
+    def costs(self) -> dict[str, int]:
+        """Bytes each stage added outside the caching allocator, keyed by stage name."""
+        costs = {}
+        for before, after in zip(self.stages, self.stages[1:]):
+            costs[after.name] = (after.driver - before.driver) - (after.reserved - before.reserved)
+        return costs
+
+    @property
+    def context(self) -> int:
+        """The CUDA context's cost in bytes (the second stage's cost)."""
+        return self.costs().get(STAGES[1], 0)
+
+    @property
+    def total(self) -> int:
+        """Framework cost once CUDA, cuBLAS and cuDNN are all started, in bytes."""
+        return sum(self.costs().values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A dict of plain values (stages become dicts)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+        """Inverse of ``to_dict``."""
+        stages = tuple(ProbeStage(**s) for s in data["stages"])
+        return cls(**{**data, "stages": stages})

@@ -4,8 +4,8 @@ Renderers take records and return strings; they never measure, print or open fil
 A stamp renders as its stamp line, then the ledger line, then (with ``detail``) one
 ``+``/``-`` line per changed tensor group, in that order::
 
-    At vgg_demo.py:41 <module> [model on device] | cuda:0 | tensors 548.05 MiB | allocated ...
-      ledger: tensors 548.05 MiB + hidden 0 B + allocator cache 1.95 MiB + framework ...
+    At vgg_demo.py:50 main [model on device] | cuda:0 | tensors 548.07 MiB | allocated ...
+      ledger: tensors 548.07 MiB + hidden 0 B = allocated ...; + allocator cache ... = reserved ...
     + | 1 * Size:(4096, 25088) | Memory: 392.00 MiB | Parameter | float32 | classifier.0.weight
 """
 
@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from .probe import ProbeResult
-from .records import Census, GroupChange, Ledger, Skipped, Stamp
+from .records import Census, GroupChange, Ledger, ProbeResult, Skipped, Stamp
 from .units import format_bytes
 
 __all__ = ["MAX_NAMES", "render_census", "render_header", "render_probe", "render_stamp", "render_stamps"]
@@ -84,6 +83,8 @@ def _ledger_line(ledger: Ledger) -> str:
                 f"libraries and other {format_bytes(ledger.framework_other)})"
             )
         text += f" = driver {format_bytes(ledger.driver)}"
+        if ledger.driver_source == "nvml device-wide":
+            text += " (device-wide: includes other processes)"
     text += f" | peak allocated {format_bytes(ledger.peak_allocated)}"
     return text
 

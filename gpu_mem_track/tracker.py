@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import io
 import platform
 import sys
 import time
@@ -25,7 +24,7 @@ import torch
 
 from . import __version__
 from .census import LiveTensorFinder, TensorSource, full_scan, take_census
-from .csvlog import COLUMNS, append_stamp, stamp_rows
+from .csvlog import append_stamp, read_frame, stamp_rows, write_header
 from .errors import UsageError
 from .naming import Registry, frame_roots
 from .outputs import ReportFiles, default_run_name
@@ -87,13 +86,8 @@ class MemTracker:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if isinstance(frame, bool):  # the classic MemTracker(detail, path, verbose, device)
-            frame, detail = None, frame
-        if frame is not None and not isinstance(frame, types.FrameType):
-            raise UsageError(f"MemTracker's first argument is a frame or None, not {type(frame).__name__}")
-        if census not in ("fast", "full"):
-            raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
-        if verbosity not in (0, 1, 2):
-            raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
+            frame, detail, path, verbose, device = None, frame, detail, path, verbose  # type: ignore[assignment]
+        _check_options(frame, census, verbosity)
         self.detail = detail
         self.verbosity = 2 if verbose else verbosity
         self._device = _parse_device(device)
@@ -108,6 +102,7 @@ class MemTracker:
         self._start = clock()
         self._memory_rows: list[dict[str, Any]] = []
         self._notes_shown: set[str] = set()
+        self._cuda_available: bool | None = None
         folder = path if path not in (None, "") else out_dir
         self.run_name = run_name or default_run_name(clock())
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
@@ -118,6 +113,7 @@ class MemTracker:
                 f" | gpu_mem_track {__version__}"
             )
             self.files.write_text(render_header(self.run_name, self._device or "auto", versions))
+            write_header(self.files.csv)
 
     # -- registration -------------------------------------------------------------------------
 
@@ -157,14 +153,21 @@ class MemTracker:
     def device(self) -> str:
         """The device being tracked, resolved now (``"cpu"``, ``"cuda:0"``, ...)."""
         if self._device is not None and self._device != "cuda":
+            if self._device.startswith("cuda:") and torch.cuda.is_initialized():
+                index, count = int(self._device[5:]), torch.cuda.device_count()
+                if index >= count:
+                    raise UsageError(f"no such device: {self._device} ({count} CUDA devices visible)")
             return self._device
         if torch.cuda.is_initialized():
             resolved = f"cuda:{torch.cuda.current_device()}"
             self._device = resolved
             return resolved
-        if self._device == "cuda" or torch.cuda.is_available():
-            return "cuda:0"
-        return "cpu"
+        if self._cuda_available is None:
+            # Asked once: is_available() starts the CUDA driver (no context) to count devices.
+            self._cuda_available = self._device == "cuda" or (
+                torch.cuda._is_compiled() and torch.cuda.is_available()
+            )
+        return "cuda:0" if self._cuda_available else "cpu"
 
     @property
     def last_scan(self) -> str:
@@ -212,7 +215,7 @@ class MemTracker:
         allocator = reader.allocator(device)
         driver = reader.driver(device)
         context = None
-        if driver is not None and self._probe is not None:
+        if driver is not None and driver.source == "nvml process" and self._probe is not None:
             context = self._context(device)
         return Ledger(
             device=device,
@@ -231,8 +234,9 @@ class MemTracker:
         assert self._probe is not None
         try:
             result = self._probe(device)
-        except ProbeError as exc:
-            self._note(f"gpu_mem_track: no CUDA context probe ({exc}); framework cost not split")
+        except Exception as exc:  # the probe is optional: never let it break track()
+            reason = str(exc) if isinstance(exc, ProbeError) else f"{type(exc).__name__}: {exc}"
+            self._note(f"gpu_mem_track: no CUDA context probe ({reason}); framework cost not split")
             self._probe = None
             return None
         return None if result is None else result.context
@@ -264,18 +268,7 @@ class MemTracker:
         Read back from the CSV file, so memory stays bounded however long the run;
         with ``out_dir=None`` the rows were kept in memory instead.
         """
-        import pandas as pd
-
-        if self.files is not None:
-            return pd.read_csv(self.files.csv)
-        buffer = io.StringIO()
-        import csv
-
-        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(self._memory_rows)
-        buffer.seek(0)
-        return pd.read_csv(buffer)
+        return read_frame(self.files.csv if self.files is not None else self._memory_rows)
 
 
 class _Region(contextlib.AbstractContextManager):
@@ -311,11 +304,20 @@ class _Region(contextlib.AbstractContextManager):
         return wrapper  # type: ignore[return-value]
 
 
+def _check_options(frame: Any, census: str, verbosity: int) -> None:
+    if frame is not None and not isinstance(frame, types.FrameType):
+        raise UsageError(f"MemTracker's first argument is a frame or None, not {type(frame).__name__}")
+    if census not in ("fast", "full"):
+        raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
+    if verbosity not in (0, 1, 2):
+        raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
+
+
 def _parse_device(device: str | int | torch.device | None) -> str | None:
     if device is None:
         return None
-    if isinstance(device, bool):
-        raise UsageError(f"device must be a device name or CUDA index, not {device!r}")
+    if isinstance(device, bool) or (isinstance(device, int) and device < 0):
+        raise UsageError(f"device must be a device name or a CUDA index >= 0, not {device!r}")
     if isinstance(device, int):
         return f"cuda:{device}"
     try:
@@ -337,5 +339,5 @@ def _probe_function(probe: bool | Probe) -> Probe | None:
 
 def _cached_probe(device: str) -> ProbeResult:
     index = torch.device(device).index or 0
-    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", f"index{index}"))
-    return cached_probe(device, f"{uuid}-torch{torch.__version__}")
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None
+    return cached_probe(device, uuid)

@@ -117,3 +117,14 @@ def test_demo_reports_vgg19_training_step_on_cpu(tmp_path):
     assert grads == params
     assert "At vgg_demo.py:" in done.stdout and "| cpu |" in done.stdout
     assert "classifier.0.weight" in done.stdout
+
+
+def test_show_rejects_a_truncated_report_in_one_line(tmp_path):
+    tracker = MemTracker(device="cpu", out_dir=tmp_path, run_name="r", verbosity=0, probe=False)
+    tracker.track("a")
+    lines = tracker.files.csv.read_text().splitlines()
+    (tmp_path / "cut.csv").write_text("\n".join([lines[0], lines[1][:25]]) + "\n")
+    done = run("-m", "gpu_mem_track", "show", str(tmp_path / "cut.csv"))
+    assert done.returncode == 2
+    assert "cut.csv, line 2: not a valid report row" in done.stderr
+    assert "Traceback" not in done.stderr

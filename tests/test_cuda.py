@@ -42,11 +42,17 @@ def test_vgg19_on_cuda_census_matches_the_allocator_byte_for_byte(tmp_path):
     t.watch(model)
     after = t.track()
     params = list(model.parameters())
-    assert sum(p.numel() * p.element_size() for p in params) == 574_668_960
+    raw = sum(p.numel() * p.element_size() for p in params)
+    assert raw == 574_668_960
     rounded = sum(cuda_block_bytes(p.numel() * p.element_size()) for p in params)
     assert after.ledger.tensors - before.ledger.tensors == rounded
-    assert after.ledger.allocated - before.ledger.allocated == rounded
-    assert after.ledger.hidden == before.ledger.hidden
+    # requested_bytes counts what tensors asked for: byte for byte the parameters.
+    assert after.ledger.requested - before.ledger.requested == raw
+    # allocated_bytes counts whole blocks: a large block is not split when its leftover is
+    # 1 MiB or less, so each large parameter may carry up to 1 MiB of slack ("hidden").
+    large = sum(1 for p in params if p.numel() * p.element_size() > MiB)
+    slack = (after.ledger.allocated - before.ledger.allocated) - rounded
+    assert 0 <= slack <= large * MiB
 
 
 @pytest.mark.cuda
@@ -74,11 +80,13 @@ def test_probe_measures_the_context_on_this_gpu():
     assert result.total >= result.context
 
 
-def test_tracking_never_initialises_cuda():
+@pytest.mark.parametrize("device", [None, "cuda", "cuda:0"])
+def test_tracking_never_initialises_cuda(device):
+    """Runs with and without a GPU: the default device, "cuda" and "cuda:0" alike."""
     code = (
         "import torch\n"
         "from gpu_mem_track import MemTracker\n"
-        "t = MemTracker(device='cuda', out_dir=None, verbosity=0)\n"
+        f"t = MemTracker(device={device!r}, out_dir=None, verbosity=0)\n"
         "x = torch.zeros(3)\n"
         "t.track(); t.track()\n"
         "assert not torch.cuda.is_initialized(), 'the tracker initialised CUDA'\n"

@@ -13,7 +13,8 @@ from torch import nn
 
 from gpu_mem_track import MemTracker, UsageError, read_stamps
 from gpu_mem_track.probe import ProbeResult, ProbeStage
-from gpu_mem_track.readers import AllocatorReading, CudaReader, DriverReading, FakeReader
+from gpu_mem_track.readers import AllocatorReading, DriverReading, FakeReader
+from gpu_mem_track.units import format_bytes
 
 MiB = 2**20
 
@@ -34,8 +35,11 @@ def test_no_argument_tracker_writes_reports_under_reports(tmp_path, monkeypatch)
 def test_classic_constructor_forms(tmp_path):
     classic = MemTracker(inspect.currentframe(), path=tmp_path, verbosity=0, probe=False)
     positional = MemTracker(None, False, tmp_path, False, "cpu", verbosity=0, probe=False)
+    detail_first = MemTracker(False, tmp_path / "logs", True, "cpu", probe=False, stream=io.StringIO())
     assert classic.files.folder == tmp_path and classic.detail is True
     assert positional.detail is False and positional.device == "cpu"
+    assert detail_first.detail is False and detail_first.files.folder == tmp_path / "logs"
+    assert detail_first.verbosity == 2 and detail_first.device == "cpu"
     with pytest.raises(UsageError, match="first argument is a frame or None, not str"):
         MemTracker("reports/")
 
@@ -51,6 +55,8 @@ def test_device_argument_is_honoured(device, resolved):
 def test_bad_arguments_name_the_problem(tmp_path):
     with pytest.raises(UsageError, match="not a device: 'gpu7'"):
         MemTracker(device="gpu7", out_dir=None)
+    with pytest.raises(UsageError, match="CUDA index >= 0, not -1"):
+        MemTracker(device=-1, out_dir=None)
     with pytest.raises(UsageError, match="census must be 'fast' or 'full'"):
         MemTracker(census="quick", out_dir=None)
     blocker = tmp_path / "file"
@@ -62,10 +68,14 @@ def test_bad_arguments_name_the_problem(tmp_path):
 def test_track_stamps_caller_line_and_writes_stamp_before_changes(quiet_tracker):
     stream = io.StringIO()
     tracker = quiet_tracker(verbosity=1, stream=stream)
+    before = tracker.track("baseline")  # the census is process-wide: start from what is alive
+    stream.truncate(0)
+    stream.seek(0)
     model = nn.Linear(4, 3)
     tracker.watch(model)
     line = sys._getframe().f_lineno + 1
     stamp = tracker.track("after model")
+    assert stamp.ledger.tensors - before.ledger.tensors == 60
     assert (stamp.line, stamp.function, stamp.label) == (
         line,
         "test_track_stamps_caller_line_and_writes_stamp_before_changes",
@@ -73,7 +83,8 @@ def test_track_stamps_caller_line_and_writes_stamp_before_changes(quiet_tracker)
     )
     lines = stream.getvalue().splitlines()
     assert lines[0].startswith(f"At test_tracker.py:{line} test_track_stamps_caller")
-    assert lines[0].endswith(f"| cpu | tensors 60 B | process RSS {lines[0].rsplit('RSS ', 1)[1]}")
+    assert f" [after model] | cpu | tensors {format_bytes(stamp.ledger.tensors)} | process RSS " in lines[0]
+    assert lines[1].startswith("  ledger: CPU tensors ")
     assert lines[2:] == [
         "+ | 1 * Size:(3, 4) | Memory: 48 B | Parameter | float32 | weight",
         "+ | 1 * Size:(3,)   | Memory: 12 B | Parameter | float32 | bias",
@@ -109,9 +120,20 @@ def test_csv_is_flushed_at_every_track_and_round_trips(quiet_tracker):
     assert [s.label for s in stamps] == ["one", "two"]
     assert stamps[1].changes[0].names == ("y",) and stamps[1].changes[0].nbytes == 20
     frame = tracker.to_dataframe()
-    pd.testing.assert_frame_equal(frame, pd.read_csv(tracker.files.csv))
+    assert list(frame.columns) == list(pd.read_csv(tracker.files.csv).columns)
     assert frame[frame["row"] == "totals"]["label"].tolist() == ["one", "two"]
+    change = frame[frame["row"] == "change"].iloc[-1]
+    assert (change["shape"], change["names"], change["bytes"]) == ("10", "y", 20)
+    assert frame.loc[0, "kind"] == "" and pd.isna(frame.loc[0, "allocated"])
     del y
+
+
+def test_dataframe_before_any_stamp_and_text_columns_stay_text(quiet_tracker):
+    tracker = quiet_tracker()
+    assert tracker.to_dataframe().empty
+    tracker.track("007")
+    frame = tracker.to_dataframe()
+    assert frame[frame["row"] == "totals"]["label"].tolist() == ["007"]
 
 
 def test_in_memory_tracker_gives_the_same_dataframe(quiet_tracker, tmp_path):
@@ -238,44 +260,3 @@ def test_tracking_keeps_no_tensor_alive(quiet_tracker):
     gc.collect()
     assert all(r() is None for r in refs)
     tracker.track()  # watched objects are gone: nothing breaks
-
-
-def test_cuda_reader_does_not_initialise_cuda():
-    reader = CudaReader()
-    assert reader.allocator("cuda:0") is None or torch.cuda.is_initialized()
-    assert reader.driver("cuda:0") is None or torch.cuda.is_initialized()
-    if not torch.cuda.is_available():
-        assert not torch.cuda.is_initialized()
-
-
-def test_deleting_a_local_after_track_frees_it_at_once(quiet_tracker):
-    """Reading a function's locals on Python < 3.13 would store them in the frame and keep
-    a deleted tensor alive until the next read; the tracker must not do that."""
-    tracker = quiet_tracker()
-    x = torch.zeros(1000)
-    ref = weakref.ref(x)
-    tracker.track()
-    del x
-    assert ref() is None
-
-
-@pytest.mark.skipif(sys.version_info < (3, 13), reason="function locals are read on Python 3.13+ only")
-def test_function_locals_name_tensors_on_313(quiet_tracker):
-    tracker = quiet_tracker()
-    activations = torch.zeros(77)
-    stamp = tracker.track()
-    assert any("activations" in c.names for c in stamp.changes)
-    del activations
-
-
-def test_track_pauses_automatic_collection_and_restores_it(quiet_tracker):
-    tracker = quiet_tracker()
-    gc.enable()
-    tracker.track()
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        tracker.track()
-        assert not gc.isenabled()
-    finally:
-        gc.enable()

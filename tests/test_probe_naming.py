@@ -1,0 +1,97 @@
+"""The probe's subprocess handling and cache, and watch()/file-name edge cases."""
+
+from __future__ import annotations
+
+import subprocess
+import weakref
+
+import pytest
+from torch import nn
+
+from gpu_mem_track import probe
+from gpu_mem_track.naming import Registry
+from gpu_mem_track.outputs import safe_name
+from gpu_mem_track.records import ProbeResult, ProbeStage
+
+MiB = 2**20
+RESULT = ProbeResult(
+    "cuda:0",
+    "Fake",
+    "nvml process",
+    "2.13.0",
+    (ProbeStage("before CUDA", 0, 0), ProbeStage("CUDA context", 502 * MiB, 2 * MiB)),
+)
+
+
+def fake_child(monkeypatch, returncode, stdout, stderr=""):
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append((command, kwargs["env"]))
+        return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+    monkeypatch.setattr(probe.subprocess, "run", fake_run)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stdout", "stderr", "message"),
+    [
+        (2, "", "CUDA is not available on this machine\n", "CUDA is not available on this machine"),
+        (0, "", "", "the probe subprocess printed no result"),
+        (0, "{not json\n", "", "the probe subprocess printed no result"),
+        (0, '{"device": "cuda:0"}\n', "", "the probe subprocess printed no result"),
+    ],
+)
+def test_probe_failures_become_probe_errors(monkeypatch, returncode, stdout, stderr, message):
+    fake_child(monkeypatch, returncode, stdout, stderr)
+    with pytest.raises(probe.ProbeError, match=message):
+        probe.run_probe("cuda:0")
+
+
+def test_probe_child_sees_the_gpu_by_uuid_and_finds_the_package(monkeypatch):
+    import json
+
+    calls = fake_child(monkeypatch, 0, json.dumps(RESULT.to_dict()) + "\n")
+    result = probe.run_probe("cuda:3", uuid="1234-abcd")
+    command, env = calls[0]
+    assert command[-2:] == ["cuda:0", "GPU-1234-abcd"] and env["CUDA_VISIBLE_DEVICES"] == "GPU-1234-abcd"
+    assert probe.__file__.rsplit("/gpu_mem_track/", 1)[0] in env["PYTHONPATH"]
+    assert result.device == "cuda:3" and result.context == 500 * MiB
+
+
+def test_cached_probe_measures_once_then_reads_the_disk_cache(monkeypatch, tmp_path):
+    measured = []
+    monkeypatch.setattr(probe, "run_probe", lambda device, uuid=None: measured.append(device) or RESULT)
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    assert probe.cached_probe("cuda:0", "uuid-1", cache_dir=tmp_path) == RESULT
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})  # a new process: only the disk cache is left
+    assert probe.cached_probe("cuda:0", "uuid-1", cache_dir=tmp_path) == RESULT
+    assert measured == ["cuda:0"]
+    assert len(list(tmp_path.glob("probe-uuid-1-torch*.json"))) == 1
+
+
+def test_watch_ignores_repeats_and_rejects_proxies():
+    registry = Registry()
+    model = nn.Linear(1, 1)
+    registry.add(model)
+    registry.add(model)
+    assert registry.roots() == [("", model)]
+    with pytest.raises(TypeError, match="not CallableProxyType"):
+        registry.add(weakref.proxy(model))
+    with pytest.raises(TypeError, match="not int"):
+        registry.add(3)
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("fp32: batch 32/64", "fp32_batch_32_64"),
+        ("CON", "run_CON"),
+        ("nul.txt", "run_nul.txt"),
+        (":::", "run"),
+        ("x" * 300, "x" * 100),
+    ],
+)
+def test_safe_names(text, name):
+    assert safe_name(text) == name
