@@ -75,8 +75,10 @@ class LiveTensorFinder:
 
     A full walk is one ``gc.get_referrers`` call over the tensor classes. ``torch.Tensor``
     and ``nn.Parameter`` are always asked about; another subclass is asked about until a
-    walk finds none of its instances, then only once its reference count grows (every
-    instance holds a reference to its class).
+    walk finds none of its instances, then only once its reference count changes (every
+    instance holds a reference to its class). A class whose count stays equal while an
+    instance appears and an unrelated reference to it goes is missed by full walks until
+    its count changes; young scans look at every class.
 
     Between walks, while no gen-1 or gen-2 collection has run, the tensors alive are
     those the last call found (held by weak reference) plus the tensors among the young
@@ -178,6 +180,8 @@ class _Seen:
         self.tensors: dict[int, Any] = {}
         self.kinds: dict[int, str] = {}
         self.names: dict[int, list[str]] = {}
+        #: The first storage key of each named tensor, to pass a view's names to its owner.
+        self.storage_of: dict[int, Any] = {}
 
     def add(self, tensor: Any, kind: str | None, name: str | None) -> bool:
         key = id(tensor)
@@ -256,11 +260,10 @@ def _class_kind(cls: type) -> str | None:
 
 
 def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], dict[str, list[int]], int]:
-    """Map each storage on ``target`` to its owner: ``key -> [rank, id, nbytes, tensor]``.
+    """Map each storage on ``target`` to its owner: ``key -> [rank, id, nbytes, tensor, order]``.
 
-    The owner is the best-ranked tensor using the storage: by kind (a parameter before a
-    plain alias), then a base before a view (``expand`` views are larger but own
-    nothing), then the larger tensor, then the first found.
+    The owner is the best-ranked tensor using the storage (see ``_rank``); ranks are
+    computed only where two tensors share a storage, so ``rank`` is None until then.
     """
     owners: dict[Any, list[Any]] = {}
     skipped: dict[str, list[int]] = {}
@@ -275,20 +278,35 @@ def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], 
             if device != target:
                 continue
             parts = _storage_parts(tensor)
-            kind = seen.kinds.setdefault(tid, cls_kind)
-            rank = (_RANK.get(kind, len(KINDS)), tensor._base is not None, -tensor.numel(), order)
         except Exception:
             _tally(skipped, "no storage", 0)
             continue
+        seen.kinds.setdefault(tid, cls_kind)
+        if tid in seen.names and parts:
+            seen.storage_of[tid] = parts[0][0]
         for key, nbytes in parts:
             current = owners.get(key)
             if current is None:
-                owners[key] = [rank, tid, nbytes, tensor]
+                owners[key] = [None, tid, nbytes, tensor, order]
                 continue
             views += 1
+            if current[0] is None:
+                current[0] = _rank(seen, current[1], current[3], current[4])
+            rank = _rank(seen, tid, tensor, order)
             if rank < current[0]:
-                current[0], current[1], current[3] = rank, tid, tensor
+                current[0], current[1], current[3], current[4] = rank, tid, tensor, order
     return owners, skipped, views
+
+
+def _rank(seen: _Seen, tid: int, tensor: Any, order: int) -> tuple[int, bool, int, int]:
+    """Who owns a shared storage, lowest first: by kind (a parameter before a plain alias),
+    then a base before a view (``expand`` views are larger but own nothing), then the
+    larger tensor, then the first found."""
+    kind_rank = _RANK.get(seen.kinds[tid], len(KINDS))
+    try:
+        return (kind_rank, tensor._base is not None, -tensor.numel(), order)
+    except Exception:
+        return (kind_rank, True, 0, order)
 
 
 def _tally(skipped: dict[str, list[int]], reason: str, nbytes: int) -> None:
@@ -303,16 +321,19 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
     for owner in owners.values():
         nbytes = cuda_block_bytes(owner[2]) if on_cuda else owner[2]
         per_tensor[owner[1]] = per_tensor.get(owner[1], 0) + nbytes
-        owner[3] = None
     _pass_view_names(seen, owners, per_tensor)
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for tid, nbytes in per_tensor.items():
         tensor = seen.tensors[tid]
-        dtype = tensor.dtype
+        try:
+            dtype = tensor.dtype
+            shape = tuple(tensor.shape)
+        except Exception:  # a subclass whose metadata raises: count it, shapeless
+            dtype, shape = None, ()
         dtype_name = _DTYPE_NAME.get(dtype) or _DTYPE_NAME.setdefault(
             dtype, str(dtype).removeprefix("torch.")
         )
-        key = (seen.kinds[tid], tuple(tensor.shape), dtype_name, device)
+        key = (seen.kinds[tid], shape, dtype_name, device)
         group = groups.get(key)
         if group is None:
             group = groups[key] = [0, 0, []]
@@ -330,17 +351,13 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
 def _pass_view_names(seen: _Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
     """Name a storage's owner after its views too (``v (view)``), so a slice kept after its
     base was deleted is still found by its variable name."""
-    for tid, names in list(seen.names.items()):
-        if tid in per_tensor or tid not in seen.tensors:
+    for tid, key in seen.storage_of.items():
+        if tid in per_tensor:
             continue
-        try:
-            parts = _storage_parts(seen.tensors[tid])
-        except Exception:
-            continue
-        owner = owners.get(parts[0][0]) if parts else None
+        owner = owners.get(key)
         if owner is not None:
             owner_names = seen.names.setdefault(owner[1], [])
-            owner_names.extend(f"{n} (view)" for n in names if f"{n} (view)" not in owner_names)
+            owner_names.extend(f"{n} (view)" for n in seen.names[tid] if f"{n} (view)" not in owner_names)
 
 
 def _storage_parts(tensor: torch.Tensor) -> list[tuple[Any, int]]:

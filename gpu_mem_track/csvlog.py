@@ -95,12 +95,10 @@ def write_header(path: Path) -> None:
 def append_stamp(path: Path, stamp: Stamp) -> None:
     """Append a stamp's rows to ``path`` (writing the header first if the file is new),
     then flush and close, so a crash after this call loses nothing of it."""
-    new = not path.exists() or path.stat().st_size == 0
+    if not path.exists() or path.stat().st_size == 0:
+        write_header(path)
     with path.open("a", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerows(stamp_rows(stamp))
+        csv.DictWriter(handle, fieldnames=COLUMNS).writerows(stamp_rows(stamp))
 
 
 def read_stamps(path: Path) -> list[Stamp]:

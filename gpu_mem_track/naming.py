@@ -109,7 +109,8 @@ def known_tensors(roots: list[tuple[str, Any]]) -> Iterator[Known]:
     of its submodules takes the model's (longer) name. Earlier roots win ties.
     """
     modules = [(p, o) for p, o in roots if isinstance(o, nn.Module)]
-    modules.sort(key=lambda item: -_module_size(item[1]))
+    if len(modules) > 1:  # sizing walks every parameter: only worth it when there is a choice
+        modules.sort(key=lambda item: -_module_size(item[1]))
     param_names: dict[int, str] = {}
     for prefix, module in modules:
         for known in _module_tensors(module, prefix):

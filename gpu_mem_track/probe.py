@@ -14,6 +14,7 @@ torch and driver versions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .outputs import safe_name
+from .readers import nvml_uuid
 from .records import STAGES, ProbeResult, ProbeStage
 
 __all__ = ["STAGES", "ProbeError", "ProbeResult", "ProbeStage", "cached_probe", "run_probe", "run_stages"]
@@ -60,8 +63,8 @@ def run_probe(device: str = "cuda:0", uuid: str | None = None, timeout: float = 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "gpu_mem_track.probe_child", device]
     if uuid:
-        env["CUDA_VISIBLE_DEVICES"] = _nvml_uuid(uuid)
-        command = [sys.executable, "-m", "gpu_mem_track.probe_child", "cuda:0", _nvml_uuid(uuid)]
+        env["CUDA_VISIBLE_DEVICES"] = nvml_uuid(uuid)
+        command[-1:] = ["cuda:0", nvml_uuid(uuid)]  # the only GPU the child sees
     else:
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
@@ -75,7 +78,7 @@ def run_probe(device: str = "cuda:0", uuid: str | None = None, timeout: float = 
         result = ProbeResult.from_dict(json.loads(done.stdout.strip().splitlines()[-1]))
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ProbeError(f"the probe subprocess printed no result ({exc})") from exc
-    return result if uuid is None else ProbeResult.from_dict({**result.to_dict(), "device": device})
+    return dataclasses.replace(result, device=device)
 
 
 _MEMORY_CACHE: dict[str, ProbeResult] = {}
@@ -93,10 +96,10 @@ def cached_probe(device: str, uuid: str | None = None, cache_dir: Path | None = 
     folder = cache_dir or Path(
         os.environ.get("GPU_MEM_TRACK_CACHE", Path.home() / ".cache" / "gpu_mem_track")
     )
-    path = folder / f"probe-{_safe(key)}.json"
+    path = folder / f"probe-{safe_name(key)}.json"
     try:
-        result = ProbeResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        result = ProbeResult.from_dict({**result.to_dict(), "device": device})
+        cached = ProbeResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        result = dataclasses.replace(cached, device=device)
     except (OSError, ValueError, KeyError, TypeError):
         result = run_probe(device, uuid)
         try:
@@ -106,10 +109,6 @@ def cached_probe(device: str, uuid: str | None = None, cache_dir: Path | None = 
             pass  # an unwritable cache only costs a re-measurement next time
     _MEMORY_CACHE[key] = result
     return result
-
-
-def _nvml_uuid(uuid: str) -> str:
-    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 def _torch_version() -> str:
@@ -126,7 +125,3 @@ def _driver_version() -> str:
         return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:
         return "unknown"
-
-
-def _safe(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)

@@ -146,13 +146,18 @@ def nvml_handle(nvml: Any, cuda_index: int) -> Any:
 
     try:
         uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
-        name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        return nvml.nvmlDeviceGetHandleByUUID(name)
+        return nvml.nvmlDeviceGetHandleByUUID(nvml_uuid(uuid))
     except Exception:
         try:
             return nvml.nvmlDeviceGetHandleByIndex(cuda_index)
         except Exception:
             return None
+
+
+def nvml_uuid(uuid: str) -> str:
+    """A GPU UUID as NVML and ``CUDA_VISIBLE_DEVICES`` spell it (``GPU-...`` or ``MIG-...``);
+    torch reports it without the prefix."""
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 def nvml_usage(nvml: Any, handle: Any, pid: int) -> DriverReading | None:

@@ -60,8 +60,9 @@ class MemTracker:
         probe: measure the CUDA context cost once per GPU in a subprocess and split the
             framework cost with it (True), skip it (False), or a callable
             ``device -> ProbeResult`` (tests, or results measured elsewhere).
-        census: ``"fast"`` (one ``gc.get_referrers`` walk) or ``"full"`` (filter all of
-            ``gc.get_objects()``; slower, for checking the fast census).
+        census: ``"fast"`` (``census.LiveTensorFinder``: a heap walk only after a collection
+            that moved objects into the oldest generation, else a scan of the young ones) or
+            ``"full"`` (filter all of ``gc.get_objects()``; slower, to check the fast one).
         reader: the memory reader (default: CUDA allocator + NVML, or process RSS on CPU).
         source: the object source for the census (default: per ``census``).
         clock: the wall clock, seconds since the epoch.
@@ -103,6 +104,7 @@ class MemTracker:
         self._memory_rows: list[dict[str, Any]] = []
         self._notes_shown: set[str] = set()
         self._cuda_available: bool | None = None
+        self._contexts: dict[str, int | None] = {}
         folder = path if path not in (None, "") else out_dir
         self.run_name = run_name or default_run_name(clock())
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
@@ -140,8 +142,7 @@ class MemTracker:
         """
         caller = sys._getframe(1)
         try:
-            where = (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
-            return self._stamp(caller, where, label)
+            return self._stamp(caller, _where(caller), label)
         finally:
             del caller
 
@@ -231,15 +232,18 @@ class MemTracker:
         )
 
     def _context(self, device: str) -> int | None:
+        """The probed CUDA context cost of ``device``, asked of the probe once per device."""
         assert self._probe is not None
-        try:
-            result = self._probe(device)
-        except Exception as exc:  # the probe is optional: never let it break track()
-            reason = str(exc) if isinstance(exc, ProbeError) else f"{type(exc).__name__}: {exc}"
-            self._note(f"gpu_mem_track: no CUDA context probe ({reason}); framework cost not split")
-            self._probe = None
-            return None
-        return None if result is None else result.context
+        if device not in self._contexts:
+            try:
+                result = self._probe(device)
+            except Exception as exc:  # the probe is optional: never let it break track()
+                reason = str(exc) if isinstance(exc, ProbeError) else f"{type(exc).__name__}: {exc}"
+                self._note(f"gpu_mem_track: no CUDA context probe ({reason}); framework cost not split")
+                self._probe = None
+                return None
+            self._contexts[device] = None if result is None else result.context
+        return self._contexts[device]
 
     def _emit(self, stamp: Stamp, census: Census) -> None:
         text = render_stamp(stamp, self.detail)
@@ -280,14 +284,12 @@ class _Region(contextlib.AbstractContextManager):
 
     def __enter__(self) -> _Region:
         caller = sys._getframe(1)
-        where = (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
-        self._tracker._stamp(caller, where, f"{self._label} start")
+        self._tracker._stamp(caller, _where(caller), f"{self._label} start")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         caller = sys._getframe(1)
-        where = (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
-        self._tracker._stamp(caller, where, f"{self._label} end")
+        self._tracker._stamp(caller, _where(caller), f"{self._label} end")
 
     def __call__(self, func: F) -> F:
         code = func.__code__
@@ -302,6 +304,11 @@ class _Region(contextlib.AbstractContextManager):
                 self._tracker._stamp(sys._getframe(0), where, f"{self._label} end")
 
         return wrapper  # type: ignore[return-value]
+
+
+def _where(frame: types.FrameType) -> tuple[str, int, str]:
+    """(file, line, function) of a frame, as a stamp records them."""
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def _check_options(frame: Any, census: str, verbosity: int) -> None:

@@ -27,6 +27,16 @@ def no_hooks_left_behind():
 
 
 @pytest.fixture
+def probe_result():
+    """A probe result whose CUDA context costs 500 MiB (502 MiB driver, 2 MiB reserved)."""
+    from gpu_mem_track.records import ProbeResult, ProbeStage
+
+    mib = 2**20
+    stages = (ProbeStage("before CUDA", 0, 0), ProbeStage("CUDA context", 502 * mib, 2 * mib))
+    return ProbeResult("cuda:0", "Fake", "nvml process", "2.13.0", stages)
+
+
+@pytest.fixture
 def quiet_tracker(tmp_path):
     """A factory of CPU trackers writing under tmp_path and printing nothing."""
     from gpu_mem_track import MemTracker

@@ -11,16 +11,8 @@ from torch import nn
 from gpu_mem_track import probe
 from gpu_mem_track.naming import Registry
 from gpu_mem_track.outputs import safe_name
-from gpu_mem_track.records import ProbeResult, ProbeStage
 
 MiB = 2**20
-RESULT = ProbeResult(
-    "cuda:0",
-    "Fake",
-    "nvml process",
-    "2.13.0",
-    (ProbeStage("before CUDA", 0, 0), ProbeStage("CUDA context", 502 * MiB, 2 * MiB)),
-)
 
 
 def fake_child(monkeypatch, returncode, stdout, stderr=""):
@@ -49,10 +41,10 @@ def test_probe_failures_become_probe_errors(monkeypatch, returncode, stdout, std
         probe.run_probe("cuda:0")
 
 
-def test_probe_child_sees_the_gpu_by_uuid_and_finds_the_package(monkeypatch):
+def test_probe_child_sees_the_gpu_by_uuid_and_finds_the_package(monkeypatch, probe_result):
     import json
 
-    calls = fake_child(monkeypatch, 0, json.dumps(RESULT.to_dict()) + "\n")
+    calls = fake_child(monkeypatch, 0, json.dumps(probe_result.to_dict()) + "\n")
     result = probe.run_probe("cuda:3", uuid="1234-abcd")
     command, env = calls[0]
     assert command[-2:] == ["cuda:0", "GPU-1234-abcd"] and env["CUDA_VISIBLE_DEVICES"] == "GPU-1234-abcd"
@@ -60,13 +52,13 @@ def test_probe_child_sees_the_gpu_by_uuid_and_finds_the_package(monkeypatch):
     assert result.device == "cuda:3" and result.context == 500 * MiB
 
 
-def test_cached_probe_measures_once_then_reads_the_disk_cache(monkeypatch, tmp_path):
+def test_cached_probe_measures_once_then_reads_the_disk_cache(monkeypatch, tmp_path, probe_result):
     measured = []
-    monkeypatch.setattr(probe, "run_probe", lambda device, uuid=None: measured.append(device) or RESULT)
+    monkeypatch.setattr(probe, "run_probe", lambda device, uuid=None: measured.append(device) or probe_result)
     monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
-    assert probe.cached_probe("cuda:0", "uuid-1", cache_dir=tmp_path) == RESULT
+    assert probe.cached_probe("cuda:0", "uuid-1", cache_dir=tmp_path) == probe_result
     monkeypatch.setattr(probe, "_MEMORY_CACHE", {})  # a new process: only the disk cache is left
-    assert probe.cached_probe("cuda:0", "uuid-1", cache_dir=tmp_path) == RESULT
+    assert probe.cached_probe("cuda:0", "uuid-1", cache_dir=tmp_path) == probe_result
     assert measured == ["cuda:0"]
     assert len(list(tmp_path.glob("probe-uuid-1-torch*.json"))) == 1
 
