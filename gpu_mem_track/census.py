@@ -12,8 +12,10 @@ generation, only young objects are scanned (see ``LiveTensorFinder``).
 ``full_scan`` is the exhaustive (slower) alternative, used to check the fast one.
 
 ``take_census`` then adds what the finder cannot see or name: tensors of watched and
-discovered modules and optimizers, the bases of views, and the gradients of leaf tensors
-(a ``.grad`` Python never touched exists only in C++ until read).
+discovered modules and optimizers, the bases of views, the gradients of leaf tensors
+(a ``.grad`` Python never touched exists only in C++ until read), and the inputs and
+saved-for-backward tensors a ``saved.SavedTensorRecorder`` recorded (otherwise only C++
+autograd nodes hold them).
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import itertools
 import sys
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .naming import known_tensors
+from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
 from .units import cuda_block_bytes
+
+if TYPE_CHECKING:
+    from .saved import SavedTensorRecorder
 
 __all__ = ["LiveTensorFinder", "TensorSource", "full_scan", "take_census", "tensor_types"]
 
@@ -144,13 +149,17 @@ def take_census(
     device: str,
     source: TensorSource,
     roots: Iterable[tuple[str, Any]] = (),
+    saved: SavedTensorRecorder | None = None,
 ) -> Census:
     """Count the storages of live tensors on ``device`` (``"cpu"``, ``"cuda:0"``, ...).
 
     ``source`` supplies candidate objects (``LiveTensorFinder()``, ``full_scan`` or, in
     tests, a list); non-tensors among them are ignored. ``roots`` (see ``naming``) name
-    tensors and give their kind. Each storage is counted once, for the tensor that owns
-    it most plausibly (a parameter before a plain tensor, a base before its views).
+    tensors and give their kind. ``saved`` adds the inputs and saved activations it
+    recorded, kinds ``Input`` and ``Activation``. Each storage is counted once, for the
+    tensor that owns it most plausibly: by kind in ``KINDS`` order (a parameter before a
+    saved activation before a plain tensor), then a base before its views. A saved
+    tensor's alias sharing a visible tensor's storage is not counted as a view.
     CUDA storages count as the allocator's 512 B-rounded blocks. Meta and fake tensors,
     and tensors without an accessible storage, are reported in ``skipped`` instead.
     No tensor is referenced once this returns.
@@ -160,6 +169,8 @@ def take_census(
     # Attribute reads must not run tensor subclasses' __torch_function__ (user code).
     with torch._C.DisableTorchFunctionSubclass():
         seen.add_roots(roots)
+        if saved is not None:
+            seen.add_saved(saved.known_tensors())
         seen.add_objects(source())
         seen.add_relatives()
         owners, skipped, views = _storages(seen, target)
@@ -182,14 +193,19 @@ class _Seen:
         self.names: dict[int, list[str]] = {}
         #: The first storage key of each named tensor, to pass a view's names to its owner.
         self.storage_of: dict[int, Any] = {}
+        #: Ids of the recorder's aliases of saved tensors (not views in the user's sense).
+        self.aliases: set[int] = set()
 
     def add(self, tensor: Any, kind: str | None, name: str | None) -> bool:
+        """Add a tensor; of several kinds given for one tensor the first in ``KINDS`` wins."""
         key = id(tensor)
         new = key not in self.tensors
         if new:
             self.tensors[key] = tensor
         if kind is not None:
-            self.kinds.setdefault(key, kind)
+            current = self.kinds.get(key)
+            if current is None or _RANK.get(kind, len(KINDS)) < _RANK.get(current, len(KINDS)):
+                self.kinds[key] = kind
         if name:
             names = self.names.setdefault(key, [])
             if name not in names:
@@ -201,6 +217,14 @@ class _Seen:
             if _is_tensor_class(type(known.tensor)):
                 self.add(known.tensor, known.kind, known.name)
         known = None  # type: ignore[assignment]  # drop the last reference promptly
+
+    def add_saved(self, known: list[Known]) -> None:
+        for item in known:
+            if _is_tensor_class(type(item.tensor)):
+                self.add(item.tensor, item.kind, item.name)
+                if item.kind == "Activation":
+                    self.aliases.add(id(item.tensor))
+        known.clear()  # drop the references promptly
 
     def add_objects(self, objects: Iterable[Any]) -> None:
         tensors = self.tensors
@@ -228,6 +252,7 @@ class _Seen:
 
     def clear(self) -> None:
         self.tensors.clear()
+        self.aliases.clear()
 
 
 _TENSOR_CLASS: dict[type, bool] = {}
@@ -289,7 +314,8 @@ def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], 
             if current is None:
                 owners[key] = [None, tid, nbytes, tensor, order]
                 continue
-            views += 1
+            if tid not in seen.aliases and current[1] not in seen.aliases:
+                views += 1
             if current[0] is None:
                 current[0] = _rank(seen, current[1], current[3], current[4])
             rank = _rank(seen, tid, tensor, order)
@@ -341,7 +367,7 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
         group[1] += nbytes
         group[2].extend(seen.names.get(tid, ()))
     result = [
-        TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(names))
+        TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(dict.fromkeys(names)))
         for key, (count, nbytes, names) in groups.items()
     ]
     result.sort(key=lambda g: (_RANK.get(g.kind, len(KINDS)), -g.nbytes, g.shape, g.dtype))
@@ -350,14 +376,25 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
 
 def _pass_view_names(seen: _Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
     """Name a storage's owner after its views too (``v (view)``), so a slice kept after its
-    base was deleted is still found by its variable name."""
+    base was deleted is still found by its variable name. Where a saved activation's
+    alias is the owner or the named tensor, names pass as they are (``out``,
+    ``saved at train.py:42 (fc1)``), unless the named tensor is a view."""
     for tid, key in seen.storage_of.items():
         if tid in per_tensor:
             continue
         owner = owners.get(key)
         if owner is not None:
+            saved = owner[1] in seen.aliases or tid in seen.aliases
+            suffix = " (view)" if not saved or _is_view(seen.tensors[tid]) else ""
             owner_names = seen.names.setdefault(owner[1], [])
-            owner_names.extend(f"{n} (view)" for n in seen.names[tid] if f"{n} (view)" not in owner_names)
+            owner_names.extend(f"{n}{suffix}" for n in seen.names[tid] if f"{n}{suffix}" not in owner_names)
+
+
+def _is_view(tensor: Any) -> bool:
+    try:
+        return tensor._base is not None
+    except Exception:
+        return True
 
 
 def _storage_parts(tensor: torch.Tensor) -> list[tuple[Any, int]]:

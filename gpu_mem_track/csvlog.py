@@ -11,7 +11,13 @@ All sizes are raw bytes. Columns (``COLUMNS``), empty where they do not apply:
 - totals rows: the ledger (see ``records.Ledger``): ``tensors``, ``allocated``,
   ``requested``, ``reserved``, ``peak_allocated``, ``driver``, ``driver_source``,
   ``context``, ``rss``, and the derived ``hidden``, ``cache``, ``framework``,
-  ``framework_other``; ``views``; ``skipped`` (``reason:count:nominal_bytes``, ``;``-separated).
+  ``framework_other``; ``views``; ``skipped`` (``reason:count:nominal_bytes``, ``;``-separated);
+  the categories of ``tensors`` (``records.Categories``): ``cat_parameter``, ``cat_buffer``,
+  ``cat_optimizer_state``, ``cat_gradient``, ``cat_input``, ``cat_activation``,
+  ``cat_other``. The categories, ``hidden``, ``cache`` and ``framework`` add up to
+  ``driver`` (or, as far as known, ``reserved``, ``allocated``; on CPU ``tensors``).
+
+Reports written before the category columns existed are read as well (categories None).
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .records import GroupChange, Ledger, Skipped, Stamp
+from .records import CATEGORY_LABELS, Categories, GroupChange, Ledger, Skipped, Stamp
 
 __all__ = [
+    "CATEGORY_COLUMNS",
     "COLUMNS",
     "append_stamp",
     "read_frame",
@@ -47,7 +54,10 @@ _LEDGER = (
     "rss",
 )
 _DERIVED = ("hidden", "cache", "framework", "framework_other")
-_TOTALS = _LEDGER + _DERIVED + ("views", "skipped")
+_CATEGORY_FIELDS = tuple(label.replace(" ", "_") for label in CATEGORY_LABELS.values())
+#: Totals-row columns of the categories; optional when reading (older reports lack them).
+CATEGORY_COLUMNS = tuple(f"cat_{name}" for name in _CATEGORY_FIELDS)
+_TOTALS = _LEDGER + _DERIVED + ("views", "skipped") + CATEGORY_COLUMNS
 COLUMNS = _WHERE + _CHANGE + _TOTALS
 
 
@@ -67,6 +77,9 @@ def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
     totals = {name: getattr(ledger, name) for name in _LEDGER + _DERIVED}
     totals["views"] = stamp.views
     totals["skipped"] = ";".join(f"{s.reason}:{s.count}:{s.nominal_bytes}" for s in stamp.skipped)
+    if ledger.categories is not None:
+        for name, column in zip(_CATEGORY_FIELDS, CATEGORY_COLUMNS):
+            totals[column] = getattr(ledger.categories, name)
     rows = [{**where, "row": "totals", **totals}]
     for change in stamp.changes:
         rows.append(
@@ -108,7 +121,7 @@ def read_stamps(path: Path) -> list[Stamp]:
     """
     with Path(path).open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or []) and c not in CATEGORY_COLUMNS]
         if missing:
             raise ValueError(f"{path} is not a gpu_mem_track CSV report (no {', '.join(missing[:3])} column)")
         try:
@@ -153,7 +166,7 @@ def read_frame(source: Path | list[dict[str, Any]]) -> Any:
         keep_default_na=False,
         na_values={c: [""] for c in COLUMNS if c not in _TEXT_COLUMNS},
     )
-    return frame
+    return frame.reindex(columns=list(COLUMNS))  # an older report: its missing columns are NaN
 
 
 def stamps_from_rows(rows: Iterable[dict[str, str]]) -> Iterator[Stamp]:
@@ -179,6 +192,7 @@ def _stamp(parts: dict[str, Any]) -> Stamp:
         tensors=int(row["tensors"]),
         driver_source=row["driver_source"] or None,
         **{name: _int(row[name]) for name in _LEDGER if name not in ("tensors", "driver_source")},
+        categories=_categories(row),
     )
     skipped = tuple(
         Skipped(reason, int(count), int(nominal))
@@ -211,6 +225,14 @@ def _change(row: dict[str, str]) -> GroupChange:
         nbytes=int(row["bytes"]),
         names=tuple(row["names"].split(";")) if row["names"] else (),
     )
+
+
+def _categories(row: dict[str, str]) -> Categories | None:
+    """The categories of a totals row; None when the report predates them or left them empty."""
+    cells = [row.get(column) or "" for column in CATEGORY_COLUMNS]
+    if not all(cells):
+        return None
+    return Categories(**{name: int(cell) for name, cell in zip(_CATEGORY_FIELDS, cells)})
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

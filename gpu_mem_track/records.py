@@ -11,8 +11,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 __all__ = [
+    "CATEGORY_LABELS",
     "KINDS",
     "STAGES",
+    "Categories",
     "ProbeResult",
     "ProbeStage",
     "Census",
@@ -24,8 +26,24 @@ __all__ = [
     "diff_census",
 ]
 
-#: Tensor kinds, in the order used to decide which tensor "owns" a shared storage.
-KINDS = ("Parameter", "Buffer", "Optimizer state", "Gradient", "Tensor")
+#: Tensor kinds (the categories of visible bytes), in precedence order: a storage that
+#: several tensors share counts once, in the first kind any of them has. So a weight
+#: autograd saves for backward stays a Parameter, and a model input it saves stays an
+#: Input; an Activation is a tensor autograd saves (``saved.SavedTensorRecorder``) that is
+#: nothing above; a Tensor ("other") is any other visible tensor.
+KINDS = ("Parameter", "Buffer", "Optimizer state", "Gradient", "Input", "Activation", "Tensor")
+
+#: How each kind is spelled in the categories line of the text report (and, with
+#: ``_`` for spaces and a ``cat_`` prefix, in the CSV's column names).
+CATEGORY_LABELS = {
+    "Parameter": "parameter",
+    "Buffer": "buffer",
+    "Optimizer state": "optimizer state",
+    "Gradient": "gradient",
+    "Input": "input",
+    "Activation": "activation",
+    "Tensor": "other",
+}
 
 GroupKey = tuple[str, tuple[int, ...], str, str]
 
@@ -96,6 +114,50 @@ class Census:
             totals[group.kind] = totals.get(group.kind, 0) + group.nbytes
         return totals
 
+    @property
+    def categories(self) -> Categories:
+        """Bytes per category; they sum to ``nbytes``."""
+        return Categories.from_kinds(self.bytes_by_kind())
+
+
+@dataclass(frozen=True)
+class Categories:
+    """Bytes of the counted (visible) storages per category, each storage in exactly one.
+
+    The fields are the kinds of ``KINDS`` (``other`` is the kind ``"Tensor"``): a storage
+    shared by tensors of several kinds counts in the first of them in ``KINDS`` order.
+    ``activation`` is what autograd saved for backward, as far as a saved-tensor recorder
+    saw it (0 without one). On CUDA, bytes are the allocator's 512 B-rounded blocks.
+    """
+
+    parameter: int = 0
+    buffer: int = 0
+    optimizer_state: int = 0
+    gradient: int = 0
+    input: int = 0
+    activation: int = 0
+    other: int = 0
+
+    @classmethod
+    def from_kinds(cls, by_kind: dict[str, int]) -> Categories:
+        """From bytes per kind name (``"Optimizer state"``); unknown kinds count as other."""
+        values = dict.fromkeys(_CATEGORY_FIELDS.values(), 0)
+        for kind, nbytes in by_kind.items():
+            values[_CATEGORY_FIELDS.get(kind, "other")] += nbytes
+        return cls(**values)
+
+    @property
+    def total(self) -> int:
+        """Bytes of all categories together (the ledger's ``tensors``)."""
+        return sum(self.by_label().values())
+
+    def by_label(self) -> dict[str, int]:
+        """Bytes per category label (``CATEGORY_LABELS``), in ``KINDS`` order."""
+        return {CATEGORY_LABELS[kind]: getattr(self, name) for kind, name in _CATEGORY_FIELDS.items()}
+
+
+_CATEGORY_FIELDS = {kind: label.replace(" ", "_") for kind, label in CATEGORY_LABELS.items()}
+
 
 @dataclass(frozen=True)
 class GroupChange:
@@ -140,9 +202,12 @@ class Ledger:
       in some containers).
     - ``context``: CUDA context cost measured by the probe (``gpu_mem_track.probe``).
     - ``rss``: resident set size of this process (host memory; shown on CPU runs).
+    - ``categories``: ``tensors`` split by category (``Categories``); None when not
+      recorded (reports written before categories existed).
 
     Derived parts are properties: ``hidden``, ``cache``, ``framework`` and
-    ``framework_other``.
+    ``framework_other``; ``breakdown()`` lists the categories and these parts, which add
+    up to ``total``.
     """
 
     device: str
@@ -155,12 +220,18 @@ class Ledger:
     driver_source: str | None = None
     context: int | None = None
     rss: int | None = None
+    categories: Categories | None = None
+
+    def __post_init__(self) -> None:
+        if self.categories is not None and self.categories.total != self.tensors:
+            raise ValueError(f"categories add up to {self.categories.total} B, not tensors {self.tensors} B")
 
     @property
     def hidden(self) -> int | None:
         """Allocated bytes no visible tensor accounts for: tensors only C++ holds (saved
-        activations, library workspaces) and block slack (the allocator does not split a
-        large block whose leftover is 1 MiB or less, and counts it whole as allocated)."""
+        activations no recorder attributed, library workspaces) and block slack (the
+        allocator does not split a large block whose leftover is 1 MiB or less, and
+        counts it whole as allocated)."""
         return None if self.allocated is None else self.allocated - self.tensors
 
     @property
@@ -193,6 +264,39 @@ class Ledger:
             "framework": self.framework,
         }
 
+    def breakdown(self) -> dict[str, int]:
+        """Every byte of ``total`` in exactly one part: the categories (by label, as in
+        ``Categories.by_label``; ``{"tensors": n}`` when not recorded), then, as far as
+        they are known, ``hidden``, ``allocator cache`` and ``framework``."""
+        parts = self.categories.by_label() if self.categories is not None else {"tensors": self.tensors}
+        for name, value in self._known_parts():
+            parts[name] = value
+        return parts
+
+    @property
+    def total(self) -> int:
+        """The figure ``breakdown()`` adds up to, in bytes (which one: ``total_name``)."""
+        return int(getattr(self, self.total_name))
+
+    @property
+    def total_name(self) -> str:
+        """``"driver"``, ``"reserved"`` or ``"allocated"``, the furthest figure whose parts
+        are all known, else ``"tensors"``."""
+        return ("tensors", "allocated", "reserved", "driver")[len(self._known_parts())]
+
+    def _known_parts(self) -> list[tuple[str, int]]:
+        """hidden, then cache, then framework: each only when the one before is known."""
+        known = []
+        for name, value in (
+            ("hidden", self.hidden),
+            ("allocator cache", self.cache),
+            ("framework", self.framework),
+        ):
+            if value is None:
+                break
+            known.append((name, value))
+        return known
+
 
 @dataclass(frozen=True)
 class Stamp:
@@ -222,7 +326,10 @@ class Stamp:
     def from_dict(cls, data: dict[str, Any]) -> Stamp:
         """Inverse of ``to_dict``."""
         values = dict(data)
-        values["ledger"] = Ledger(**values["ledger"])
+        ledger = dict(values["ledger"])
+        if ledger.get("categories") is not None:
+            ledger["categories"] = Categories(**ledger["categories"])
+        values["ledger"] = Ledger(**ledger)
         values["changes"] = tuple(
             GroupChange(**{**c, "shape": tuple(c["shape"]), "names": tuple(c["names"])})
             for c in values.get("changes", ())

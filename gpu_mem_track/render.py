@@ -1,11 +1,12 @@
 """Text rendering of stamps: the familiar MemTracker report, done right.
 
 Renderers take records and return strings; they never measure, print or open files.
-A stamp renders as its stamp line, then the ledger line, then (with ``detail``) one
-``+``/``-`` line per changed tensor group, in that order::
+A stamp renders as its stamp line, the ledger line, the categories line, then (with
+``detail``) one ``+``/``-`` line per changed tensor group, in that order::
 
     At vgg_demo.py:50 main [model on device] | cuda:0 | tensors 548.07 MiB | allocated ...
       ledger: tensors 548.07 MiB + hidden 0 B = allocated ...; + allocator cache ... = reserved ...
+      categories: parameter 548.05 MiB | other 16.00 KiB | hidden 0 B | allocator cache ... = driver ...
     + | 1 * Size:(4096, 25088) | Memory: 392.00 MiB | Parameter | float32 | classifier.0.weight
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from .records import Census, GroupChange, Ledger, ProbeResult, Skipped, Stamp
+from .records import CATEGORY_LABELS, Census, GroupChange, Ledger, ProbeResult, Skipped, Stamp
 from .units import format_bytes
 
 __all__ = ["MAX_NAMES", "render_census", "render_header", "render_probe", "render_stamp", "render_stamps"]
@@ -31,6 +32,8 @@ def render_header(run_name: str, device: str, versions: str) -> str:
 def render_stamp(stamp: Stamp, detail: bool = True) -> str:
     """One stamp as text, newline-terminated. ``detail=False`` leaves out the change lines."""
     lines = [_stamp_line(stamp), "  " + _ledger_line(stamp.ledger)]
+    if stamp.ledger.categories is not None:
+        lines.append("  " + _categories_line(stamp.ledger))
     notes = _notes(stamp.skipped, stamp.views)
     if notes:
         lines.append("  " + notes)
@@ -87,6 +90,18 @@ def _ledger_line(ledger: Ledger) -> str:
             text += " (device-wide: includes other processes)"
     text += f" | peak allocated {format_bytes(ledger.peak_allocated)}"
     return text
+
+
+def _categories_line(ledger: Ledger) -> str:
+    """Non-zero categories, then hidden, allocator cache and framework where known (even
+    when 0), and the figure they add up to."""
+    categories = set(CATEGORY_LABELS.values())
+    parts = [
+        f"{name} {format_bytes(nbytes)}"
+        for name, nbytes in ledger.breakdown().items()
+        if nbytes or name not in categories
+    ]
+    return f"categories: {' | '.join(parts) or 'none'} = {ledger.total_name} {format_bytes(ledger.total)}"
 
 
 def _notes(skipped: Sequence[Skipped], views: int) -> str:

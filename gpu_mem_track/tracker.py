@@ -16,13 +16,13 @@ import platform
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import torch
 
-from . import __version__
+from . import __version__, active
 from .census import LiveTensorFinder, TensorSource, full_scan, take_census
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
 from .errors import UsageError
@@ -32,6 +32,7 @@ from .probe import ProbeError, ProbeResult, cached_probe
 from .readers import MemoryReader, reader_for
 from .records import Census, Ledger, Stamp, diff_census
 from .render import render_census, render_header, render_stamp
+from .saved import SavedTensorRecorder
 
 __all__ = ["MemTracker"]
 
@@ -66,6 +67,10 @@ class MemTracker:
         reader: the memory reader (default: CUDA allocator + NVML, or process RSS on CPU).
         source: the object source for the census (default: per ``census``).
         clock: the wall clock, seconds since the epoch.
+        activations: record the tensors autograd saves for backward (category
+            ``Activation``, named ``saved at file:line (module)``) and the inputs of watched
+            models (``Input``) from now until ``close()``; ``saved_activations()`` records
+            for one block instead. See ``saved.SavedTensorRecorder``.
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class MemTracker:
         reader: MemoryReader | None = None,
         source: TensorSource | None = None,
         clock: Callable[[], float] = time.time,
+        activations: bool = False,
     ) -> None:
         if isinstance(frame, bool):  # the classic MemTracker(detail, path, verbose, device)
             frame, detail, path, verbose, device = None, frame, detail, path, verbose  # type: ignore[assignment]
@@ -98,6 +104,10 @@ class MemTracker:
         self._reader = reader
         self._clock = clock
         self._registry = Registry()
+        self._recorder = SavedTensorRecorder()
+        self._recording = activations
+        if activations:
+            self._recorder.install()
         self._previous: Census | None = None
         self._seq = 0
         self._start = clock()
@@ -106,6 +116,8 @@ class MemTracker:
         self._cuda_available: bool | None = None
         self._contexts: dict[str, int | None] = {}
         folder = path if path not in (None, "") else out_dir
+        if active.current is not None and folder == "reports":  # inside `gpu_mem_track run`
+            folder, run_name = active.current.folder, run_name or "tracker"
         self.run_name = run_name or default_run_name(clock())
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
         if self.files is not None:
@@ -127,11 +139,41 @@ class MemTracker:
         (``watch(teacher=t)`` names ``teacher.fc.weight``). Held by weak reference.
         Returns the tracker.
         """
-        for obj in objects:
-            self._registry.add(obj)
-        for prefix, obj in named.items():
+        for prefix, obj in [("", o) for o in objects] + list(named.items()):
             self._registry.add(obj, prefix)
+            if isinstance(obj, torch.nn.Module):
+                self._recorder.watch(obj, prefix)
         return self
+
+    # -- saved activations --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def saved_activations(self) -> Iterator[SavedTensorRecorder]:
+        """Record, inside the block, the tensors autograd saves for backward and the inputs
+        of watched models: ``with tracker.saved_activations(): loss = model(x).sum()``.
+
+        Recorded tensors are reported (``Activation``, ``Input``) by every stamp while they
+        live, inside the block and after it: a saved activation until ``backward()`` or
+        ``del`` frees its graph. Watched modules name them (``saved at train.py:42
+        (encoder.layers.0.linear1)``). Yields the tracker's ``SavedTensorRecorder``.
+        """
+        self._recorder.install()
+        try:
+            yield self._recorder
+        finally:
+            self._recorder.uninstall()
+
+    def close(self) -> None:
+        """Stop the recording ``activations=True`` started (once; later calls do nothing)."""
+        if self._recording:
+            self._recording = False
+            self._recorder.uninstall()
+
+    def __enter__(self) -> MemTracker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- stamping -----------------------------------------------------------------------------
 
@@ -186,7 +228,7 @@ class MemTracker:
         try:
             roots = self._registry.roots() + frame_roots(frame)
             frame = None
-            census = take_census(device, self._source, roots)
+            census = take_census(device, self._source, roots, saved=self._recorder)
             del roots
         finally:
             if collecting:
@@ -229,6 +271,7 @@ class MemTracker:
             driver_source=driver.source if driver else None,
             context=context,
             rss=reader.rss(),
+            categories=census.categories,
         )
 
     def _context(self, device: str) -> int | None:
@@ -258,6 +301,8 @@ class MemTracker:
             append_stamp(self.files.csv, stamp)
         else:
             self._memory_rows.extend(stamp_rows(stamp))
+        if active.current is not None:
+            active.current.stamped(self, stamp)
 
     def _note(self, message: str) -> None:
         if message not in self._notes_shown and self.verbosity >= 1:

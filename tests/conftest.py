@@ -17,13 +17,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _saved_tensor_hooks():
+    """This thread's innermost saved-tensor default hooks (None when there are none, or
+    when this torch cannot tell)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return None
+    try:
+        return top(True)
+    except TypeError:
+        return top()
+
+
+def _global_module_hooks():
+    module = torch.nn.modules.module
+    names = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called")
+    return {name: list(getattr(module, name, {})) for name in names}
+
+
 @pytest.fixture(autouse=True)
 def no_hooks_left_behind():
-    """Fail a test that leaves a trace or profile function installed."""
+    """Fail a test that leaves a trace or profile function, saved-tensor hooks or global
+    module hooks installed."""
     trace, profile = sys.gettrace(), sys.getprofile()
+    saved, module_hooks = _saved_tensor_hooks(), _global_module_hooks()
     yield
     assert sys.gettrace() is trace, "a test left a trace function installed"
     assert sys.getprofile() is profile, "a test left a profile function installed"
+    assert _saved_tensor_hooks() == saved, "a test left saved-tensor hooks installed"
+    assert _global_module_hooks() == module_hooks, "a test left global module hooks installed"
 
 
 @pytest.fixture

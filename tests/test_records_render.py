@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-import pandas as pd
+import csv
 
-from gpu_mem_track.csvlog import COLUMNS, append_stamp, read_stamps, stamp_rows
+import pandas as pd
+import pytest
+
+from gpu_mem_track.csvlog import CATEGORY_COLUMNS, COLUMNS, append_stamp, read_frame, read_stamps, stamp_rows
 from gpu_mem_track.probe import STAGES, ProbeResult, ProbeStage, run_stages
-from gpu_mem_track.records import Census, GroupChange, Ledger, Skipped, Stamp, TensorGroup, diff_census
+from gpu_mem_track.records import (
+    Categories,
+    Census,
+    GroupChange,
+    Ledger,
+    Skipped,
+    Stamp,
+    TensorGroup,
+    diff_census,
+)
 from gpu_mem_track.render import render_probe, render_stamp
 
 MiB = 2**20
@@ -48,6 +60,7 @@ def cuda_stamp():
         driver=1100 * MiB,
         driver_source="nvml process",
         context=500 * MiB,
+        categories=Categories(parameter=547 * MiB, activation=MiB),
     )
     changes = (
         GroupChange(
@@ -96,6 +109,8 @@ def test_cuda_stamp_renders_exactly():
         "  ledger: tensors 548.00 MiB + hidden 2.00 MiB = allocated 550.00 MiB; + allocator cache 2.00 MiB"
         " = reserved 552.00 MiB; + framework 548.00 MiB (CUDA context 500.00 MiB, libraries and other"
         " 48.00 MiB) = driver 1.07 GiB | peak allocated 600.00 MiB\n"
+        "  categories: parameter 547.00 MiB | activation 1.00 MiB | hidden 2.00 MiB"
+        " | allocator cache 2.00 MiB | framework 548.00 MiB = driver 1.07 GiB\n"
         "  not counted: 2 meta tensors (800 B nominal); 1 view of counted storages\n"
         "+ | 1 * Size:(4096, 25088)    | Memory: 392.00 MiB | Parameter | float32 | classifier.0.weight\n"
         "+ | 7 * Size:(512, 512, 3, 3) | Memory: 63.00 MiB  | Parameter | float32 | features.21.weight,"
@@ -105,7 +120,7 @@ def test_cuda_stamp_renders_exactly():
 
 
 def test_totals_only_and_cpu_rendering():
-    ledger = Ledger(device="cpu", tensors=1536, rss=300 * MiB)
+    ledger = Ledger(device="cpu", tensors=1536, rss=300 * MiB, categories=Categories(other=1024, input=512))
     stamp = Stamp(
         1,
         0.0,
@@ -120,6 +135,7 @@ def test_totals_only_and_cpu_rendering():
     assert render_stamp(stamp, detail=False) == (
         "At train.py:7 step | cpu | tensors 1.50 KiB | process RSS 300.00 MiB\n"
         "  ledger: CPU tensors 1.50 KiB of process RSS 300.00 MiB (no allocator statistics on CPU)\n"
+        "  categories: input 512 B | other 1.00 KiB = tensors 1.50 KiB\n"
     )
     assert render_stamp(stamp).endswith("+ | 1 * Size:() | Memory: 4 B | Tensor | float32 | loss\n")
 
@@ -128,6 +144,35 @@ def test_ledger_parts_add_up_to_the_driver_figure():
     ledger = cuda_stamp().ledger
     assert sum(ledger.parts().values()) == ledger.driver
     assert ledger.context + ledger.framework_other == ledger.framework
+    assert sum(ledger.breakdown().values()) == ledger.total == ledger.driver
+
+
+@pytest.mark.parametrize(
+    ("ledger", "total_name", "line"),
+    [
+        (
+            Ledger("cuda:0", 512, allocated=1024, reserved=2048, categories=Categories(input=512)),
+            "reserved",
+            "categories: input 512 B | hidden 512 B | allocator cache 1.00 KiB = reserved 2.00 KiB",
+        ),
+        (Ledger("cuda:0", 0, categories=Categories()), "tensors", "categories: none = tensors 0 B"),
+        (Ledger("cpu", 7, categories=Categories(gradient=3, other=4)), "tensors", None),
+    ],
+)
+def test_categories_and_known_parts_add_up_to_the_furthest_known_figure(ledger, total_name, line):
+    assert ledger.total_name == total_name
+    assert sum(ledger.breakdown().values()) == ledger.total
+    text = render_stamp(Stamp(1, 0.0, 0.0, "a.py", 1, "f", "", ledger), detail=False)
+    if line is not None:
+        assert text.splitlines()[2] == "  " + line
+
+
+def test_categories_must_add_up_to_the_tensor_total():
+    with pytest.raises(ValueError, match="categories add up to 12 B, not tensors 13 B"):
+        Ledger("cpu", 13, categories=Categories(parameter=12))
+    census = Census("cpu", (group("Activation", (2,), 1, 8), group("Parameter", (1,), 2, 8)))
+    assert census.categories == Categories(parameter=8, activation=8)
+    assert census.categories.total == census.nbytes
 
 
 def test_csv_round_trip_and_dataframe_agree(tmp_path):
@@ -140,10 +185,31 @@ def test_csv_round_trip_and_dataframe_agree(tmp_path):
     assert list(frame.columns) == list(COLUMNS)
     totals = frame[frame["row"] == "totals"]
     assert totals["framework"].tolist()[0] == 548 * MiB
+    assert totals["cat_parameter"].tolist()[0] == 547 * MiB and totals["cat_activation"].tolist()[0] == MiB
+    assert pd.isna(totals["cat_parameter"].tolist()[1])  # a ledger without categories
     changes = frame[frame["row"] == "change"]
     assert changes["shape"].tolist() == ["4096x25088", "512x512x3x3", "1"]
     assert changes["bytes_delta"].sum() == sum(c.bytes_delta for c in stamps[0].changes)
     assert len(stamp_rows(stamps[0])) == 1 + len(stamps[0].changes)
+
+
+def test_reports_without_category_columns_still_read(tmp_path):
+    new, old = tmp_path / "new.csv", tmp_path / "old.csv"
+    append_stamp(new, cuda_stamp())
+    with new.open(newline="") as source, old.open("w", newline="") as target:
+        rows = list(csv.DictReader(source))
+        kept = [c for c in COLUMNS if c not in CATEGORY_COLUMNS]
+        writer = csv.DictWriter(target, fieldnames=kept, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    (stamp,) = read_stamps(old)
+    assert stamp.ledger.categories is None
+    assert stamp.ledger.breakdown()["tensors"] == 548 * MiB
+    assert stamp == Stamp.from_dict(
+        {**cuda_stamp().to_dict(), "ledger": {**cuda_stamp().to_dict()["ledger"], "categories": None}}
+    )
+    frame = read_frame(old)
+    assert list(frame.columns) == list(COLUMNS) and frame[list(CATEGORY_COLUMNS)].isna().all().all()
 
 
 def test_stamp_dict_round_trip():

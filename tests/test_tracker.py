@@ -82,7 +82,10 @@ def test_track_stamps_caller_line_and_writes_stamp_before_changes(quiet_tracker)
     assert lines[0].startswith(f"At test_tracker.py:{line} test_track_stamps_caller")
     assert f" [after model] | cpu | tensors {format_bytes(stamp.ledger.tensors)} | process RSS " in lines[0]
     assert lines[1].startswith("  ledger: CPU tensors ")
-    assert lines[2:] == [
+    assert stamp.ledger.categories.parameter - before.ledger.categories.parameter == 60
+    assert lines[2].startswith("  categories: parameter ")
+    assert lines[2].endswith(f" = tensors {format_bytes(stamp.ledger.tensors)}")
+    assert lines[3:] == [
         "+ | 1 * Size:(3, 4) | Memory: 48 B | Parameter | float32 | weight",
         "+ | 1 * Size:(3,)   | Memory: 12 B | Parameter | float32 | bias",
     ]
@@ -149,7 +152,8 @@ def test_detail_false_prints_totals_only(quiet_tracker):
     tracker = quiet_tracker(detail=False, verbosity=1, stream=stream)
     w = torch.zeros(3)
     tracker.track()
-    assert len(stream.getvalue().splitlines()) == 2
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and lines[2].startswith("  categories: ")
     del w
 
 
@@ -185,8 +189,18 @@ def test_ledger_reconciles_injected_cuda_figures(quiet_tracker, probe_result):
     assert (ledger.hidden, ledger.cache, ledger.framework) == (10 * MiB, 10 * MiB, 580 * MiB)
     assert (ledger.context, ledger.framework_other) == (500 * MiB, 80 * MiB)
     assert sum(ledger.parts().values()) == ledger.driver
+    assert ledger.breakdown() == {
+        **dict.fromkeys(("parameter", "buffer", "optimizer state", "gradient", "input", "activation"), 0),
+        "other": 0,
+        "hidden": 10 * MiB,
+        "allocator cache": 10 * MiB,
+        "framework": 580 * MiB,
+    }
+    assert (ledger.total_name, ledger.total) == ("driver", 600 * MiB)
     frame = tracker.to_dataframe()
     assert frame.loc[0, "framework_other"] == 80 * MiB and frame.loc[0, "driver_source"] == "nvml process"
+    parts = [c for c in frame.columns if c.startswith("cat_")] + ["hidden", "cache", "framework"]
+    assert frame.loc[0, parts].sum() == frame.loc[0, "driver"]
 
 
 def test_probe_failure_is_reported_once_and_tracking_goes_on(quiet_tracker):

@@ -1,0 +1,41 @@
+"""Saved activations on CUDA: hidden memory shrinks by what the recorder attributes
+(marked ``cuda``; skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gpu_mem_track import MemTracker
+
+
+@pytest.mark.cuda
+def test_hidden_shrinks_by_the_saved_bytes_gc_cannot_see(tmp_path):
+    device = "cuda:0"
+    torch.manual_seed(0)
+    # Every activation is 64 x 1024 float32 = 256 KiB (the dropout mask 64 KiB): small-pool
+    # blocks, multiples of 512 B, so the allocator adds no slack and hidden is exact.
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Dropout(0.5), nn.Linear(1024, 1024))
+    model = model.to(device).train()
+    x = torch.randn(64, 1024, device=device)
+    tracker = MemTracker(device=device, out_dir=tmp_path, verbosity=0, probe=False)
+    tracker.watch(model, x=x)
+    model(x).pow(2).mean().backward()  # warm-up: cuBLAS workspace and the gradients exist
+    base = tracker.track().ledger
+    loss = model(x).pow(2).mean()
+    plain = tracker.track().ledger
+    del loss
+    rebase = tracker.track().ledger
+    with tracker.saved_activations():
+        loss = model(x).pow(2).mean()
+    recorded = tracker.track().ledger
+    # The same forward leaves the same bytes allocated either way.
+    assert recorded.allocated - rebase.allocated == plain.allocated - base.allocated
+    # Without the recorder the dropout mask (C++ only) is hidden; with it, nothing is.
+    assert plain.hidden - base.hidden >= 64 * 1024
+    assert recorded.hidden - rebase.hidden == 0
+    assert recorded.categories.activation >= plain.hidden - base.hidden
+    assert sum(recorded.breakdown().values()) == recorded.total
+    loss.backward()
+    assert tracker.track().ledger.categories.activation == 0
