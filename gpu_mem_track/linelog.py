@@ -1,0 +1,198 @@
+"""The runner's files: a run folder, its per-line CSV, its streamed timeline CSV, its
+``meta.json``.
+
+A run folder ``reports/<run name>/`` holds:
+
+- ``meta.json``: the ``lines.RunInfo`` (written when the run starts, rewritten at its end);
+- ``lines.csv``: one row per traced source line, columns ``LINE_COLUMNS`` (see
+  ``lines.LineRecord``), written at the end of the run;
+- ``timeline.csv``: one row per event, columns ``TIMELINE_COLUMNS`` (see
+  ``lines.TimelineRow``), streamed while the script runs;
+- ``report.txt``: the text report (``linereport``);
+- ``tracker.log`` and ``tracker.csv``: the stamps of ``MemTracker.track()`` calls in the
+  script and of automatic censuses (``csvlog``'s format).
+
+All sizes are raw bytes; empty cells are unknown values.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .lines import LineRecord, RunInfo, TimelineRow
+
+__all__ = [
+    "LINE_COLUMNS",
+    "TIMELINE_COLUMNS",
+    "RunFolder",
+    "TimelineWriter",
+    "csv_line",
+    "read_lines",
+    "read_meta",
+    "read_timeline",
+    "write_lines",
+    "write_meta",
+]
+
+LINE_COLUMNS = (
+    "file",
+    "function",
+    "line",
+    "code",
+    "hits",
+    "memory",
+    "increment",
+    "peak",
+    "peak_exact",
+    "seconds",
+)
+TIMELINE_COLUMNS = (
+    "seq",
+    "elapsed",
+    "event",
+    "file",
+    "function",
+    "line",
+    "label",
+    "memory",
+    "increment",
+    "peak",
+    "allocated",
+    "reserved",
+    "driver",
+    "rss",
+)
+_INT = {"line", "hits", "memory", "increment", "peak", "seq", "allocated", "reserved", "driver", "rss"}
+
+
+class RunFolder:
+    """The paths of one run folder (nothing is created until asked)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.meta = self.path / "meta.json"
+        self.lines = self.path / "lines.csv"
+        self.timeline = self.path / "timeline.csv"
+        self.report = self.path / "report.txt"
+
+
+class TimelineWriter:
+    """Streams timeline rows to CSV, flushed at least every ``flush_seconds`` and on
+    ``close()``, so a long run keeps nothing per event in memory.
+
+    Rows wait in a short list written with ``os.write``; no Python file object is
+    involved, so a forked child that calls ``discard()`` can never write our rows twice.
+    """
+
+    def __init__(self, path: Path, flush_seconds: float = 1.0) -> None:
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._pending: list[str] = [csv_line(TIMELINE_COLUMNS)]
+        self._flush_seconds = flush_seconds
+        self._flushed = time.monotonic()
+        self.flush()
+
+    def write(self, values: Sequence[Any]) -> None:
+        """One row, values in ``TIMELINE_COLUMNS`` order (None for unknown)."""
+        self.write_text(csv_line(values))
+
+    def write_text(self, line: str) -> None:
+        """One row already formatted as CSV, ending with a newline (the hot path)."""
+        self._pending.append(line)
+        if time.monotonic() - self._flushed >= self._flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        data, self._pending = "".join(self._pending), []
+        self._flushed = time.monotonic()
+        if self._fd is not None and data:
+            view = memoryview(data.encode("utf-8"))
+            while view:
+                view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.flush()
+            os.close(self._fd)
+            self._fd = None
+
+    def discard(self) -> None:
+        """Forget the pending rows and write nothing more (in a forked child)."""
+        self._pending = []
+        self._fd = None
+
+
+def csv_line(values: Sequence[Any]) -> str:
+    """``values`` as one CSV line with its newline (None as an empty cell)."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(values)
+    return buffer.getvalue()
+
+
+def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
+    """Write ``lines.csv`` (replacing it), one row per record, in file and line order."""
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(LINE_COLUMNS)
+        for record in sorted(records, key=lambda r: (r.file, r.line)):
+            writer.writerow([getattr(record, name) for name in LINE_COLUMNS])
+
+
+def read_lines(path: Path) -> list[LineRecord]:
+    """The records of a ``lines.csv``; ``ValueError`` naming the file if it is not one."""
+    return [LineRecord.from_dict(row) for row in _typed_rows(path, LINE_COLUMNS)]
+
+
+def read_timeline(path: Path) -> Iterator[TimelineRow]:
+    """The rows of a ``timeline.csv``, one at a time (``ValueError`` if it is not one)."""
+    for row in _typed_rows(path, TIMELINE_COLUMNS):
+        yield TimelineRow.from_dict(row)
+
+
+def write_meta(path: Path, info: RunInfo) -> None:
+    """Write ``meta.json`` atomically (a crash leaves the previous version)."""
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(info.to_dict(), indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def read_meta(path: Path) -> RunInfo:
+    """The ``RunInfo`` of a ``meta.json``; ``ValueError`` if it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != "gpu_mem_track run":
+        raise ValueError(f"{path} is not a gpu_mem_track run description")
+    return RunInfo.from_dict(data)
+
+
+def _typed_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
+        for number, row in enumerate(reader, start=2):
+            try:
+                yield {name: _value(name, row[name]) for name in columns}
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}, line {number}: {exc}") from exc
+
+
+def _value(name: str, text: str | None) -> Any:
+    if text is None or text == "":
+        return None if name not in ("file", "function", "code", "label", "event") else ""
+    if name in _INT:
+        return int(text)
+    if name in ("elapsed", "seconds"):
+        return float(text)
+    if name == "peak_exact":
+        return text == "True"
+    return text

@@ -1,0 +1,129 @@
+"""Text renderers of a run: the line table per function, the per-function summary, and the
+short summary printed when the run ends. They return strings and never print."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .lines import LineRecord, RunInfo, by_function, hottest
+from .units import format_bytes
+
+__all__ = ["render_line_report", "render_summary"]
+
+_HEAD = f"{'Line #':>7}  {'Memory':>12}  {'Increment':>12}  {'Peak':>13}  {'Hits':>7}  Line Contents"
+
+
+def render_line_report(info: RunInfo, records: Sequence[LineRecord], censuses: Sequence[Any] = ()) -> str:
+    """The whole text report: run header, a summary of the hottest lines per function,
+    the line table of every function, then the automatic censuses (``records.Stamp``)."""
+    parts = [_run_header(info), _function_summary(records)]
+    for (file, function), lines in by_function(list(records)).items():
+        parts.append(_function_table(file, function, lines))
+    if censuses:
+        parts.append(_censuses(censuses))
+    return "\n".join(parts)
+
+
+def render_summary(info: RunInfo, records: Sequence[LineRecord], folder: Path, top: int = 5) -> str:
+    """The few lines printed at the end of a run."""
+    lines = [f"gpu_mem_track: {_ending(info)} | memory: {_source(info)} | {_peak(info)}"]
+    best = hottest(list(records), top)
+    if best:
+        lines.append(f"Lines that grew memory most (of {len(records)} traced):")
+        for r in best:
+            lines.append(
+                f"  {_short(r.file)}:{r.line} {r.function}  {_signed(r.increment)}"
+                f"  peak {_peak_text(r)}  x{r.hits}  {r.code}"
+            )
+    lines.append(f"Reports: {folder}{os.sep} (report.txt, lines.csv, timeline.csv)")
+    return "\n".join(lines) + "\n"
+
+
+def _run_header(info: RunInfo) -> str:
+    return (
+        f"gpu_mem_track run {info.run_name}: {' '.join(info.argv)}\n"
+        f"{_ending(info)} | device {info.device} | memory: {_source(info)} | engine {info.engine}\n"
+        f"{_peak(info)} | Python {info.python} | torch {info.torch or '-'}"
+        f" | gpu_mem_track {info.gpu_mem_track}\n"
+        "Memory: after the line's last run. Increment: summed over its runs (callees included). "
+        "Peak: highest while it ran;\n'>=' marks a lower bound (the process's high-water mark "
+        "did not move during the line).\n"
+    )
+
+
+def _function_summary(records: Sequence[LineRecord], per_function: int = 3) -> str:
+    out = ["Summary: per function, the lines that grew memory most", "=" * 56]
+    groups = by_function(list(records))
+    ranked = sorted(groups.items(), key=lambda item: -max(r.increment for r in item[1]))
+    for (file, function), lines in ranked:
+        best = hottest(lines, per_function)
+        if not best:
+            continue
+        out.append(f"{_short(file)} {function}")
+        for r in best:
+            growth, peak = _signed(r.increment), _peak_text(r)
+            out.append(f"  line {r.line:<6} {growth:>12}  peak {peak:>13}  x{r.hits:<6} {r.code}")
+    if len(out) == 2:
+        out.append("(no line grew memory)")
+    return "\n".join(out) + "\n"
+
+
+def _function_table(file: str, function: str, lines: Sequence[LineRecord]) -> str:
+    out = [f"File: {file}", f"Function: {function}", "", _HEAD, "=" * len(_HEAD)]
+    for r in lines:
+        out.append(
+            f"{r.line:>7}  {format_bytes(r.memory):>12}  {_signed(r.increment):>12}  "
+            f"{_peak_text(r):>13}  {r.hits:>7}  {r.code}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _censuses(stamps: Sequence[Any]) -> str:
+    from .render import render_stamp
+
+    out = ["Automatic censuses (changes since the previous one)", "=" * 51]
+    out.extend(render_stamp(stamp).rstrip("\n") for stamp in stamps)
+    return "\n".join(out) + "\n"
+
+
+def _ending(info: RunInfo) -> str:
+    script = _short(info.script)
+    if info.exit_code is None:
+        return f"{script} still running"
+    seconds = f" after {info.ended - info.started:.1f} s" if info.ended is not None else ""
+    return f"{script} exited with {info.exit_code}{seconds}"
+
+
+def _source(info: RunInfo) -> str:
+    if info.memory_source == "process RSS":
+        return "process RSS (CPU: no allocator statistics; tensors named by the census)"
+    if info.memory_source == "cuda allocator":
+        return "CUDA caching allocator (allocated bytes)"
+    return info.memory_source
+
+
+def _peak(info: RunInfo) -> str:
+    if info.peak is None:
+        return "peak unknown"
+    at = f" at {_short(info.peak_at)}" if info.peak_at else ""
+    return f"peak {format_bytes(info.peak)}{at}"
+
+
+def _peak_text(record: LineRecord) -> str:
+    return format_bytes(record.peak) if record.peak_exact else ">=" + format_bytes(record.peak)
+
+
+def _signed(nbytes: int) -> str:
+    return ("+" if nbytes > 0 else "-" if nbytes < 0 else "") + format_bytes(abs(nbytes))
+
+
+def _short(path: str) -> str:
+    """A path relative to the working folder when it is inside it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative

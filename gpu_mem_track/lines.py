@@ -1,0 +1,138 @@
+"""The runner's data model: per-line aggregates, timeline rows and the run's description.
+
+Plain frozen records and pure functions over them; nothing here measures or prints.
+``runner`` produces them, ``linelog`` saves and loads them, ``linereport`` renders them.
+All sizes are bytes of the run's *memory source* (``RunInfo.memory_source``): the
+caching allocator's allocated bytes on CUDA, the process's resident set size on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = ["EVENTS", "LineRecord", "RunInfo", "TimelineRow", "by_function", "hottest"]
+
+#: Timeline events: the run's start and end, one execution of a traced line, a
+#: ``MemTracker.track()`` stamp (with its label), an automatic census after a line.
+EVENTS = ("start", "line", "track", "census", "end")
+
+
+@dataclass(frozen=True)
+class LineRecord:
+    """One source line over the whole run.
+
+    ``memory`` is the memory after its last execution; ``increment`` the sum over all
+    executions of (memory after - memory before), so a loop that frees what it allocates
+    sums to about 0; ``peak`` the highest memory seen while it ran, over all executions
+    (see ``runner`` for how peaks are found without resetting the program's counters);
+    ``peak_exact`` whether that peak was read from a high-water mark the line raised
+    (True) or is the larger of the before/after readings, a lower bound (False);
+    ``seconds`` the wall time spent in it, callees included.
+    """
+
+    file: str
+    function: str
+    line: int
+    code: str
+    hits: int
+    memory: int
+    increment: int
+    peak: int
+    peak_exact: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LineRecord:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    """One event of the run, in order (``seq`` from 0).
+
+    ``elapsed``: seconds since the run started, at the end of the event. ``memory``,
+    ``increment`` and ``peak``: as in ``LineRecord``, for this one execution.
+    ``allocated`` and ``reserved``: the CUDA caching allocator (None on the CPU);
+    ``driver``: the driver's figure for the process where it was read (it is sampled, not
+    read at every line); ``rss``: the process's resident set size where read.
+    """
+
+    seq: int
+    elapsed: float
+    event: str
+    file: str = ""
+    function: str = ""
+    line: int | None = None
+    label: str = ""
+    memory: int | None = None
+    increment: int | None = None
+    peak: int | None = None
+    allocated: int | None = None
+    reserved: int | None = None
+    driver: int | None = None
+    rss: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TimelineRow:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What was run, where, and how it ended.
+
+    ``memory_source``: ``"cuda allocator"`` or ``"process RSS"``; ``engine``:
+    ``"sys.monitoring"`` or ``"sys.settrace"``; ``started``/``ended``: seconds since the
+    epoch (``ended`` None while running); ``exit_code``: the script's (130 after Ctrl-C,
+    1 after an uncaught exception), None while running; ``peak``: the highest memory seen
+    (bytes); ``peak_at``: ``file:line`` of the line that reached it.
+    """
+
+    run_name: str
+    script: str
+    argv: tuple[str, ...]
+    device: str
+    memory_source: str
+    engine: str
+    started: float
+    python: str
+    torch: str
+    gpu_mem_track: str
+    ended: float | None = None
+    exit_code: int | None = None
+    peak: int | None = None
+    peak_at: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["argv"] = list(self.argv)
+        return {"format": "gpu_mem_track run", "version": 1, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunInfo:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["argv"] = tuple(values.get("argv", ()))
+        return cls(**values)
+
+
+def hottest(records: list[LineRecord], count: int = 10) -> list[LineRecord]:
+    """The ``count`` lines with the largest total increment, largest first (ties: the
+    higher peak first, then file order)."""
+    ranked = sorted(records, key=lambda r: (-r.increment, -r.peak, r.file, r.line))
+    return [r for r in ranked if r.increment > 0][:count]
+
+
+def by_function(records: list[LineRecord]) -> dict[tuple[str, str], list[LineRecord]]:
+    """Records grouped by (file, function), each group in line order, groups in order of
+    their first line."""
+    groups: dict[tuple[str, str], list[LineRecord]] = {}
+    for record in sorted(records, key=lambda r: (r.file, r.line)):
+        groups.setdefault((record.file, record.function), []).append(record)
+    return groups

@@ -1,0 +1,216 @@
+"""The line profiler: turns line events into per-line aggregates and a streamed timeline.
+
+``LineProfiler`` is the ``tracer.LineSink`` of a run. At every event it takes one
+reading from its sampler and closes the line that was running in the innermost traced
+frame: memory after it, increment, peak (from the sampler's high-water mark, never reset;
+see ``samplers``), wall time. Aggregates live in one small list per source line; each
+execution goes to the timeline writer at once, so memory stays bounded however long the
+run. A line runs until the next line starts in the same frame or the frame is left, so a
+line's figures include the functions it calls.
+"""
+
+from __future__ import annotations
+
+import linecache
+import time
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+from .linelog import TimelineWriter, csv_line
+from .lines import LineRecord
+from .samplers import Sampler
+
+__all__ = ["LineProfiler"]
+
+#: Index of each aggregate in the per-line list: hits, memory after the last execution,
+#: total increment, max peak, whether that peak is exact, seconds.
+_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS = range(6)
+
+# A frame on the profiler's stack: [code, running line (or None), memory, high-water mark,
+# time] as read when that line started.
+_Frame = list
+
+
+class LineProfiler:
+    """Aggregates line events; see the module docstring.
+
+    Args:
+        sampler: the memory readings (``samplers``).
+        timeline: the ``linelog.TimelineWriter`` that streams each row, or None to keep no
+            timeline.
+        on_increment: called as ``on_increment(code, lineno, increment)`` when one execution
+            of a line grew memory by at least ``threshold`` bytes (the automatic census).
+        threshold: see ``on_increment``; None never calls it.
+        extras_every: seconds between readings of the sampler's slower extras (driver, RSS)
+            for the timeline; rows in between leave them empty.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        timeline: TimelineWriter | None = None,
+        on_increment: Callable[[CodeType, int, int], None] | None = None,
+        threshold: int | None = None,
+        extras_every: float = 0.5,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._sampler = sampler
+        self._sample = sampler.sample
+        self._timeline = timeline
+        self._write_text = timeline.write_text if timeline is not None else None
+        self._on_cuda = sampler.source == "cuda allocator"
+        self._where: dict[CodeType, str] = {}
+        self._on_increment = on_increment
+        self._threshold = threshold
+        self._extras_every = extras_every
+        self._clock = clock
+        self._stack: list[_Frame] = []
+        self._stats: dict[tuple[CodeType, int], list[Any]] = {}
+        self._seq = 0
+        self._start = clock()
+        self._extras_at = -extras_every
+        self.peak = 0
+        self.peak_at: tuple[str, int] | None = None
+        self.first_reading = self._sample()[0]
+
+    # -- tracer.LineSink ----------------------------------------------------------------------
+
+    def enter(self, code: CodeType) -> None:
+        current, high = self._sample()
+        self._stack.append([code, None, current, high, self._clock()])
+
+    def line(self, code: CodeType, lineno: int) -> None:
+        current, high = self._sample()
+        now = self._clock()
+        stack = self._stack
+        if not stack or stack[-1][0] is not code:  # an event the engine did not send
+            stack.append([code, None, current, high, now])
+        frame = stack[-1]
+        if frame[1] is not None:
+            self._close(frame, current, high, now)
+        frame[1], frame[2], frame[3], frame[4] = lineno, current, high, now
+
+    def leave(self, code: CodeType) -> None:
+        stack = self._stack
+        if not stack or stack[-1][0] is not code:
+            return
+        frame = stack.pop()
+        if frame[1] is not None:
+            current, high = self._sample()
+            self._close(frame, current, high, self._clock())
+
+    # -- results ------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Close every line still running (the run ended or was interrupted)."""
+        while self._stack:
+            self.leave(self._stack[-1][0])
+
+    def records(self) -> list[LineRecord]:
+        """One record per source line that ran, with its source text."""
+        out = []
+        for (code, lineno), stats in self._stats.items():
+            out.append(
+                LineRecord(
+                    file=code.co_filename,
+                    function=_function(code),
+                    line=lineno,
+                    code=linecache.getline(code.co_filename, lineno).strip(),
+                    hits=stats[_HITS],
+                    memory=stats[_MEMORY],
+                    increment=stats[_INCREMENT],
+                    peak=stats[_PEAK],
+                    peak_exact=stats[_EXACT],
+                    seconds=stats[_SECONDS],
+                )
+            )
+        return out
+
+    def elapsed(self) -> float:
+        """Seconds since the profiler was created, by its clock."""
+        return self._clock() - self._start
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _close(self, frame: _Frame, current: int, high: int, now: float) -> None:
+        code, lineno, before, high_before = frame[0], frame[1], frame[2], frame[3]
+        increment = current - before
+        if high > high_before:
+            # max(): a mark read a moment before ``current`` may lag it a little
+            peak, exact = max(high, before, current), True
+        else:  # the mark did not move (or the program reset it): a lower bound
+            peak, exact = max(before, current, high if high < high_before else 0), False
+        key = (code, lineno)
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0]
+        stats[_HITS] += 1
+        stats[_MEMORY] = current
+        stats[_INCREMENT] += increment
+        if peak > stats[_PEAK] or (peak == stats[_PEAK] and exact):
+            stats[_PEAK], stats[_EXACT] = peak, exact
+        stats[_SECONDS] += now - frame[4]
+        if peak > self.peak:
+            self.peak, self.peak_at = peak, (code.co_filename, lineno)
+        if self._write_text is not None:
+            self._line_row(code, lineno, current, increment, peak, now)
+        if self._threshold is not None and increment >= self._threshold and self._on_increment:
+            self._on_increment(code, lineno, increment)
+
+    def _line_row(
+        self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float
+    ) -> None:
+        """The timeline row of one line execution, formatted here: the hot path."""
+        where = self._where.get(code)
+        if where is None:
+            where = self._where[code] = csv_line(["line", code.co_filename, _function(code)])[:-1]
+        elapsed = now - self._start
+        driver = rss = ""
+        if elapsed - self._extras_at >= self._extras_every:
+            self._extras_at = elapsed
+            read_driver, read_rss = self._sampler.extras()
+            driver = "" if read_driver is None else read_driver
+            rss = "" if read_rss is None else read_rss
+        allocated = current if self._on_cuda else ""
+        reserved = self._sampler.reserved
+        self._seq += 1
+        self._write_text(  # type: ignore[misc]
+            f"{self._seq},{elapsed:.6f},{where},{lineno},,{current},{increment},{peak},{allocated},"
+            f"{'' if reserved is None else reserved},{driver},{rss}\n"
+        )
+
+    def event_row(
+        self, event: str, label: str = "", where: tuple[str, str, int | None] = ("", "", None)
+    ) -> None:
+        """A timeline row for a non-line event (start, track, census, end), read now."""
+        if self._timeline is None:
+            return
+        current, _ = self._sample()
+        driver, rss = self._sampler.extras()
+        allocated = current if self._on_cuda else None
+        self._seq += 1
+        self._timeline.write(
+            [
+                self._seq,
+                round(self._clock() - self._start, 6),
+                event,
+                where[0],
+                where[1],
+                where[2],
+                label,
+                current,
+                None,
+                None,
+                allocated,
+                self._sampler.reserved,
+                driver,
+                rss,
+            ]
+        )
+
+
+def _function(code: CodeType) -> str:
+    """The qualified name where the Python records it (3.11+), else the plain name."""
+    return getattr(code, "co_qualname", code.co_name)

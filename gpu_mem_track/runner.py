@@ -1,0 +1,409 @@
+"""``python -m gpu_mem_track run``: a whole script, line by line, with no code changes.
+
+The sequence: check everything that can be checked before the script runs (``prepare``,
+``UsageError`` on a user mistake), then ``execute``: set ``sys.argv`` and ``sys.path[0]``,
+start the tracing engine, ``runpy.run_path(..., run_name="__main__")``, stop the engine
+and restore in ``finally``, write every report (also after an exception, ``sys.exit`` or
+Ctrl-C), and return the script's exit code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import runpy
+import sys
+import sysconfig
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import CodeType, TracebackType
+from typing import Any, TextIO
+
+from . import __version__, active
+from .errors import UsageError
+from .linelog import RunFolder, TimelineWriter, write_lines, write_meta
+from .lines import RunInfo
+from .outputs import safe_name
+from .profiler import LineProfiler
+from .samplers import CudaSampler, RssSampler
+from .tracer import best_engine
+
+__all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_OUR_FILES = (os.path.abspath(__file__),)
+#: Automatic censuses per line and per run: enough to see what a line creates, bounded.
+_CENSUS_PER_LINE, _CENSUS_PER_RUN = 2, 50
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What to run and how; see ``python -m gpu_mem_track run --help``.
+
+    ``census_threshold``: bytes; a line execution that grows memory by at least this much
+    is followed by a census of live tensors (None: never). ``device``: ``"auto"``,
+    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``engine``: ``"auto"``, ``"monitoring"`` or
+    ``"settrace"``. ``top``: lines in the printed summary. ``activations``: record the
+    tensors autograd saves for backward while the script runs, so censuses count them as
+    activations with the line that saved them (see ``saved.SavedTensorRecorder``).
+    """
+
+    script: str
+    args: tuple[str, ...] = ()
+    out_dir: str = "reports"
+    run_name: str | None = None
+    include: tuple[str, ...] = ()
+    device: str = "auto"
+    census_threshold: int | None = None
+    engine: str = "auto"
+    top: int = 5
+    activations: bool = False
+
+
+@dataclass
+class PreparedRun:
+    """A checked run: resolved paths, the folder (created), what to trace."""
+
+    options: RunOptions
+    script: Path
+    folder: RunFolder
+    include_files: frozenset[str]
+    include_dirs: tuple[str, ...]
+    device: str
+    stamps: list[Any] = field(default_factory=list)
+
+
+def prepare(options: RunOptions) -> PreparedRun:
+    """Check the script, ``--include`` and the output folder, and create the run folder.
+
+    Raises ``UsageError`` (one line naming the problem) for a missing or unreadable
+    script, an unknown ``--include``, a bad device or an output folder that cannot be
+    written.
+    """
+    script = _readable_script(options.script)
+    files, dirs = _resolve_includes(options.include, script)
+    device = _resolve_device(options.device)
+    name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder = RunFolder(_claim_folder(Path(options.out_dir), name))
+    return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
+
+
+def run(options: RunOptions, stream: TextIO | None = None) -> int:
+    """``prepare`` then ``execute``; returns the script's exit code."""
+    return execute(prepare(options), stream)
+
+
+def execute(prepared: PreparedRun, stream: TextIO | None = None) -> int:
+    """Run the prepared script under the line tracer; write the reports; return its exit code
+    (0, the ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C)."""
+    from .linereport import render_line_report, render_summary
+
+    options, folder = prepared.options, prepared.folder
+    sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
+    timeline = TimelineWriter(folder.timeline)
+    session = _Session(prepared, timeline)
+    profiler = LineProfiler(sampler, timeline, session.census, options.census_threshold)
+    session.profiler = profiler
+    engine = best_engine(profiler, _wants(prepared), options.engine)
+    info = _info(prepared, sampler.source, engine.name)
+    write_meta(folder.meta, info)
+    profiler.event_row("start", where=(str(prepared.script), "<module>", None))
+    code = 1
+    try:
+        if options.activations:
+            session.census_tracker(activations=True)
+        code = _run_script(prepared, engine, session)
+    finally:
+        session.close()
+        profiler.finish()
+        profiler.event_row("end")
+        timeline.close()
+        sampler.close()
+        records = profiler.records()
+        where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
+        info = replace(info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where)
+        write_lines(folder.lines, records)
+        write_meta(folder.meta, info)
+        folder.report.write_text(render_line_report(info, records, prepared.stamps), encoding="utf-8")
+        out = stream or sys.stderr
+        out.write(render_summary(info, records, folder.path, options.top))
+        out.flush()
+    return code
+
+
+class _Session:
+    """The run's side of ``active.ActiveRun``: stamps of the script's trackers become
+    timeline rows; automatic censuses go through one tracker of the runner's own."""
+
+    def __init__(self, prepared: PreparedRun, timeline: TimelineWriter) -> None:
+        self.folder = prepared.folder.path
+        self.prepared = prepared
+        self.timeline = timeline
+        self.profiler: LineProfiler | None = None
+        self._tracker: Any = None
+        self._per_line: dict[tuple[CodeType, int], int] = {}
+
+    def stamped(self, tracker: Any, stamp: Any) -> None:
+        if self.profiler is None:
+            return
+        event = "census" if tracker is self._tracker else "track"
+        self.profiler.event_row(event, stamp.label, (stamp.file, stamp.function, stamp.line))
+        if event == "census":
+            self.prepared.stamps.append(stamp)
+
+    def census(self, code: CodeType, lineno: int, increment: int) -> None:
+        """Census after a line whose execution grew memory by ``increment`` bytes."""
+        from .units import format_bytes
+
+        key = (code, lineno)
+        done = self._per_line.get(key, 0)
+        if done >= _CENSUS_PER_LINE or len(self.prepared.stamps) >= _CENSUS_PER_RUN:
+            return
+        self._per_line[key] = done + 1
+        tracker = self.census_tracker()
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        where = (code.co_filename, lineno, getattr(code, "co_qualname", code.co_name))
+        label = f"line {lineno} grew {format_bytes(increment)}"
+        try:
+            tracker._stamp(frame, where, label)
+        finally:
+            del frame
+
+    def census_tracker(self, activations: bool = False) -> Any:
+        """The runner's own tracker (``census.log``/``.csv``), made on first use."""
+        if self._tracker is None:
+            from .tracker import MemTracker
+
+            self._tracker = MemTracker(
+                device=self.prepared.device,
+                out_dir=self.folder,
+                run_name="census",
+                verbosity=0,
+                probe=False,  # no second CUDA context in the middle of the user's script
+                activations=activations,
+            )
+        return self._tracker
+
+    def close(self) -> None:
+        """Stop recording saved activations, if the census tracker was."""
+        if self._tracker is not None:
+            self._tracker.close()
+
+
+def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
+    script = str(prepared.script)
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv[:] = [script, *prepared.options.args]
+    if sys.path:
+        sys.path[0] = str(prepared.script.parent)
+    else:
+        sys.path.append(str(prepared.script.parent))
+    active.current = session
+    _Forks.watch(engine, session.timeline)
+    try:
+        engine.start()
+        try:
+            runpy.run_path(script, run_name="__main__")
+        finally:
+            engine.stop()
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", file=sys.stderr)
+        return 130
+    except BaseException as exc:  # the script's own error: its traceback, then exit 1
+        traceback.print_exception(type(exc), exc, _user_traceback(exc.__traceback__), file=sys.stderr)
+        return 1
+    finally:
+        _Forks.watch(None, None)
+        active.current = None
+        sys.argv[:] = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+
+
+class _Forks:
+    """A forked child (a DataLoader worker) stops tracing and never writes our timeline."""
+
+    engine: Any = None
+    timeline: TimelineWriter | None = None
+    registered = False
+
+    @classmethod
+    def watch(cls, engine: Any, timeline: TimelineWriter | None) -> None:
+        cls.engine, cls.timeline = engine, timeline
+        if not cls.registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=cls._in_child)
+            cls.registered = True
+
+    @classmethod
+    def _in_child(cls) -> None:
+        if cls.timeline is not None:
+            cls.timeline.discard()
+        if cls.engine is not None:
+            cls.engine.stop()
+        cls.engine = cls.timeline = None
+        active.current = None
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"), as Python itself does
+    return 1
+
+
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on: ours and runpy's left out."""
+    runpy_file = os.path.abspath(runpy.__file__)
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith("<frozen runpy") or os.path.abspath(name) in (runpy_file, *_OUR_FILES)):
+            break
+        tb = tb.tb_next
+    return tb
+
+
+def _readable_script(script: str) -> Path:
+    path = Path(script)
+    if not path.exists():
+        raise UsageError(f"no such script: {script}")
+    if path.is_dir():
+        raise UsageError(f"{script} is a folder, not a Python script")
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {script}: {exc.strerror or exc}") from exc
+    return path.resolve()
+
+
+def _resolve_includes(names: tuple[str, ...], script: Path) -> tuple[set[str], tuple[str, ...]]:
+    """``--include`` values as files and folders: paths as given, else module names found
+    on the script's ``sys.path`` (a package means its folder)."""
+    files: set[str] = set()
+    dirs: list[str] = []
+    for name in names:
+        path = Path(name)
+        if path.exists():
+            (dirs.append(str(path.resolve()) + os.sep) if path.is_dir() else files.add(str(path.resolve())))
+            continue
+        origin = _module_origin(name, script)
+        if origin is None:
+            raise UsageError(f"--include {name}: no such file, folder or module")
+        if origin.name == "__init__.py":
+            dirs.append(str(origin.parent) + os.sep)
+        else:
+            files.add(str(origin))
+    return files, tuple(dirs)
+
+
+def _module_origin(name: str, script: Path) -> Path | None:
+    sys.path.insert(0, str(script.parent))
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        spec = None
+    finally:
+        sys.path.pop(0)
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return None
+    return Path(spec.origin).resolve()
+
+
+def _resolve_device(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"not a device: {device!r} (cpu, cuda, cuda:N)") from exc
+    if parsed.type != "cuda":
+        raise UsageError(f"--device takes cpu or a CUDA device, not {device!r}")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available here")
+    return f"cuda:{parsed.index or 0}"
+
+
+def _claim_folder(out_dir: Path, name: str) -> Path:
+    """Create ``out_dir/name`` (or ``name-2``, ...), a folder no earlier run used."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            path = out_dir / (name if n == 1 else f"{name}-{n}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            probe = path / ".write-check"
+            probe.write_text("")
+            probe.unlink()
+            return path
+    except OSError as exc:
+        raise UsageError(f"cannot write reports to {out_dir}: {exc.strerror or exc}") from exc
+    raise UsageError(f"cannot find a free run name for {name!r} in {out_dir}")
+
+
+def _wants(prepared: PreparedRun) -> Any:
+    """Whether a code object is the user's: the script, an ``--include``d file or a file
+    under an ``--include``d folder, and never this package, torch or the standard library."""
+    files, dirs = prepared.include_files, prepared.include_dirs
+    libraries = _library_dirs()
+    decided: dict[str, bool] = {}
+
+    def wants(code: CodeType) -> bool:
+        name = code.co_filename
+        answer = decided.get(name)
+        if answer is None:
+            real = os.path.realpath(name) if not name.startswith("<") else name
+            answer = real in files or (real.startswith(dirs) and not libraries(real))
+            decided[name] = answer
+        return answer
+
+    return wants
+
+
+def _library_dirs() -> Any:
+    """A test for files of this package, torch and the standard library (but not of
+    other installed packages, which ``--include`` may name)."""
+    paths = sysconfig.get_paths()
+    site = tuple({paths["purelib"] + os.sep, paths["platlib"] + os.sep})
+    stdlib = tuple({paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep})
+    torch_spec = importlib.util.find_spec("torch")
+    ours = [_PACKAGE_DIR + os.sep]
+    if torch_spec is not None and torch_spec.origin:
+        ours.append(str(Path(torch_spec.origin).resolve().parent) + os.sep)
+    never = tuple(ours)
+
+    def is_library(real: str) -> bool:
+        return real.startswith(never) or (real.startswith(stdlib) and not real.startswith(site))
+
+    return is_library
+
+
+def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
+    torch_version = sys.modules["torch"].__version__ if "torch" in sys.modules else ""
+    return RunInfo(
+        run_name=prepared.folder.path.name,
+        script=str(prepared.script),
+        argv=(str(prepared.script), *prepared.options.args),
+        device=prepared.device,
+        memory_source=source,
+        engine=engine,
+        started=time.time(),
+        python=platform.python_version(),
+        torch=torch_version,
+        gpu_mem_track=__version__,
+    )

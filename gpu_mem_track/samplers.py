@@ -1,0 +1,142 @@
+"""Cheap memory readings for the line runner: one call per line event.
+
+A sampler returns ``(current, high_water)`` in bytes: the memory the run reports (its
+``source``) and a high-water mark that only the process moves. The runner finds the peak
+of a line from the high-water mark *without resetting it*: when the mark rose while the
+line ran, the new mark is the line's exact peak; otherwise the peak is at least the larger
+of the readings before and after (a lower bound). ``extras()`` gives the slower figures
+of the timeline, read less often.
+
+Nothing here imports torch at module import, so the tracing engines can be tested on a
+Python without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Protocol
+
+__all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras"]
+
+#: (driver, rss) in bytes, None where unknown.
+Extras = tuple["int | None", "int | None"]
+
+
+class Sampler(Protocol):
+    #: what ``sample()[0]`` measures: ``"cuda allocator"`` (allocated bytes) or
+    #: ``"process RSS"``
+    source: str
+    #: the allocator's reserved bytes at the last ``sample()`` (None where none)
+    reserved: int | None
+
+    def sample(self) -> tuple[int, int]: ...
+
+    def extras(self) -> Extras: ...
+
+
+class RssSampler:
+    """The process's resident set size (``/proc/self/statm``, read with one ``pread``)
+    and its high-water mark (``getrusage``'s ``ru_maxrss``). Elsewhere than Linux the
+    current RSS comes from ``ru_maxrss`` too, so only peaks are meaningful there."""
+
+    source = "process RSS"
+    reserved = None
+
+    def __init__(self) -> None:
+        import resource
+
+        self._getrusage = resource.getrusage
+        self._self = resource.RUSAGE_SELF
+        # ru_maxrss is in KiB on Linux, bytes on macOS.
+        self._maxrss_unit = 1 if sys.platform == "darwin" else 1024
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._highest = 0
+        try:
+            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._statm = None
+
+    def sample(self) -> tuple[int, int]:
+        high = self._getrusage(self._self).ru_maxrss * self._maxrss_unit
+        if self._statm is None:
+            return high, high
+        current = int(os.pread(self._statm, 128, 0).split()[1]) * self._page
+        # The kernel syncs the two counters lazily: keep the mark at or above every reading.
+        if current > self._highest:
+            self._highest = current
+        return current, max(high, self._highest)
+
+    def extras(self) -> Extras:
+        return None, self.sample()[0]
+
+    def close(self) -> None:
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
+
+
+class CudaSampler:
+    """The CUDA caching allocator of one device: allocated bytes and their peak, read from
+    ``torch.cuda.memory_stats``; never resets anything, never initialises CUDA (before the
+    program starts CUDA every reading is 0). ``reserved`` follows each sample; ``extras``
+    reads the driver's figure (NVML) and RSS."""
+
+    source = "cuda allocator"
+    reserved: int | None = 0
+
+    def __init__(self, device: str, reader: Any = None) -> None:
+        import torch
+
+        from .readers import reader_for
+
+        self._torch = torch
+        self._device = device
+        self._index = torch.device(device).index or 0
+        self._reader = reader or reader_for(device)
+        self._stats = getattr(torch._C, "_cuda_memoryStats", None) or torch.cuda.memory_stats_as_nested_dict
+
+    def sample(self) -> tuple[int, int]:
+        if not self._torch.cuda.is_initialized():
+            return 0, 0
+        # The nested dict as the allocator returns it: memory_stats() would also flatten
+        # and sort its ~200 keys at every line.
+        stats = self._stats(self._index)
+        allocated = stats["allocated_bytes"]["all"]
+        self.reserved = stats["reserved_bytes"]["all"]["current"]
+        return allocated["current"], allocated["peak"]
+
+    def extras(self) -> Extras:
+        driver = self._reader.driver(self._device)
+        return driver.nbytes if driver else None, self._reader.rss()
+
+    def close(self) -> None:
+        pass
+
+
+class FakeSampler:
+    """A sampler whose memory the test sets: ``current`` and the high-water mark it
+    drives (``allocate``/``free``)."""
+
+    source = "fake"
+    reserved = None
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.high = 0
+
+    def allocate(self, nbytes: int) -> None:
+        self.current += nbytes
+        self.high = max(self.high, self.current)
+
+    def free(self, nbytes: int) -> None:
+        self.current -= nbytes
+
+    def sample(self) -> tuple[int, int]:
+        return self.current, self.high
+
+    def extras(self) -> Extras:
+        return None, None
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,156 @@
+"""The tracing engines and the line profiler, with a fake memory source."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import engine_workload
+import pytest
+
+from gpu_mem_track.profiler import LineProfiler
+from gpu_mem_track.samplers import FakeSampler
+from gpu_mem_track.tracer import MonitoringEngine, SettraceEngine, best_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python312() -> str | None:
+    """An interpreter with sys.monitoring: this one, or a python3.12/3.13 found nearby."""
+    if sys.version_info >= (3, 12):
+        return sys.executable
+    home = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = ["python3.13", "python3.12", *sorted(str(p) for p in home.glob("3.1[23]*/bin/python3"))]
+    for candidate in candidates:
+        try:
+            done = subprocess.run(
+                [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"],
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+def by_line(records: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(r["function"], r["line"]): r for r in records if "line" in r}
+
+
+def line_of(text: str) -> int:
+    source = Path(engine_workload.__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(source, start=1) if line.strip().startswith(text))
+
+
+def check_workload(records: list[dict]) -> None:
+    lines = by_line(records)
+    allocate = lines[("inner", line_of("s.allocate(100)"))]
+    assert (allocate["hits"], allocate["increment"]) == (3, 300)
+    transient = lines[("inner", line_of("spike(s, 50)"))]
+    # memory is the same before and after; the peak 50 B above it comes from the mark
+    assert transient["increment"] == 0
+    assert transient["peak"] == transient["memory"] + 50 and transient["peak_exact"]
+    calls = lines[("workload", line_of("inner(s)"))]
+    assert (calls["hits"], calls["increment"]) == (3, 300)  # callees included
+    assert lines[("chunks", line_of("s.allocate(10)"))]["increment"] == 20
+    assert lines[("workload", line_of("total = sum(chunks(s))"))]["increment"] == 20
+    assert lines[("fails", line_of("s.allocate(7)"))]["increment"] == 7
+    assert lines[("workload", line_of("fails(s)"))]["increment"] == 7
+    freed = lines[("workload", line_of("s.free(327)"))]
+    assert (freed["increment"], freed["memory"], freed["peak_exact"]) == (-327, 0, False)
+    summary = records[-1]
+    assert summary["peak"] == 350
+
+
+def test_settrace_engine_profiles_the_workload():
+    check_workload(engine_workload.profile_workload("settrace"))
+
+
+def test_monitoring_engine_profiles_the_workload_like_settrace():
+    interpreter = python312()
+    if interpreter is None:
+        pytest.skip("no Python 3.12+ here")
+    done = subprocess.run(
+        [interpreter, engine_workload.__file__, "monitoring", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    records = json.loads(done.stdout)
+    check_workload(records)
+    assert records == engine_workload.profile_workload("settrace")
+
+
+def test_engines_restore_what_was_there():
+    sampler = FakeSampler()
+    engine = SettraceEngine(LineProfiler(sampler), lambda code: False)
+    engine.start()
+    engine.stop()
+    assert sys.gettrace() is None
+    if MonitoringEngine.available():
+        engine = MonitoringEngine(LineProfiler(sampler), lambda code: False)
+        engine.start()
+        engine.stop()
+        assert all(sys.monitoring.get_tool(i) != "gpu_mem_track" for i in range(6))
+
+
+def test_best_engine_picks_by_python_and_refuses_unknown_names():
+    sink = LineProfiler(FakeSampler())
+    expected = "sys.monitoring" if sys.version_info >= (3, 12) else "sys.settrace"
+    assert best_engine(sink, lambda code: True).name == expected
+    with pytest.raises(ValueError, match="unknown tracing engine"):
+        best_engine(sink, lambda code: True, "dtrace")
+    if sys.version_info < (3, 12):
+        with pytest.raises(ValueError, match="needs Python 3.12"):
+            best_engine(sink, lambda code: True, "monitoring")
+
+
+def test_profiler_keeps_one_aggregate_per_line_however_long_the_loop():
+    sampler = FakeSampler()
+    timeline = engine_workload.ListTimeline()
+    profiler = LineProfiler(sampler, timeline)
+
+    def loop():
+        for _ in range(5000):
+            sampler.allocate(1)
+            sampler.free(1)
+
+    first = loop.__code__.co_firstlineno
+    engine = SettraceEngine(profiler, lambda code: code is loop.__code__)
+    engine.start()
+    try:
+        loop()
+    finally:
+        engine.stop()
+    profiler.finish()
+    assert len(profiler._stats) == 3  # the for line and the two body lines
+    assert len(timeline.rows) == 3 * 5000 + 1  # each execution streamed, none kept
+    assert timeline.rows[0].split(",")[2:6] == ["line", __file__, loop.__qualname__, str(first + 1)]
+    assert {r.hits for r in profiler.records()} == {5001, 5000}
+
+
+def test_threshold_calls_back_with_the_line_that_grew():
+    sampler = FakeSampler()
+    grown: list[tuple[str, int, int]] = []
+    profiler = LineProfiler(
+        sampler, None, lambda code, line, inc: grown.append((code.co_name, line, inc)), 64
+    )
+
+    def work():
+        sampler.allocate(10)
+        sampler.allocate(100)
+
+    engine = SettraceEngine(profiler, lambda code: code is work.__code__)
+    engine.start()
+    try:
+        work()
+    finally:
+        engine.stop()
+    first = work.__code__.co_firstlineno
+    assert grown == [("work", first + 2, 100)]
