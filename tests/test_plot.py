@@ -1,0 +1,184 @@
+"""plot: downsampling, what the chart holds, the image files, a missing matplotlib."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runfiles import MIB, runner_folder, tracker_csv
+
+from gpu_mem_track.runs import LabelPoint, Sample, downsample, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def cli(*args, cwd=None, code=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = ["-c", code, *args] if code else ["-m", "gpu_mem_track", *args]
+    return subprocess.run(
+        [sys.executable, *command], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+
+
+def training(steps: int = 30, scale: float = 1.0, labels: bool = True) -> list[dict]:
+    """A CUDA run's timeline: 512 MiB of weights, then steps that climb and fall back,
+    the driver figure sampled every third event, a ``track("step N")`` after each step."""
+    rows = [{"elapsed": 0.0, "event": "start", "memory": 0, "allocated": 0, "reserved": 0}]
+    elapsed, base = 0.1, 512 * MIB
+    rows.append({"elapsed": elapsed, "event": "line", "memory": base, "allocated": base, "reserved": base})
+    for step in range(steps):
+        for k in range(5):
+            elapsed += 0.01
+            memory = base + int(scale * (k + 1) * 100 * MIB)
+            driver = memory + 600 * MIB if k % 3 == 0 else None
+            row = {"memory": memory, "allocated": memory, "reserved": base + 600 * MIB, "driver": driver}
+            rows.append({"elapsed": elapsed, "event": "line", "file": "/src/train.py", "line": 20 + k, **row})
+        if labels:
+            track = {"label": f"step {step}", "memory": base, "function": "main", "file": "/src/train.py"}
+            rows.append({"elapsed": elapsed + 0.001, "event": "track", **track})
+    return rows
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_downsample_keeps_the_extremes_in_order_within_the_cap():
+    values = [(i * 7919) % 1000 for i in range(100_000)]
+    values[54_321] = 5_000  # a lone spike
+    values[77_777] = -5_000  # a lone trough
+    kept = downsample((Sample(float(i), v) for i, v in enumerate(values)), points=100)
+    assert 100 <= len(kept) <= 200
+    assert max(s.memory for s in kept) == 5_000 and min(s.memory for s in kept) == -5_000
+    times = [s.elapsed for s in kept]
+    assert times == sorted(times) and len(set(times)) == len(times)
+
+
+def test_downsample_leaves_short_series_alone():
+    samples = [Sample(float(i), i % 3) for i in range(50)]
+    assert downsample(samples, points=50) == samples
+
+
+def test_figure_holds_curves_peak_and_deduplicated_labels(tmp_path):
+    from gpu_mem_track.plot import timeline_figure
+
+    fp32 = load_run(runner_folder(tmp_path, "fp32", timeline=training(scale=2.0)))
+    amp = load_run(runner_folder(tmp_path, "amp", timeline=training()))  # same labels at the same times
+    axes = timeline_figure([fp32, amp]).axes[0]
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == [
+        "fp32: allocated",
+        "fp32: reserved",
+        "fp32: driver",
+        "amp: allocated",
+        "amp: reserved",
+        "amp: driver",
+    ]
+    assert axes.get_ylabel() == "memory (GiB)" and axes.get_title() == "fp32 vs amp"
+    texts = [text.get_text().strip() for text in axes.texts]
+    assert [t for t in texts if t.startswith("peak")] == ["peak 1.48 GiB", "peak 1012.00 MiB"]
+    labels = [t for t in texts if t.startswith("step")]
+    assert len(labels) == 20 and labels[0] == "step 0" and labels[-1] == "step 29"  # written once
+    assert len(axes.lines) == 6 + 2 + 2 * 20  # curves, peak markers, a vertical line per label and run
+
+
+def stamps(*labels: str) -> list[LabelPoint]:
+    return [LabelPoint(label, float(i), 0, "f.py", "main", 1) for i, label in enumerate(labels)]
+
+
+def test_pick_labels_prefers_first_occurrences_then_fills_with_repeats():
+    from gpu_mem_track.plot import pick_labels
+
+    assert [p.elapsed for p in pick_labels(stamps("a", "", "b", "a", "c"))] == [0.0, 2.0, 3.0, 4.0]
+    loop = pick_labels(stamps("model", *["step"] * 100), limit=5)
+    assert [(p.label, p.elapsed) for p in loop] == [
+        ("model", 0.0),
+        ("step", 1.0),
+        ("step", 2.0),
+        ("step", 51.0),
+        ("step", 100.0),
+    ]
+    distinct = pick_labels(stamps(*[f"s{i}" for i in range(100)], "s0"), limit=5)
+    assert [p.label for p in distinct] == ["s0", "s25", "s50", "s74", "s99"]  # no slot left for repeats
+
+
+def test_cli_plots_one_run_to_a_png(tmp_path):
+    run = runner_folder(tmp_path, "fp32", timeline=training())
+    done = cli("plot", str(run), "-o", str(tmp_path / "one.png"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"wrote {tmp_path / 'one.png'}\n"
+    assert png_size(tmp_path / "one.png") == (1210, 638)
+    assert (tmp_path / "one.png").stat().st_size > 20_000
+
+
+def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path):
+    a = runner_folder(tmp_path, "fp32", timeline=training())
+    b = runner_folder(tmp_path, "amp", timeline=training(scale=0.5))
+    tracker = tracker_csv(
+        tmp_path / "cpu.csv", [("model", 0.1, 300 * MIB), ("step", 0.4, 900 * MIB)], device="cpu"
+    )
+    done = cli("plot", str(a), str(b / "timeline.csv"), str(tracker), "--title", "three runs", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert png_size(tmp_path / "timeline.png") == (1210, 638)  # the default output name
+    assert (tmp_path / "timeline.png").stat().st_size > 20_000
+
+
+def test_cli_plot_writes_svg_by_suffix(tmp_path):
+    tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, 300 * MIB), ("step", 0.4, 900 * MIB)])
+    done = cli("plot", str(tracker), "-o", str(tmp_path / "t.svg"))
+    assert done.returncode == 0, done.stderr
+    svg = (tmp_path / "t.svg").read_text()
+    assert "<svg" in svg and "peak 900.00 MiB" in svg
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("missing",), "gpu_mem_track: no such run or report: missing\n"),
+        (("run/lines.csv",), "gpu_mem_track: run/lines.csv has no memory over time to plot (lines.csv holds"),
+        (("t.csv", "-o", "no/such/dir/x.png"), "gpu_mem_track: cannot write no/such/dir/x.png: "),
+        (("t.csv", "-o", "x.nope"), "gpu_mem_track: cannot write x.nope: Format 'nope' is not supported"),
+    ],
+)
+def test_cli_plot_mistakes_exit_2_with_one_line(tmp_path, args, message):
+    from runfiles import line
+
+    runner_folder(tmp_path, "run", [line("x = 1", 1, 1, 1)])
+    tracker_csv(tmp_path / "t.csv", [("model", 0.1, MIB)])
+    done = cli("plot", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1
+    assert not (tmp_path / "timeline.png").exists()
+
+
+def test_cli_plot_without_matplotlib_exits_1_saying_how_to_install(tmp_path):
+    tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, MIB)])
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from gpu_mem_track.cli import main\n"
+        "raise SystemExit(main(sys.argv[1:]))"
+    )
+    done = cli("plot", str(tracker), cwd=tmp_path, code=code)
+    assert done.returncode == 1
+    assert done.stderr == 'gpu_mem_track: plotting needs matplotlib: pip install "gpu_mem_track[plot]"\n'
+    assert not (tmp_path / "timeline.png").exists()
+
+
+def test_plotting_leaves_pyplot_and_torch_unimported(tmp_path):
+    tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, MIB)])
+    code = (
+        "import sys\n"
+        "from gpu_mem_track.plot import plot_files\n"
+        "plot_files(sys.argv[1:], 'out.png')\n"
+        "print(sorted(m for m in ('matplotlib.pyplot', 'torch') if m in sys.modules))"
+    )
+    done = cli(str(tracker), cwd=tmp_path, code=code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n" and png_size(tmp_path / "out.png") == (1210, 638)
