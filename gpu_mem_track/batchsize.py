@@ -1,0 +1,287 @@
+"""The batch-size finder: the largest batch whose step peak fits a memory budget.
+
+It never searches by crashing into out-of-memory errors: it evaluates the peak at a few
+small batches, fits ``peak(batch) = intercept + slope * batch``, jumps to the batch the
+line predicts, confirms there, and only then narrows (interpolating, with bisection as a
+safeguard) if the prediction was off. Peaks come from the estimator (no GPU, the
+default) or from real steps measured with the CUDA allocator's peak statistics.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .errors import UsageError
+from .estimate_records import BatchProbe, BatchSizeResult
+from .estimator import ModelLike, estimate
+from .specs import InputSpec
+from .step import as_specs, build_model, make_inputs, make_optimizer, run_steps
+
+__all__ = ["find_max_batch_size", "search_batch_size"]
+
+PeakFunction = Callable[[int], "int | None"]
+
+
+def search_batch_size(
+    peak_of: PeakFunction,
+    budget: int,
+    *,
+    samples: Sequence[int] = (1, 2, 4),
+    max_batch: int = 1 << 20,
+    max_probes: int = 24,
+    confirm_above: bool = True,
+    source: str = "custom",
+    budget_source: str = "given",
+) -> BatchSizeResult:
+    """The largest batch ``b <= max_batch`` with ``peak_of(b) <= budget`` (bytes).
+
+    ``peak_of(batch)`` returns the step's peak in bytes, or ``None`` when the step could
+    not run (a caught out-of-memory error counts as not fitting). ``samples`` are the
+    small batches evaluated first, ascending. The answer is confirmed by evaluating it;
+    with ``confirm_above`` the next batch is evaluated too (to prove it does not fit),
+    otherwise the fitted slope must predict that it does not. Assumes the peak grows
+    with the batch. Evaluates at most ``max_probes`` batches.
+    """
+    if budget <= 0 or not samples or sorted(set(samples)) != list(samples) or samples[0] < 1:
+        raise UsageError("the finder needs a positive budget and ascending positive sample batches")
+    probes: list[BatchProbe] = []
+
+    def probe(batch: int) -> BatchProbe:
+        result = BatchProbe(batch, peak_of(batch))
+        probes.append(result)
+        return result
+
+    for batch in samples:
+        if not probe(batch).fits(budget):
+            break
+    intercept, slope = _fit([p for p in probes if p.peak is not None])  # from the samples
+    while len(probes) < max_probes:
+        low, high = _bracket(probes, budget)
+        if low is None or (high is not None and high.batch == low.batch + 1) or low.batch >= max_batch:
+            break
+        if high is None and not confirm_above and _predicted_over(probes, low, slope, budget):
+            break
+        probe(_next_batch(probes, low, high, slope, budget, max_batch))
+    low, _ = _bracket(probes, budget)
+    if low is not None:
+        intercept, slope = _line_near(probes, low, (intercept, slope))
+    return BatchSizeResult(
+        batch=low.batch if low else 0,
+        budget=budget,
+        peak=low.peak if low else None,
+        margin=budget - low.peak if low and low.peak is not None else None,
+        intercept=intercept,
+        slope=slope,
+        probes=tuple(probes),
+        source=source,
+        budget_source=budget_source,
+    )
+
+
+def _fit(points: list[BatchProbe]) -> tuple[float, float]:
+    """Least-squares ``(intercept, slope)`` through the points (slope 0 for one point)."""
+    if not points:
+        return 0.0, 0.0
+    mean_b = sum(p.batch for p in points) / len(points)
+    mean_p = sum(p.peak for p in points) / len(points)
+    spread = sum((p.batch - mean_b) ** 2 for p in points)
+    slope = sum((p.batch - mean_b) * (p.peak - mean_p) for p in points) / spread if spread else 0.0
+    return mean_p - slope * mean_b, slope
+
+
+def _line_near(
+    probes: list[BatchProbe], low: BatchProbe, fallback: tuple[float, float]
+) -> tuple[float, float]:
+    """``(intercept, slope)`` of the line through ``low`` and its nearest other probe."""
+    others = [p for p in probes if p.peak is not None and p.batch != low.batch]
+    if not others:
+        return fallback
+    near = min(others, key=lambda p: abs(p.batch - low.batch))
+    slope = (near.peak - low.peak) / (near.batch - low.batch)
+    return low.peak - slope * low.batch, slope
+
+
+def _bracket(probes: list[BatchProbe], budget: int) -> tuple[BatchProbe | None, BatchProbe | None]:
+    """The largest probe that fits and the smallest that does not (either may be ``None``)."""
+    fitting = [p for p in probes if p.fits(budget)]
+    failing = [p for p in probes if not p.fits(budget)]
+    low = max(fitting, key=lambda p: p.batch, default=None)
+    high = min(failing, key=lambda p: p.batch, default=None)
+    if low is not None and high is not None and high.batch < low.batch:
+        high = None  # a non-monotonic peak; trust the larger batch that fits
+    return low, high
+
+
+def _local_slope(probes: list[BatchProbe], low: BatchProbe, slope: float) -> float:
+    """Bytes per sample between ``low`` and the nearest other probe that ran (else ``slope``)."""
+    others = [p for p in probes if p.peak is not None and p.batch != low.batch]
+    if others:
+        near = min(others, key=lambda p: abs(p.batch - low.batch))
+        local = (near.peak - low.peak) / (near.batch - low.batch)
+        if local > 0:
+            return local
+    return slope
+
+
+def _same_side_run(probes: list[BatchProbe], budget: int) -> int:
+    """How many of the last probes in a row landed on the same side of the budget."""
+    side, run = probes[-1].fits(budget), 0
+    for probe in reversed(probes):
+        if probe.fits(budget) != side:
+            break
+        run += 1
+    return run
+
+
+def _predicted_over(probes: list[BatchProbe], low: BatchProbe, slope: float, budget: int) -> bool:
+    local = _local_slope(probes, low, slope)
+    return local > 0 and low.peak + local > budget
+
+
+#: Without a failing probe yet, a jump goes at most this many times past the largest fit:
+#: the peak at small batches can be dominated by terms that do not grow with the batch.
+MAX_JUMP = 16
+
+
+def _next_batch(
+    probes: list[BatchProbe],
+    low: BatchProbe,
+    high: BatchProbe | None,
+    slope: float,
+    budget: int,
+    max_batch: int,
+) -> int:
+    if high is None:
+        local = _local_slope(probes, low, slope)
+        guess = low.batch + int((budget - low.peak) // local) if local > 0 else low.batch * MAX_JUMP
+        return min(max(guess, low.batch + 1), low.batch * MAX_JUMP, max_batch)
+    run = _same_side_run(probes, budget)
+    if run >= 2:  # interpolation stalls on one side: gallop away from it, doubling the step
+        step = 2 ** (run - 1)
+        guess = high.batch - step if not probes[-1].fits(budget) else low.batch + step
+        return min(max(guess, low.batch + 1), high.batch - 1)
+    if high.peak is None:  # it did not run: approach from below, so few more probes fail
+        return low.batch + max(1, (high.batch - low.batch) // 4)
+    if high.peak <= low.peak:
+        return (low.batch + high.batch) // 2
+    local = (high.peak - low.peak) / (high.batch - low.batch)  # the secant across the bracket
+    guess = low.batch + int((budget - low.peak) // local)
+    return min(max(guess, low.batch + 1), high.batch - 1)
+
+
+def find_max_batch_size(
+    model: ModelLike | None = None,
+    inputs: Any = None,
+    *,
+    step: Callable[[int], Any] | None = None,
+    budget: int | None = None,
+    measure: bool = False,
+    device: str = "cuda",
+    optimizer: Any = "adam",
+    dtype: Any = None,
+    amp: Any = False,
+    training: bool = True,
+    samples: Sequence[int] = (1, 2, 4),
+    max_batch: int = 1 << 20,
+) -> BatchSizeResult:
+    """The largest batch of ``model`` on ``inputs`` whose step fits ``budget`` bytes.
+
+    ``inputs`` are shapes (or :class:`~gpu_mem_track.specs.InputSpec`) whose first size
+    is the batch; it is replaced by each batch tried. Peaks come from :func:`estimate`
+    (``device`` sets the target's rounding) unless ``measure``, which runs real steps on
+    the CUDA ``device`` and reads ``max_memory_allocated`` above the memory allocated
+    before each run (this resets the device's peak statistics). Instead of a model,
+    ``step(batch)`` may run one step of the caller's own; it is always measured on CUDA.
+    ``budget`` defaults to the CUDA device's free memory (``torch.cuda.mem_get_info``);
+    without CUDA it must be given. With measured peaks the batch above the answer is not
+    run (it would exceed the budget): the fitted slope must predict it does not fit.
+    """
+    if (step is None) == (model is None):
+        raise UsageError("give either a model (with inputs) or a step function")
+    measured = measure or step is not None
+    budget, budget_source = _budget(budget, device)
+    if step is not None:
+        peak_of, source = (lambda b: _measure(lambda: step(b), device)), f"measured step on {device}"
+    else:
+        specs = [
+            s if isinstance(s, InputSpec) else InputSpec(tuple(s.shape), s.dtype) for s in _specs(inputs)
+        ]
+        options = dict(optimizer=optimizer, dtype=dtype, amp=amp, training=training)
+        if measured:
+            peak_of, source = _measured_peaks(model, specs, device, options), f"measured steps on {device}"
+        else:
+            peak_of = lambda b: estimate(model, _rebatch(specs, b), device=device, **options).peak  # noqa: E731
+            source = f"estimator ({torch.device(device).type} target)"
+    return search_batch_size(
+        peak_of,
+        budget,
+        samples=samples,
+        max_batch=max_batch,
+        confirm_above=not measured,
+        source=source,
+        budget_source=budget_source,
+    )
+
+
+def _specs(inputs: Any) -> list[Any]:
+    if inputs is None:
+        raise UsageError("the finder needs the inputs' shapes (batch first)")
+    return as_specs(inputs)
+
+
+def _rebatch(specs: list[InputSpec], batch: int) -> list[InputSpec]:
+    return [InputSpec((batch, *spec.shape[1:]), spec.dtype) for spec in specs]
+
+
+def _budget(budget: int | None, device: str) -> tuple[int, str]:
+    if budget is not None:
+        return int(budget), "given"
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), f"free memory of {device} (torch.cuda.mem_get_info)"
+    raise UsageError("no CUDA device here to read free memory from: give a budget (for example 8GiB)")
+
+
+def _measure(run: Callable[[], Any], device: str) -> int | None:
+    """Peak bytes allocated on ``device`` while ``run()`` runs, above those allocated before."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise UsageError(f"measured peaks need a CUDA device, not {device!r}")
+    gc.collect()
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    try:
+        run()
+        torch.cuda.synchronize(dev)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    finally:
+        gc.collect()
+    return torch.cuda.max_memory_allocated(dev) - base
+
+
+def _measured_peaks(model: Any, specs: list[InputSpec], device: str, options: dict[str, Any]) -> PeakFunction:
+    def run(batch: int) -> None:
+        module = model.to(device) if isinstance(model, torch.nn.Module) else build_model(model, device)
+        if options["dtype"] is not None:
+            from .specs import parse_dtype
+
+            module = module.to(parse_dtype(options["dtype"]))
+        module.train(options["training"])
+        cast = None if options["dtype"] is None else next(module.parameters()).dtype
+        tensors = make_inputs(_rebatch(specs, batch), device, cast)
+        params = [p for p in module.parameters() if p.requires_grad]
+        opt = make_optimizer(options["optimizer"], params, "cuda") if options["training"] else None
+        amp = options["amp"]
+        autocast = (
+            (lambda: torch.autocast("cuda", dtype=torch.float16 if amp is True else amp)) if amp else None
+        )
+        kwargs = {"autocast": autocast} if autocast else {}
+        run_steps(lambda: module(*tensors), params, opt, training=options["training"], **kwargs)
+
+    return lambda batch: _measure(lambda: run(batch), device)

@@ -1,0 +1,182 @@
+"""Records of the estimator and the batch-size finder: frozen data, nothing measured here.
+
+All byte figures are *device bytes*: for a CUDA target each storage is rounded up to the
+caching allocator's 512 B blocks (``units.cuda_block_bytes``), for a CPU target they are
+the storages' exact sizes. Element counts are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = ["BatchProbe", "BatchSizeResult", "Breakdown", "Estimate", "LayerEstimate", "PhasePeak"]
+
+#: Phases of a simulated training step, in order.
+PHASES = ("step start", "forward", "loss", "backward", "optimizer step")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Live device bytes at one moment, split by what the storages are.
+
+    ``activations`` are storages created in the forward pass that outlive it (saved for
+    backward, or the output); ``temporaries`` is everything else not named here
+    (intermediates freed within a phase, the loss, backward's working tensors,
+    optimizer scratch).
+    """
+
+    parameters: int = 0
+    buffers: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+    inputs: int = 0
+    activations: int = 0
+    temporaries: int = 0
+
+    @property
+    def total(self) -> int:
+        """Sum of all parts, in bytes."""
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """The highest live device bytes within one phase, and the op and module at that moment.
+
+    ``module`` is the innermost module running (forward only; ``""`` elsewhere).
+    """
+
+    phase: str
+    peak: int
+    op: str
+    module: str = ""
+
+
+@dataclass(frozen=True)
+class LayerEstimate:
+    """One module's own parameters and the activations created while it ran.
+
+    ``parameters`` counts elements of the module's direct parameters (not its children's);
+    ``activation_elements`` and ``activation_bytes`` cover storages created while this
+    module was the innermost one running that were still alive when the forward pass
+    ended.
+    """
+
+    name: str
+    type: str
+    parameters: int
+    parameter_bytes: int
+    activation_elements: int
+    activation_bytes: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A simulated step's memory on the ``device`` target (see the module doc for units).
+
+    Totals: ``parameter_bytes``, ``buffer_bytes``, ``gradient_bytes`` (after backward),
+    ``optimizer_state_bytes`` (after the step, ``optimizer_states`` tensors),
+    ``input_bytes``, ``activation_bytes`` (at the end of the forward pass).
+    ``host_bytes``: tensors the step keeps in host memory when the target is CUDA
+    (Adam's ``step`` counters with ``capturable=False``), not in any device figure.
+    ``peak`` is the highest live device bytes during the measured step; ``at_peak``
+    splits it; ``phases`` gives each phase's own peak. ``rounding`` names the rounding
+    applied. Training steps are measured as the second of two identical steps, so the
+    optimizer state already exists, as in a training loop.
+    """
+
+    model: str
+    device: str
+    rounding: str
+    training: bool
+    optimizer: str
+    dtype: str
+    amp: bool
+    inputs: tuple[str, ...]
+    parameters: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_states: int
+    optimizer_state_bytes: int
+    host_bytes: int
+    input_bytes: int
+    activation_elements: int
+    activation_bytes: int
+    peak: int
+    at_peak: Breakdown
+    phases: tuple[PhasePeak, ...]
+    layers: tuple[LayerEstimate, ...]
+
+    @property
+    def peak_phase(self) -> PhasePeak:
+        """The phase holding the step's peak (the first one when two tie)."""
+        return max(self.phases, key=lambda p: p.peak)
+
+    @property
+    def largest_activation_layer(self) -> LayerEstimate | None:
+        """The module holding the most activation bytes (``None`` when there are none)."""
+        holders = [layer for layer in self.layers if layer.activation_bytes]
+        return max(holders, key=lambda layer: layer.activation_bytes) if holders else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists for tuples), for JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Estimate:
+        """Inverse of :meth:`to_dict`."""
+        values = dict(data)
+        values["inputs"] = tuple(values["inputs"])
+        values["at_peak"] = Breakdown(**values["at_peak"])
+        values["phases"] = tuple(PhasePeak(**p) for p in values["phases"])
+        values["layers"] = tuple(LayerEstimate(**layer) for layer in values["layers"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BatchProbe:
+    """One evaluation of the peak: ``peak`` bytes at ``batch`` (``None``: it did not run)."""
+
+    batch: int
+    peak: int | None
+
+    def fits(self, budget: int) -> bool:
+        """Whether this batch ran and stayed within ``budget`` bytes."""
+        return self.peak is not None and self.peak <= budget
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """The largest batch whose peak fits a budget, and how it was found.
+
+    ``batch`` is 0 when even the smallest batch tried does not fit. ``peak`` is the peak
+    at ``batch`` and ``margin = budget - peak`` (bytes; both ``None`` when ``batch`` is 0).
+    ``intercept`` (bytes) and ``slope`` (bytes per sample) give the line
+    ``peak(batch) = intercept + slope * batch`` through the answer and the probe nearest
+    it (the least-squares line through the samples when nothing fits).
+    ``probes`` lists every evaluation in order; ``source`` says what gave the peaks
+    and ``budget_source`` where the budget came from.
+    """
+
+    batch: int
+    budget: int
+    peak: int | None
+    margin: int | None
+    intercept: float
+    slope: float
+    probes: tuple[BatchProbe, ...]
+    source: str
+    budget_source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchSizeResult:
+        """Inverse of :meth:`to_dict`."""
+        values = dict(data)
+        values["probes"] = tuple(BatchProbe(**p) for p in values["probes"])
+        return cls(**values)

@@ -1,0 +1,184 @@
+"""One training or inference step, the same for the estimator and for real measurements.
+
+The step is: ``zero_grad(set_to_none=True)``, forward, loss, backward, optimizer step.
+Helpers here build the model, its inputs and its optimizer on a given device; callers
+observe the step through ``on_phase(phase, step_index)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Union
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from .errors import UsageError
+from .specs import InputSpec, dtype_name
+
+__all__ = [
+    "OPTIMIZERS",
+    "FactoryError",
+    "InputsLike",
+    "build_model",
+    "default_loss",
+    "make_inputs",
+    "make_optimizer",
+    "run_steps",
+]
+
+#: Optimizer names: Adam/AdamW keep exp_avg and exp_avg_sq per parameter (and a ``step``
+#: tensor); SGD uses momentum 0.9 (one buffer per parameter); "none" skips the step.
+OPTIMIZERS = ("adam", "adamw", "sgd", "none")
+
+OptimizerLike = Union[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer], None]
+InputsLike = Union[torch.Tensor, InputSpec, Sequence[int], Sequence[Any]]
+
+
+class FactoryError(UsageError):
+    """The model factory raised or returned something that is not an ``nn.Module``."""
+
+
+def build_model(factory: Callable[[], Any], device: str) -> nn.Module:
+    """Call ``factory()`` with ``device`` as the default device; the module it returns."""
+    name = getattr(factory, "__qualname__", repr(factory))
+    try:
+        with torch.device(device):
+            module = factory()
+    except Exception as exc:
+        raise FactoryError(f"the factory {name} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(module, nn.Module):
+        raise FactoryError(f"the factory {name} returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def as_specs(inputs: InputsLike) -> list[InputSpec | torch.Tensor]:
+    """Normalise ``inputs``: a tensor, an :class:`InputSpec`, a shape, or a sequence of those."""
+    if isinstance(inputs, (torch.Tensor, InputSpec)):
+        return [inputs]
+    items = list(inputs)
+    if items and all(isinstance(size, int) for size in items):
+        return [InputSpec(tuple(items))]
+    specs: list[InputSpec | torch.Tensor] = []
+    for item in items:
+        if isinstance(item, (torch.Tensor, InputSpec)):
+            specs.append(item)
+        elif isinstance(item, (tuple, list)) and item and all(isinstance(s, int) for s in item):
+            specs.append(InputSpec(tuple(item)))
+        else:
+            raise UsageError(f"not an input: {item!r} (give a tensor, a shape or an InputSpec)")
+    if not specs:
+        raise UsageError("no inputs given")
+    return specs
+
+
+def make_inputs(
+    specs: Iterable[InputSpec | torch.Tensor], device: str, dtype: torch.dtype | None
+) -> list[torch.Tensor]:
+    """Input tensors on ``device``; floating ones cast to ``dtype`` when given.
+
+    Shapes become random floats or zero integers (valid embedding indices); on the meta
+    device they hold no data at all.
+    """
+    tensors = []
+    for spec in specs:
+        if isinstance(spec, torch.Tensor):
+            tensor = spec.detach().to(device)
+        elif spec.dtype.is_floating_point:
+            tensor = torch.randn(spec.shape, dtype=spec.dtype, device=device)
+        else:
+            tensor = torch.zeros(spec.shape, dtype=spec.dtype, device=device)
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        tensors.append(tensor)
+    return tensors
+
+
+def describe(tensor: torch.Tensor) -> str:
+    """``"64x3x32x32"``, with ``":dtype"`` unless float32."""
+    return (
+        str(InputSpec(tuple(tensor.shape), tensor.dtype))
+        if tensor.dim()
+        else f"scalar:{dtype_name(tensor.dtype)}"
+    )
+
+
+def make_optimizer(
+    choice: OptimizerLike, params: list[nn.Parameter], target: str
+) -> torch.optim.Optimizer | None:
+    """The optimizer named by ``choice`` (see ``OPTIMIZERS``) or made by calling it.
+
+    Named optimizers use the implementation torch picks by default on the ``target``
+    device type: ``foreach`` on CUDA, the per-tensor loop on the CPU.
+    """
+    if choice is None or choice == "none":
+        return None
+    if callable(choice):
+        return choice(params)
+    foreach = target == "cuda"
+    if choice == "adam":
+        return torch.optim.Adam(params, foreach=foreach)
+    if choice == "adamw":
+        return torch.optim.AdamW(params, foreach=foreach)
+    if choice == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=foreach)
+    raise UsageError(f"unknown optimizer {choice!r} (choose from {', '.join(OPTIMIZERS)})")
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The sum of every floating-point tensor in the output (any nesting)."""
+    tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not tensors:
+        raise UsageError("the model's output holds no floating-point tensor to take a loss of")
+    loss = tensors[0].sum()
+    for tensor in tensors[1:]:
+        loss = loss + tensor.sum()
+    return loss
+
+
+def run_steps(
+    forward: Callable[[], Any],
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    training: bool = True,
+    steps: int = 2,
+    loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+    on_phase: Callable[[str, int], None] = lambda phase, step: None,
+) -> None:
+    """Run ``steps`` identical steps, calling ``on_phase(phase, step)`` as each phase starts.
+
+    Phases: ``"step start"`` (gradients set to ``None``), ``"forward"``, ``"loss"``,
+    ``"backward"``, ``"optimizer step"`` and, after the last step, ``"done"``. Forward
+    and loss run under ``autocast()``. Without ``training`` each step is a forward pass
+    under ``torch.no_grad()``: ``"step start"``, ``"forward"``, ``"forward end"`` (the
+    output still alive), then ``"done"``.
+    Nothing of the step outlives it except gradients and optimizer state.
+    """
+    for step in range(steps):
+        on_phase("step start", step)
+        if not training:
+            on_phase("forward", step)
+            with torch.no_grad(), autocast():
+                output = forward()
+            on_phase("forward end", step)
+            del output
+            continue
+        for param in params:
+            param.grad = None
+        on_phase("forward", step)
+        with autocast():
+            output = forward()
+            on_phase("loss", step)
+            loss = loss_fn(output)
+        del output
+        on_phase("backward", step)
+        loss.backward()
+        del loss
+        if optimizer is not None:
+            on_phase("optimizer step", step)
+            optimizer.step()
+    on_phase("done", steps - 1)

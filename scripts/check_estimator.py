@@ -1,0 +1,149 @@
+"""Check the estimator against real steps; writes reports/estimator_check.md and .json.
+
+For five example models, compares the estimator's peak (CPU target: exact sizes) with
+the same training step run on real CPU tensors and measured by the same storage
+tracking (``trace_cpu_step``): once with the kernels the estimator simulates (math
+attention, PyTorch's own RNN cells: oneDNN off) and once with the CPU's defaults. It
+also checks the estimator's parameter, gradient and optimizer-state bytes against the
+census (``take_census``) of the real model after its step. The CUDA comparison (within
+5% of ``max_memory_allocated``) is tests/test_estimate_cuda.py and needs a GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpu_mem_track import estimate, examples  # noqa: E402
+from gpu_mem_track.census import take_census  # noqa: E402
+from gpu_mem_track.estimator import trace_cpu_step  # noqa: E402
+from gpu_mem_track.units import format_bytes  # noqa: E402
+
+CASES = {
+    "convnet": (32, 3, 32, 32),
+    "resnet": (16, 3, 32, 32),
+    "transformer": (8, 64, 128),
+    "mlp": (64, 784),
+    "lstm": (16, 32, 64),
+}
+
+
+def census_of_step(factory, shape) -> dict[str, int]:  # noqa: ANN001
+    """Bytes the census finds after two real CPU steps with Adam: the parameters (with their
+    gradients, which the census finds through them), the gradients alone, the Adam state."""
+    model = factory()
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+    x = torch.randn(shape)
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        optimizer.step()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {
+        "parameters_and_gradients": take_census("cpu", lambda: params).nbytes,
+        "gradients": take_census("cpu", lambda: grads).nbytes,
+        "optimizer_states": take_census("cpu", lambda: states).nbytes,
+    }
+
+
+def check(name: str, shape: tuple[int, ...]) -> dict:
+    factory = getattr(examples, name)
+    est = estimate(factory, shape, device="cpu")
+    with sdpa_kernel(SDPBackend.MATH), torch.backends.mkldnn.flags(enabled=False):
+        same = trace_cpu_step(factory, shape)
+    default = trace_cpu_step(factory, shape)
+    census = census_of_step(factory, shape)
+    return {
+        "model": name,
+        "input": "x".join(map(str, shape)),
+        "estimated_peak": est.peak,
+        "estimated_peak_phase": est.peak_phase.phase,
+        "cuda_target_peak": estimate(factory, shape, device="cuda").peak,
+        "measured_peak_same_kernels": same.peak,
+        "measured_peak_default_kernels": default.peak,
+        "error_same_kernels": est.peak / same.peak - 1,
+        "error_default_kernels": est.peak / default.peak - 1,
+        "estimated": {k: getattr(est, k + "_bytes") for k in ("parameter", "gradient", "optimizer_state")},
+        "census": census,
+    }
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    rows = [check(name, shape) for name, shape in CASES.items()]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    meta = {
+        "commit": commit.stdout.strip() or "unknown",
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "cuda_check": "still owed: no GPU was available; run `make test-gpu` (tests/test_estimate_cuda.py)",
+    }
+    out = ROOT / "reports"
+    out.mkdir(exist_ok=True)
+    (out / "estimator_check.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    (out / "estimator_check.md").write_text(render(meta, rows))
+    print(render(meta, rows))
+
+
+def render(meta: dict, rows: list[dict]) -> str:
+    lines = [
+        "# Estimator check",
+        "",
+        f"Commit {meta['commit']}, {meta['date']}, torch {meta['torch']}; "
+        "written by `python scripts/check_estimator.py`.",
+        "",
+        "**The CUDA check is still owed**: the issue asks for the estimate within 5% of",
+        "`max_memory_allocated` of a real step on a GPU (cuBLAS warmed first) for these five models;",
+        "no GPU was available, so that comparison (tests/test_estimate_cuda.py, `make test-gpu`)",
+        "has not run yet. What follows compares with real CPU steps.",
+        "",
+        "Training step with Adam, peak of the second of two steps; the estimator targets the CPU",
+        "(exact sizes). *Same kernels*: the real CPU step with math attention and oneDNN off, the",
+        "kernels the estimator simulates on meta tensors. *Default kernels*: the CPU's defaults",
+        "(flash attention, oneDNN LSTM), which save different tensors for backward.",
+        "",
+        "| model | input | estimated peak | real, same kernels | error | real, default kernels | error |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        estimated = f"{format_bytes(r['estimated_peak'])} ({r['estimated_peak']:,} B)"
+        lines.append(
+            f"| {r['model']} | {r['input']} | {estimated} "
+            f"| {r['measured_peak_same_kernels']:,} B | {r['error_same_kernels']:+.2%} "
+            f"| {r['measured_peak_default_kernels']:,} B | {r['error_default_kernels']:+.2%} |"
+        )
+    lines += [
+        "",
+        "Parameters, gradients and Adam state after the step: the estimator's figures and what the",
+        "census (`take_census`) finds on the real model after two real steps, in bytes (est / census).",
+        "",
+        "| model | parameters + gradients | gradients | Adam state |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        e, c = r["estimated"], r["census"]
+        both = e["parameter"] + e["gradient"]
+        lines.append(
+            f"| {r['model']} | {both:,} / {c['parameters_and_gradients']:,} "
+            f"| {e['gradient']:,} / {c['gradients']:,} "
+            f"| {e['optimizer_state']:,} / {c['optimizer_states']:,} |"
+        )
+    lines += ["", "CUDA-target estimates (512 B blocks) for the later GPU check:", ""]
+    lines += [f"- {r['model']} {r['input']}: {r['cuda_target_peak']:,} B" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

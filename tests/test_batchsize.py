@@ -1,0 +1,136 @@
+"""The batch-size finder: few probes, the right answer, checked against the estimator."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from gpu_mem_track import estimate, find_max_batch_size, search_batch_size
+from gpu_mem_track.errors import UsageError
+from gpu_mem_track.estimate_records import BatchProbe, BatchSizeResult
+from gpu_mem_track.estimate_render import render_batch_size
+
+
+class Counting:
+    """A peak function that records every batch it is asked about."""
+
+    def __init__(self, peak):
+        self.peak, self.calls = peak, []
+
+    def __call__(self, batch):
+        self.calls.append(batch)
+        return self.peak(batch)
+
+
+def test_a_linear_peak_is_found_with_the_samples_two_jumps_and_one_confirmation():
+    peak = Counting(lambda b: 1000 + 100 * b)
+    result = search_batch_size(peak, 10_000)
+    assert result.batch == 90 and result.peak == 10_000 and result.margin == 0
+    # The first jump goes at most 16x past the samples (64), the second lands on 90.
+    assert peak.calls == [1, 2, 4, 64, 90, 91]
+    assert (result.intercept, result.slope) == (1000.0, 100.0)
+
+
+def test_a_rounded_peak_with_a_flat_start_takes_few_probes():
+    # Flat (optimizer-bound) up to batch 50, then 4 KiB blocks of 300 B per sample.
+    peak = Counting(lambda b: max(2_000_000, 1_000_000 + 4096 * math.ceil(b * 300 / 4096)))
+    budget = 50_000_000
+    result = search_batch_size(peak, budget)
+    assert peak.peak(result.batch) <= budget < peak.peak(result.batch + 1)
+    assert len(peak.calls) <= 14
+
+
+def test_out_of_memory_probes_are_rare_not_a_loop():
+    # None means "the step did not run" (a caught OOM): above 5000 the device fails below budget.
+    peak = Counting(lambda b: None if b > 5000 else 10_000 * b)
+    result = search_batch_size(peak, 10**8, max_batch=10**6)
+    assert result.batch == 5000
+    assert sum(peak.peak(b) is None for b in peak.calls) <= 4
+    assert len(peak.calls) <= 20
+
+
+def test_nothing_fits():
+    result = search_batch_size(lambda b: 100 * b, 50)
+    assert (result.batch, result.peak, result.margin) == (0, None, None)
+    assert [p.batch for p in result.probes] == [1]
+    assert render_batch_size(result).startswith("no batch fits the 50 B budget (smallest tried: 1)")
+
+
+def test_without_confirming_above_the_slope_must_predict_the_next_batch_overflows():
+    peak = Counting(lambda b: 1000 + 100 * b)
+    result = search_batch_size(peak, 10_050, confirm_above=False)
+    assert result.batch == 90 and peak.calls == [1, 2, 4, 64, 90]
+
+
+def small_mlp():
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_answer_agrees_with_the_estimator_at_that_batch(device):
+    budget = 3 * 2**20
+    result = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, device=device)
+    assert result.batch > 4 and len(result.probes) <= 10
+    at = estimate(small_mlp, (result.batch, 64), device=device).peak
+    above = estimate(small_mlp, (result.batch + 1, 64), device=device).peak
+    assert at == result.peak and at <= budget < above
+    assert result.margin == budget - at and result.budget_source == "given"
+
+
+def test_finder_usage_mistakes():
+    with pytest.raises(UsageError, match="give a budget"):
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA device whose free memory is the default")
+        find_max_batch_size(small_mlp, [(1, 64)])
+    with pytest.raises(UsageError, match="either a model"):
+        find_max_batch_size(budget=10)
+    with pytest.raises(UsageError, match="positive budget"):
+        search_batch_size(lambda b: b, 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_measuring_needs_cuda():
+    with pytest.raises(UsageError, match="measured peaks need a CUDA device"):
+        find_max_batch_size(step=lambda b: None, budget=2**30, device="cuda")
+
+
+def test_result_round_trips_and_renders():
+    result = BatchSizeResult(
+        90, 10_000, 10_000, 0, 1000.0, 100.0, (BatchProbe(1, 1100), BatchProbe(91, None)), "s", "given"
+    )
+    assert BatchSizeResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+    assert render_batch_size(result) == (
+        "largest batch that fits: 90 (peak 9.77 KiB of 9.77 KiB budget, margin 0 B)\n"
+        "fit near the answer: peak(batch) ~ 1000 B + 100 B x batch\n"
+        "peaks from: s; budget from: given\n"
+        "probes (2): 1: 1.07 KiB, 91: failed\n"
+    )
+
+
+def test_cli_batch_size_end_to_end():
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "32MiB", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.examples import mlp
+
+    assert estimate(mlp, (data["batch"], 784)).peak == data["peak"] <= 32 * 2**20
+    assert estimate(mlp, (data["batch"] + 1, 784)).peak > 32 * 2**20
+
+
+def test_cli_batch_size_mistakes_exit_2(capsys):
+    from gpu_mem_track.cli import main
+
+    assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "lots"]) == 2
+    assert "not a byte size: 'lots'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784"]) == 2
+        assert "give a budget" in capsys.readouterr().err

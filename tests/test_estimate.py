@@ -1,0 +1,235 @@
+"""The estimator against hand arithmetic, its records and renderer, and its CLI end to end."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from gpu_mem_track import estimate
+from gpu_mem_track.errors import UsageError
+from gpu_mem_track.estimate_records import Breakdown, Estimate, LayerEstimate, PhasePeak
+from gpu_mem_track.estimate_render import render_estimate
+from gpu_mem_track.estimator import trace_cpu_step
+
+
+def linear():
+    return nn.Linear(10, 20)
+
+
+def tiny_mlp():
+    return nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
+
+
+def test_linear_adam_on_cpu_matches_hand_arithmetic():
+    est = estimate(linear, (4, 10), device="cpu")
+    # weight 20x10 + bias 20 = 220 float32 elements = 880 B; gradients the same.
+    assert (est.parameters, est.parameter_bytes, est.gradient_bytes) == (220, 880, 880)
+    # Adam: exp_avg and exp_avg_sq per parameter (2 x 880 B) and a 4 B float32 step each.
+    assert (est.optimizer_states, est.optimizer_state_bytes, est.host_bytes) == (6, 2 * 880 + 2 * 4, 0)
+    # Input 4x10 float32; the only activation is the 4x20 output (addmm saves the input).
+    assert (est.input_bytes, est.activation_elements, est.activation_bytes) == (160, 80, 320)
+
+
+def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
+    est = estimate(linear, (4, 10), device="cuda")
+    assert est.parameter_bytes == 1024 + 512  # 800 B weight, 80 B bias
+    assert est.gradient_bytes == 1536
+    # Two states per parameter on the device; the two 4 B step counters stay on the host.
+    assert (est.optimizer_states, est.optimizer_state_bytes, est.host_bytes) == (4, 3072, 8)
+    assert (est.input_bytes, est.activation_bytes) == (512, 512)
+    # Peak: in foreach Adam's step, parameters, gradients, states and the input are live
+    # (6656 B) while _foreach_sqrt makes one temporary per exp_avg_sq (1024 + 512 B).
+    assert est.peak == 8192
+    assert est.peak_phase == PhasePeak("optimizer step", 8192, "_foreach_sqrt", "")
+    assert est.at_peak == Breakdown(1536, 0, 1536, 3072, 512, 0, 1536)
+    assert est.at_peak.total == est.peak
+    # Backward: 5120 B at the step start + loss 512 + its gradient 512 + weight grad 1024 + bias grad 512.
+    assert dict((p.phase, p.peak) for p in est.phases)["backward"] == 7680
+
+
+def test_mlp_activations_per_layer_match_hand_counts():
+    est = estimate(tiny_mlp, (4, 10), device="cpu")
+    layers = {layer.name: layer for layer in est.layers}
+    # fc1's output is freed by ReLU (which saves its own output: 4x20); fc2 keeps its
+    # output 4x5 alive as the model's output. Inputs are not activations.
+    assert [(n, layers[n].activation_elements) for n in ("0", "1", "2")] == [("0", 0), ("1", 80), ("2", 20)]
+    assert (est.activation_elements, est.activation_bytes) == (100, 400)
+    assert [(layers[n].parameters, layers[n].parameter_bytes) for n in ("0", "1", "2")] == [
+        (220, 880),
+        (0, 0),
+        (105, 420),
+    ]
+    assert est.largest_activation_layer.name == "1"
+
+
+def test_sgd_with_momentum_keeps_one_buffer_per_parameter():
+    est = estimate(linear, (4, 10), optimizer="sgd", device="cpu")
+    assert (est.optimizer_states, est.optimizer_state_bytes) == (2, 880)
+
+
+def test_no_optimizer_and_inference():
+    no_opt = estimate(linear, (4, 10), optimizer="none", device="cpu")
+    assert (no_opt.optimizer_state_bytes, no_opt.gradient_bytes) == (0, 880)
+    est = estimate(linear, (4, 10), training=False, device="cpu")
+    assert (est.gradient_bytes, est.optimizer_state_bytes, est.activation_bytes) == (0, 0, 320)
+    # Parameters + input + the output being made: nothing is saved under no_grad.
+    assert est.peak == 880 + 160 + 320
+    assert [p.phase for p in est.phases] == ["step start", "forward"]
+
+
+def test_dtype_casts_parameters_and_inputs():
+    est = estimate(linear, (4, 10), dtype="bf16", device="cpu", optimizer="none")
+    assert (est.parameter_bytes, est.input_bytes, est.activation_bytes) == (440, 80, 160)
+    assert est.dtype == "bfloat16" and est.inputs == ("4x10:bfloat16",)
+
+
+def test_amp_casts_weights_and_inputs_of_linear_to_half():
+    est = estimate(linear, (4, 10), amp=True, device="cpu", optimizer="none")
+    # Alive when forward ends: the float16 copies of weight (400 B), bias (40 B, held by
+    # the autocast cache like autocast's own) and input (80 B), and the 4x20 float16 output.
+    assert est.activation_bytes == 400 + 40 + 80 + 160
+    assert (est.parameter_bytes, est.gradient_bytes) == (880, 880)  # master weights stay float32
+
+
+def test_matches_the_same_step_on_real_cpu_tensors():
+    assert estimate(tiny_mlp, (8, 10), device="cpu") == trace_cpu_step(tiny_mlp, (8, 10))
+
+
+def test_a_given_module_is_left_as_it_was_and_nothing_is_kept_alive():
+    module = nn.Linear(10, 20).eval()
+    before = module.weight.detach().clone()
+    x = torch.randn(4, 10)
+    est = estimate(module, x, device="cpu")
+    assert est.parameters == 220 and est.inputs == ("4x10",)
+    assert torch.equal(module.weight, before) and module.weight.grad is None and not module.training
+    probe = weakref.ref(x)
+    del x
+    gc.collect()
+    assert probe() is None
+
+
+def test_usage_mistakes_raise_usage_errors():
+    with pytest.raises(UsageError, match="unknown optimizer"):
+        estimate(linear, (4, 10), optimizer="lion")
+    with pytest.raises(UsageError, match="targets cuda or cpu"):
+        estimate(linear, (4, 10), device="xla")
+    with pytest.raises(UsageError, match="not an nn.Module"):
+        estimate(lambda: 3, (4, 10))
+    with pytest.raises(UsageError, match="raised ValueError: no"):
+        estimate(lambda: (_ for _ in ()).throw(ValueError("no")), (4, 10))
+
+
+def test_record_round_trips_through_json():
+    est = estimate(tiny_mlp, (4, 10), device="cuda")
+    assert Estimate.from_dict(json.loads(json.dumps(est.to_dict()))) == est
+
+
+def _hand_built() -> Estimate:
+    return Estimate(
+        model="demo:net", device="cuda", rounding="512 B blocks", training=True, optimizer="adam",
+        dtype="as built", amp=False, inputs=("4x10",), parameters=220, parameter_bytes=1536,
+        buffer_bytes=0, gradient_bytes=1536, optimizer_states=4, optimizer_state_bytes=3072,
+        host_bytes=8, input_bytes=512, activation_elements=80, activation_bytes=512, peak=8192,
+        at_peak=Breakdown(1536, 0, 1536, 3072, 512, 0, 1536),
+        phases=(
+            PhasePeak("forward", 5632, "addmm", "fc"),
+            PhasePeak("optimizer step", 8192, "_foreach_sqrt", ""),
+        ),
+        layers=(LayerEstimate("fc", "Linear", 220, 1536, 80, 512),),
+    )  # fmt: skip
+
+
+def test_render_estimate_exact_text():
+    assert render_estimate(_hand_built()) == (
+        "Estimated training step of demo:net on cuda: inputs 4x10, dtype as built, optimizer adam; "
+        "rounding: 512 B blocks\n"
+        "\n"
+        "layer    type      parameters    param bytes    activations    activation bytes\n"
+        "-------  ------  ------------  -------------  -------------  ------------------\n"
+        "fc       Linear           220       1.50 KiB             80               512 B\n"
+        "total                     220       1.50 KiB             80               512 B\n"
+        "\n"
+        "parameters            1.50 KiB  (220 elements)\n"
+        "buffers                    0 B\n"
+        "gradients             1.50 KiB\n"
+        "optimizer states      3.00 KiB  (4 tensors; step counters on the host: 8 B)\n"
+        "inputs                   512 B\n"
+        "activations              512 B  (alive when forward ends; most held by fc: 512 B)\n"
+        "peak                  8.00 KiB  during optimizer step (_foreach_sqrt)\n"
+        "  at the peak: parameters 1.50 KiB + gradients 1.50 KiB + optimizer states 3.00 KiB"
+        " + inputs 512 B + temporaries 1.50 KiB\n"
+        "  phase peaks: forward 5.50 KiB, optimizer step 8.00 KiB\n"
+    )
+
+
+FACTORIES = """
+from torch import nn
+
+def net():
+    return nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
+
+def broken():
+    raise ValueError("cannot build")
+"""
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_estimate_prints_the_table_and_json(tmp_path):
+    factories = tmp_path / "factories.py"
+    factories.write_text(FACTORIES)
+    done = _cli("estimate", f"{factories}:net", "--input", "4x10", "--device", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["parameters"], data["activation_elements"], data["optimizer_states"]) == (325, 100, 12)
+
+
+def test_cli_estimate_text(capsys):
+    from gpu_mem_track.cli import main
+
+    assert main(["estimate", "gpu_mem_track.examples:mlp", "--input", "2x784", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "dtype bfloat16" in out and "\ntotal " in out and "\npeak " in out
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "message"),
+    [
+        ("{f}:net", ["--input", "64x"], "not an input shape: '64x'"),
+        ("no_such_module_xyz:net", ["--input", "4x10"], "cannot import 'no_such_module_xyz'"),
+        ("{f}", ["--input", "4x10"], "not a factory"),
+        ("{f}:net", ["--input", "4x10", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+        ("{f}:net", ["--input", "4x10", "--dtype", "fp7"], "unknown dtype 'fp7'"),
+        ("{f}:broken", ["--input", "4x10"], "raised ValueError: cannot build"),
+        ("{f}:net", ["--input", "4x11"], "the model's step failed: RuntimeError"),
+        ("{f}:net", ["--input", "4x10", "--device", "tpu"], "targets cuda or cpu, not 'tpu'"),
+    ],
+)
+def test_cli_estimate_usage_mistakes_exit_2_with_one_line(tmp_path, capsys, spec, extra, message):
+    from gpu_mem_track.cli import main
+
+    factories = tmp_path / "factories.py"
+    factories.write_text(FACTORIES)
+    assert main(["estimate", spec.format(f=factories), *extra]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and err.startswith("gpu_mem_track: ")
+    assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_cli_estimate_failure_end_to_end(tmp_path):
+    factories = tmp_path / "factories.py"
+    factories.write_text(FACTORIES)
+    done = _cli("estimate", f"{factories}:broken", "--input", "4x10")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "gpu_mem_track: the factory broken raised ValueError: cannot build\n"
