@@ -21,8 +21,11 @@ test: install
 test-gpu: install
 	$(PYTHON) -m pytest -q -m cuda -rs
 
+# The runner benchmark compares with memory_profiler, installed here if missing.
 bench: install
+	@$(PYTHON) -c "import memory_profiler" 2>/dev/null || $(PYTHON) -m pip install memory_profiler
 	$(PYTHON) scripts/bench_census.py
+	$(PYTHON) scripts/bench_runner.py
 
 lint:
 	$(PYTHON) -m ruff check gpu_mem_track tests scripts
