@@ -99,7 +99,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--device",
         default="auto",
-        help="cpu, cuda or cuda:N (default: cuda:0 when CUDA is available, else cpu)",
+        help="cpu, cuda or cuda:N (default: cuda:0 when the NVIDIA driver shows a GPU, else cpu)",
     )
     run.add_argument(
         "--census-threshold",

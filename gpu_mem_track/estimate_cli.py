@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import UsageError
-from .step import OPTIMIZERS
+from .estimate_records import OPTIMIZERS
 
 __all__ = ["add_commands", "run_command"]
 

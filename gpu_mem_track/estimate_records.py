@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+#: Optimizer names ``estimate`` and the finder accept (``"none"``: no optimizer step).
+OPTIMIZERS = ("adam", "adamw", "sgd", "none")
+
 __all__ = ["BatchProbe", "BatchSizeResult", "Breakdown", "Estimate", "LayerEstimate", "PhasePeak"]
 
 #: Phases of a simulated training step, in order.

@@ -38,6 +38,8 @@ def render_summary(info: RunInfo, records: Sequence[LineRecord], folder: Path, t
                 f"  {_short(r.file)}:{r.line} {r.function}  {_signed(r.increment)}"
                 f"  peak {_peak_text(r)}  x{r.hits}  {r.code}"
             )
+    if info.memory_source == "cuda allocator" and not info.peak:
+        lines.append("Note: the script allocated no CUDA memory; --device cpu measures the process RSS.")
     lines.append(f"Reports: {folder}{os.sep} (report.txt, lines.csv, timeline.csv)")
     return "\n".join(lines) + "\n"
 

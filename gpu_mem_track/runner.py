@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import re
 import runpy
 import sys
 import sysconfig
@@ -124,7 +125,9 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> int:
         sampler.close()
         records = profiler.records()
         where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
-        info = replace(info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where)
+        info = replace(
+            info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where, torch=_torch_version()
+        )
         write_lines(folder.lines, records)
         write_meta(folder.meta, info)
         folder.report.write_text(render_line_report(info, records, prepared.stamps), encoding="utf-8")
@@ -320,21 +323,35 @@ def _module_origin(name: str, script: Path) -> Path | None:
 
 
 def _resolve_device(device: str) -> str:
+    """``cpu`` or ``cuda:N``, decided without importing torch or starting CUDA: the script
+    may still set ``CUDA_VISIBLE_DEVICES`` before it imports torch. ``auto`` means
+    ``cuda:0`` when the NVIDIA driver shows a GPU, else ``cpu``."""
     if device == "cpu":
         return "cpu"
-    import torch
-
+    gpus = _driver_gpu_count()
     if device == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
+        return "cuda:0" if gpus else "cpu"
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if match is None:
+        raise UsageError(f"--device takes cpu, cuda or cuda:N, not {device!r}")
+    if gpus == 0:
+        raise UsageError(f"--device {device}: no NVIDIA GPU is visible here")
+    return f"cuda:{match.group(1) or 0}"
+
+
+def _driver_gpu_count() -> int:
+    """GPUs the NVIDIA driver lists (NVML when installed, else ``/proc/driver/nvidia``)."""
     try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise UsageError(f"not a device: {device!r} (cpu, cuda, cuda:N)") from exc
-    if parsed.type != "cuda":
-        raise UsageError(f"--device takes cpu or a CUDA device, not {device!r}")
-    if not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available here")
-    return f"cuda:{parsed.index or 0}"
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        gpus = Path("/proc/driver/nvidia/gpus")
+        return len(list(gpus.iterdir())) if gpus.is_dir() else 0
 
 
 def _claim_folder(out_dir: Path, name: str) -> Path:
@@ -394,7 +411,6 @@ def _library_dirs() -> Any:
 
 
 def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
-    torch_version = sys.modules["torch"].__version__ if "torch" in sys.modules else ""
     return RunInfo(
         run_name=prepared.folder.path.name,
         script=str(prepared.script),
@@ -404,6 +420,12 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         engine=engine,
         started=time.time(),
         python=platform.python_version(),
-        torch=torch_version,
+        torch=_torch_version(),
         gpu_mem_track=__version__,
     )
+
+
+def _torch_version() -> str:
+    """The version of the torch the script imported ("" if it imported none)."""
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "")) if torch is not None else ""

@@ -78,36 +78,41 @@ class RssSampler:
 
 class CudaSampler:
     """The CUDA caching allocator of one device: allocated bytes and their peak, read from
-    ``torch.cuda.memory_stats``; never resets anything, never initialises CUDA (before the
-    program starts CUDA every reading is 0). ``reserved`` follows each sample; ``extras``
-    reads the driver's figure (NVML) and RSS."""
+    the allocator's statistics; never resets anything, never imports torch or initialises
+    CUDA itself (until the program has done both every reading is 0). ``reserved``
+    follows each sample; ``extras`` reads the driver's figure (NVML) and RSS."""
 
     source = "cuda allocator"
     reserved: int | None = 0
 
     def __init__(self, device: str, reader: Any = None) -> None:
-        import torch
-
         from .readers import reader_for
 
-        self._torch = torch
         self._device = device
-        self._index = torch.device(device).index or 0
+        self._index = int(device.partition(":")[2] or 0)
         self._reader = reader or reader_for(device)
-        self._stats = getattr(torch._C, "_cuda_memoryStats", None) or torch.cuda.memory_stats_as_nested_dict
+        self._cuda: Any = None
+        self._stats: Any = None
 
     def sample(self) -> tuple[int, int]:
-        if not self._torch.cuda.is_initialized():
+        cuda = self._cuda
+        if cuda is None:
+            torch = sys.modules.get("torch")
+            if torch is None:
+                return 0, 0
+            cuda = self._cuda = torch.cuda
+            # The nested dict as the allocator returns it: memory_stats() would also
+            # flatten and sort its ~200 keys at every line.
+            self._stats = getattr(torch._C, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict
+        if not cuda.is_initialized():
             return 0, 0
-        # The nested dict as the allocator returns it: memory_stats() would also flatten
-        # and sort its ~200 keys at every line.
         stats = self._stats(self._index)
         allocated = stats["allocated_bytes"]["all"]
         self.reserved = stats["reserved_bytes"]["all"]["current"]
         return allocated["current"], allocated["peak"]
 
     def extras(self) -> Extras:
-        driver = self._reader.driver(self._device)
+        driver = self._reader.driver(self._device) if self._cuda is not None else None
         return driver.nbytes if driver else None, self._reader.rss()
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from .errors import UsageError
+from .estimate_records import OPTIMIZERS
 from .specs import InputSpec, dtype_name
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
 
 #: Optimizer names: Adam/AdamW keep exp_avg and exp_avg_sq per parameter (and a ``step``
 #: tensor); SGD uses momentum 0.9 (one buffer per parameter); "none" skips the step.
-OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 
 OptimizerLike = Union[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer], None]
 InputsLike = Union[torch.Tensor, InputSpec, Sequence[int], Sequence[Any]]

@@ -9,7 +9,10 @@ Python 3.12+ subprocess that has no torch.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 
 def spike(s, nbytes):
@@ -44,6 +47,26 @@ def workload(s):
         pass
     s.free(327)
     return total
+
+
+def python312() -> str | None:
+    """An interpreter with sys.monitoring: this one, or a python3.12/3.13 found nearby."""
+    if sys.version_info >= (3, 12):
+        return sys.executable
+    home = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = ["python3.13", "python3.12", *sorted(str(p) for p in home.glob("3.1[23]*/bin/python3"))]
+    for candidate in candidates:
+        try:
+            done = subprocess.run(
+                [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"],
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
 
 
 class ListTimeline:

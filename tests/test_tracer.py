@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,26 +15,6 @@ from gpu_mem_track.samplers import FakeSampler
 from gpu_mem_track.tracer import MonitoringEngine, SettraceEngine, best_engine
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def python312() -> str | None:
-    """An interpreter with sys.monitoring: this one, or a python3.12/3.13 found nearby."""
-    if sys.version_info >= (3, 12):
-        return sys.executable
-    home = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = ["python3.13", "python3.12", *sorted(str(p) for p in home.glob("3.1[23]*/bin/python3"))]
-    for candidate in candidates:
-        try:
-            done = subprocess.run(
-                [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"],
-                capture_output=True,
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            return candidate
-    return None
 
 
 def by_line(records: list[dict]) -> dict[tuple[str, int], dict]:
@@ -72,7 +51,7 @@ def test_settrace_engine_profiles_the_workload():
 
 
 def test_monitoring_engine_profiles_the_workload_like_settrace():
-    interpreter = python312()
+    interpreter = engine_workload.python312()
     if interpreter is None:
         pytest.skip("no Python 3.12+ here")
     done = subprocess.run(
