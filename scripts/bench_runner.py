@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit or "unknown",
         "machine": f"{os.cpu_count()} cores {platform.machine()}",
         "python": platform.python_version(),
+        "interpreter": sys.executable,
         "torch": torch.__version__,
         "engine": "sys.monitoring" if hasattr(sys, "monitoring") else "sys.settrace",
         "steps": args.steps,
