@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_PIN)"
-	@(cd / && $(PYTHON) -c "import gpu_mem_track.tracker as t, pandas, tabulate, pytest, ruff; \
+	@(cd / && $(PYTHON) -c "import gpu_mem_track.tracker as t, pandas, tabulate, pytest, ruff, matplotlib; \
 		assert t.__file__.startswith('$(CURDIR)/')") 2>/dev/null \
 		|| $(PYTHON) -m pip install -e ".[dev]"
 

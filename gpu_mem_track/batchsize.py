@@ -9,6 +9,7 @@ default) or from real steps measured with the CUDA allocator's peak statistics.
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -249,8 +250,10 @@ def _budget(budget: int | None, device: str) -> tuple[int, str]:
 def _measure(run: Callable[[], Any], device: str) -> int | None:
     """Peak bytes allocated on ``device`` while ``run()`` runs, above those allocated before."""
     dev = torch.device(device)
-    if dev.type != "cuda" or not torch.cuda.is_available():
+    if dev.type != "cuda":
         raise UsageError(f"measured peaks need a CUDA device, not {device!r}")
+    if not torch.cuda.is_available():
+        raise UsageError("measured peaks need CUDA, and no CUDA device is available here")
     gc.collect()
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
@@ -267,7 +270,13 @@ def _measure(run: Callable[[], Any], device: str) -> int | None:
 
 def _measured_peaks(model: Any, specs: list[InputSpec], device: str, options: dict[str, Any]) -> PeakFunction:
     def run(batch: int) -> None:
-        module = model.to(device) if isinstance(model, torch.nn.Module) else build_model(model, device)
+        # A fresh copy per probe: every peak counts the parameters alike, the caller's
+        # module stays as it was.
+        module = (
+            copy.deepcopy(model).to(device)
+            if isinstance(model, torch.nn.Module)
+            else build_model(model, device)
+        )
         if options["dtype"] is not None:
             from .specs import parse_dtype
 

@@ -115,7 +115,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         "the first where available)",
     )
     run.add_argument(
-        "--top", type=int, default=5, metavar="N", help="lines in the final summary (default: 5)"
+        "--top", type=_count, default=5, metavar="N", help="lines in the final summary (default: 5)"
     )
     run.add_argument(
         "--activations",
@@ -206,7 +206,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
     )
     compare.add_argument(
         "--top",
-        type=int,
+        type=_count,
         default=20,
         metavar="N",
         help="show the N largest differences (default: 20; 0: all)",
@@ -262,6 +262,17 @@ def _plot(runs: list[Path], output: Path, title: str | None) -> int:
         return _fail(str(exc), 2)
     print(f"wrote {written}")
     return 0
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a count >= 0: {text!r}")
+    return value
 
 
 def _fail(message: str, code: int) -> int:

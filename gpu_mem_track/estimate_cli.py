@@ -109,4 +109,4 @@ def _batch_size(args: argparse.Namespace, factory: Any, inputs: list[Any]) -> in
     sys.stdout.write(
         json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_batch_size(result)
     )
-    return 0
+    return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell

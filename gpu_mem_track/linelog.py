@@ -10,7 +10,7 @@ A run folder ``reports/<run name>/`` holds:
   ``lines.TimelineRow``), streamed while the script runs;
 - ``report.txt``: the text report (``linereport``);
 - ``tracker.log`` and ``tracker.csv``: the stamps of ``MemTracker.track()`` calls in the
-  script and of automatic censuses (``csvlog``'s format).
+  script; ``census.log`` and ``census.csv``: the automatic censuses (``csvlog``'s format).
 
 All sizes are raw bytes; empty cells are unknown values.
 """

@@ -78,8 +78,8 @@ class LineProfiler:
     # -- tracer.LineSink ----------------------------------------------------------------------
 
     def enter(self, code: CodeType) -> None:
-        current, high = self._sample()
-        self._stack.append([code, None, current, high, self._clock()])
+        # No reading: the frame's first line event reads the start of its first line.
+        self._stack.append([code, None, 0, 0, 0.0])
 
     def line(self, code: CodeType, lineno: int) -> None:
         current, high = self._sample()
@@ -88,8 +88,10 @@ class LineProfiler:
         if not stack or stack[-1][0] is not code:  # an event the engine did not send
             stack.append([code, None, current, high, now])
         frame = stack[-1]
-        if frame[1] is not None:
-            self._close(frame, current, high, now)
+        if frame[1] is not None and self._close(frame, current, high, now):
+            # a census ran after the line: start the next one after it, not before
+            current, high = self._sample()
+            now = self._clock()
         frame[1], frame[2], frame[3], frame[4] = lineno, current, high, now
 
     def leave(self, code: CodeType) -> None:
@@ -134,7 +136,8 @@ class LineProfiler:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _close(self, frame: _Frame, current: int, high: int, now: float) -> None:
+    def _close(self, frame: _Frame, current: int, high: int, now: float) -> bool:
+        """Record the end of the frame's running line; True when ``on_increment`` ran."""
         code, lineno, before, high_before = frame[0], frame[1], frame[2], frame[3]
         increment = current - before
         if high > high_before:
@@ -158,6 +161,8 @@ class LineProfiler:
             self._line_row(code, lineno, current, increment, peak, now)
         if self._threshold is not None and increment >= self._threshold and self._on_increment:
             self._on_increment(code, lineno, increment)
+            return True
+        return False
 
     def _line_row(
         self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float

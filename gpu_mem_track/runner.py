@@ -30,7 +30,7 @@ from .lines import RunInfo
 from .outputs import safe_name
 from .profiler import LineProfiler
 from .samplers import CudaSampler, RssSampler
-from .tracer import best_engine
+from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
@@ -81,12 +81,18 @@ def prepare(options: RunOptions) -> PreparedRun:
     """Check the script, ``--include`` and the output folder, and create the run folder.
 
     Raises ``UsageError`` (one line naming the problem) for a missing or unreadable
-    script, an unknown ``--include``, a bad device or an output folder that cannot be
-    written.
+    script, an unknown ``--include``, a bad device, an engine this Python lacks,
+    ``--activations`` without torch, or an output folder that cannot be written.
     """
     script = _readable_script(options.script)
     files, dirs = _resolve_includes(options.include, script)
     device = _resolve_device(options.device)
+    try:
+        engine_class(options.engine)
+    except ValueError as exc:
+        raise UsageError(f"--engine {options.engine}: {exc}") from exc
+    if options.activations and importlib.util.find_spec("torch") is None:
+        raise UsageError("--activations needs torch, which is not installed here")
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(_claim_folder(Path(options.out_dir), name))
     return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
@@ -209,7 +215,11 @@ def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
     active.current = session
     _Forks.watch(engine, session.timeline)
     try:
-        engine.start()
+        try:
+            engine.start()
+        except RuntimeError as exc:  # no free sys.monitoring tool slot: not the script's error
+            print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
+            return 2
         try:
             runpy.run_path(script, run_name="__main__")
         finally:

@@ -93,6 +93,7 @@ class CudaSampler:
         self._reader = reader or reader_for(device)
         self._cuda: Any = None
         self._stats: Any = None
+        self._started = False
 
     def sample(self) -> tuple[int, int]:
         cuda = self._cuda
@@ -104,8 +105,10 @@ class CudaSampler:
             # The nested dict as the allocator returns it: memory_stats() would also
             # flatten and sort its ~200 keys at every line.
             self._stats = getattr(torch._C, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict
-        if not cuda.is_initialized():
-            return 0, 0
+        if not self._started:
+            if not cuda.is_initialized():
+                return 0, 0
+            self._started = True  # CUDA never stops once started: ask once
         stats = self._stats(self._index)
         allocated = stats["allocated_bytes"]["all"]
         self.reserved = stats["reserved_bytes"]["all"]["current"]

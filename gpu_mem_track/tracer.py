@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
-__all__ = ["ENGINES", "LineSink", "MonitoringEngine", "SettraceEngine", "best_engine"]
+__all__ = ["ENGINES", "LineSink", "MonitoringEngine", "SettraceEngine", "best_engine", "engine_class"]
 
 
 class LineSink(Protocol):
@@ -174,7 +174,7 @@ class MonitoringEngine:
 ENGINES = {"monitoring": MonitoringEngine, "settrace": SettraceEngine}
 
 
-def best_engine(sink: LineSink, wants: Wants, choice: str = "auto") -> MonitoringEngine | SettraceEngine:
+def engine_class(choice: str = "auto") -> type[MonitoringEngine] | type[SettraceEngine]:
     """``sys.monitoring`` where the Python has it, else ``sys.settrace``; ``choice``
     (``"auto"``, ``"monitoring"``, ``"settrace"``) forces one. ``ValueError`` if the forced
     engine is not available here."""
@@ -185,4 +185,9 @@ def best_engine(sink: LineSink, wants: Wants, choice: str = "auto") -> Monitorin
     engine = ENGINES[choice]
     if not engine.available():
         raise ValueError(f"sys.monitoring needs Python 3.12+, this is {sys.version.split()[0]}")
-    return engine(sink, wants)
+    return engine
+
+
+def best_engine(sink: LineSink, wants: Wants, choice: str = "auto") -> MonitoringEngine | SettraceEngine:
+    """An engine of ``engine_class(choice)`` driving ``sink`` for the code ``wants`` accepts."""
+    return engine_class(choice)(sink, wants)

@@ -116,7 +116,8 @@ class MemTracker:
         self._cuda_available: bool | None = None
         self._contexts: dict[str, int | None] = {}
         folder = path if path not in (None, "") else out_dir
-        if active.current is not None and folder == "reports":  # inside `gpu_mem_track run`
+        if active.current is not None and folder is not None and Path(folder) == Path("reports"):
+            # inside `gpu_mem_track run`: the default folder means the run's folder
             folder, run_name = active.current.folder, run_name or "tracker"
         self.run_name = run_name or default_run_name(clock())
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None

@@ -96,8 +96,11 @@ def test_finder_usage_mistakes():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_measuring_needs_cuda():
-    with pytest.raises(UsageError, match="measured peaks need a CUDA device"):
-        find_max_batch_size(step=lambda b: None, budget=2**30, device="cuda")
+    with pytest.raises(UsageError, match="measured peaks need a CUDA device, not 'cpu'"):
+        find_max_batch_size(step=lambda b: None, budget=2**30, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="no CUDA device is available here"):
+            find_max_batch_size(step=lambda b: None, budget=2**30, device="cuda")
 
 
 def test_result_round_trips_and_renders():
@@ -134,3 +137,10 @@ def test_cli_batch_size_mistakes_exit_2(capsys):
     if not torch.cuda.is_available():
         assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784"]) == 2
         assert "give a budget" in capsys.readouterr().err
+
+
+def test_cli_batch_size_exits_1_when_no_batch_fits(capsys):
+    from gpu_mem_track.cli import main
+
+    assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "1KiB"]) == 1
+    assert capsys.readouterr().out  # the probes are still reported

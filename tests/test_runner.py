@@ -240,3 +240,19 @@ def test_run_needs_no_torch_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout == "False\n"
     assert read_meta(next(tmp_path.glob("plain-*")) / "meta.json").engine == "sys.monitoring"
+
+
+def test_engine_this_python_lacks_is_exit_2_before_anything_runs(tmp_path):
+    if sys.version_info >= (3, 12):
+        pytest.skip("this Python has sys.monitoring")
+    script = write(tmp_path / "main.py", "open('ran', 'w').close()\n")
+    done = run(tmp_path, "--engine", "monitoring", str(script))
+    assert done.returncode == 2 and "sys.monitoring needs Python 3.12+" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "ran").exists() and not folder(tmp_path).exists()
+
+
+def test_negative_top_is_a_usage_error(tmp_path):
+    script = write(tmp_path / "main.py", "pass\n")
+    done = run(tmp_path, "--top", "-1", str(script))
+    assert done.returncode == 2 and "not a count" in done.stderr

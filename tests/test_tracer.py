@@ -117,13 +117,17 @@ def test_profiler_keeps_one_aggregate_per_line_however_long_the_loop():
 def test_threshold_calls_back_with_the_line_that_grew():
     sampler = FakeSampler()
     grown: list[tuple[str, int, int]] = []
-    profiler = LineProfiler(
-        sampler, None, lambda code, line, inc: grown.append((code.co_name, line, inc)), 64
-    )
+
+    def census(code, line, increment):
+        grown.append((code.co_name, line, increment))
+        sampler.allocate(1000)  # what the census itself costs must not land on the next line
+
+    profiler = LineProfiler(sampler, None, census, 64)
 
     def work():
         sampler.allocate(10)
         sampler.allocate(100)
+        sampler.allocate(1)
 
     engine = SettraceEngine(profiler, lambda code: code is work.__code__)
     engine.start()
@@ -133,3 +137,4 @@ def test_threshold_calls_back_with_the_line_that_grew():
         engine.stop()
     first = work.__code__.co_firstlineno
     assert grown == [("work", first + 2, 100)]
+    assert {r.line: r.increment for r in profiler.records()}[first + 3] == 1
