@@ -24,7 +24,7 @@ from pathlib import Path
 from .errors import UsageError
 from .lines import LineRecord
 from .runs import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
-from .units import format_bytes
+from .units import format_bytes, format_peak
 
 __all__ = ["BY", "CompareRow", "Comparison", "Figures", "compare_files", "compare_runs", "render_comparison"]
 
@@ -319,7 +319,7 @@ def _bytes(figures: Figures | None, field: str) -> str:
 def _peak(figures: Figures | None) -> str:
     if figures is None:
         return "-"
-    return format_bytes(figures.peak) if figures.peak_exact else f">={format_bytes(figures.peak)}"
+    return format_peak(figures.peak, figures.peak_exact)
 
 
 def _signed(value: int | None) -> str:

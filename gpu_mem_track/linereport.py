@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .lines import LineRecord, RunInfo, by_function, hottest
-from .units import format_bytes
+from .units import format_bytes, format_peak
 
 __all__ = ["render_line_report", "render_summary"]
 
@@ -115,11 +115,11 @@ def _peak(info: RunInfo) -> str:
 
 
 def _peak_text(record: LineRecord) -> str:
-    return format_bytes(record.peak) if record.peak_exact else ">=" + format_bytes(record.peak)
+    return format_peak(record.peak, record.peak_exact)
 
 
 def _signed(nbytes: int) -> str:
-    return ("+" if nbytes > 0 else "-" if nbytes < 0 else "") + format_bytes(abs(nbytes))
+    return format_bytes(nbytes, signed=True)
 
 
 def _short(path: str) -> str:

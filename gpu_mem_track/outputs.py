@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
 
-__all__ = ["ReportFiles", "default_run_name", "safe_name"]
+__all__ = ["ReportFiles", "claim_name", "default_run_name", "safe_name"]
 
 
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
@@ -29,6 +30,21 @@ def default_run_name(now: float) -> str:
     """``<script stem>-<YYYYmmdd>-<HHMMSS>`` from ``sys.argv[0]`` and the time ``now``."""
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "python"
     return f"{safe_name(script)}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+
+
+def claim_name(folder: Path, base: str, claim: Callable[[str], bool]) -> str:
+    """Create ``folder`` and return the first of ``base``, ``base-2``, ... that ``claim``
+    takes (it returns False for a name an earlier run used). Raises ``UsageError`` when
+    the folder cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            name = base if n == 1 else f"{base}-{n}"
+            if claim(name):
+                return name
+    except OSError as exc:
+        raise UsageError(f"cannot write reports to {folder}: {exc.strerror or exc}") from exc
+    raise UsageError(f"cannot find a free report name for {base!r} in {folder}")
 
 
 @dataclass(frozen=True)
@@ -51,18 +67,15 @@ class ReportFiles:
         """Create the folder and claim a run name no earlier run in it used
         (``name``, ``name-2``, ...). Raises ``UsageError`` when the folder is unusable."""
         path = Path(folder)
-        base = safe_name(run_name)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            for n in range(1, 10_000):
-                name = base if n == 1 else f"{base}-{n}"
-                files = cls(path, name)
-                if not files.log.exists() and not files.csv.exists():
-                    files.log.touch()
-                    return files
-        except OSError as exc:
-            raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}") from exc
-        raise UsageError(f"cannot find a free report name for {base!r} in {path}")
+
+        def claim(name: str) -> bool:
+            files = cls(path, name)
+            if files.log.exists() or files.csv.exists():
+                return False
+            files.log.touch()
+            return True
+
+        return cls(path, claim_name(path, safe_name(run_name), claim))
 
     def write_text(self, text: str) -> None:
         """Append ``text`` to the log and close it, so nothing waits in a buffer."""

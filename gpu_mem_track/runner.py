@@ -27,7 +27,7 @@ from . import __version__, active
 from .errors import UsageError
 from .linelog import RunFolder, TimelineWriter, write_lines, write_meta
 from .lines import RunInfo
-from .outputs import safe_name
+from .outputs import claim_name, safe_name
 from .profiler import LineProfiler
 from .samplers import CudaSampler, RssSampler
 from .tracer import best_engine, engine_class
@@ -366,21 +366,19 @@ def _driver_gpu_count() -> int:
 
 def _claim_folder(out_dir: Path, name: str) -> Path:
     """Create ``out_dir/name`` (or ``name-2``, ...), a folder no earlier run used."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for n in range(1, 10_000):
-            path = out_dir / (name if n == 1 else f"{name}-{n}")
-            try:
-                path.mkdir()
-            except FileExistsError:
-                continue
-            probe = path / ".write-check"
-            probe.write_text("")
-            probe.unlink()
-            return path
-    except OSError as exc:
-        raise UsageError(f"cannot write reports to {out_dir}: {exc.strerror or exc}") from exc
-    raise UsageError(f"cannot find a free run name for {name!r} in {out_dir}")
+
+    def claim(candidate: str) -> bool:
+        path = out_dir / candidate
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return False
+        check = path / ".write-check"  # a folder we may create but not write into fails here
+        check.write_text("")
+        check.unlink()
+        return True
+
+    return out_dir / claim_name(out_dir, name, claim)
 
 
 def _wants(prepared: PreparedRun) -> Any:

@@ -22,9 +22,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .csvlog import stamps_from_rows
 from .errors import UsageError
 from .linelog import LINE_COLUMNS, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
 from .lines import LineRecord, RunInfo, TimelineRow
+from .records import Stamp
 
 __all__ = ["DEFAULT_POINTS", "LabelPoint", "Run", "Sample", "Source", "detect", "downsample", "load_run"]
 
@@ -298,17 +300,16 @@ def _load_tracker(path: Path, points: int) -> Run:
 
     def samples() -> Iterator[Sample]:
         with path.open(encoding="utf-8", newline="") as handle:
-            for number, row in enumerate(csv.DictReader(handle), start=2):
-                if row["row"] == "change":
-                    continue
-                counted[0] += 1
-                try:
-                    sample, label = _tracker_row(row)
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"line {number}: not a valid report row ({exc})") from exc
-                devices.add(row["device"])
-                labels.append(label)
-                yield sample
+            reader = csv.DictReader(handle)
+            try:
+                for stamp in stamps_from_rows(reader):
+                    counted[0] += 1
+                    sample, label = _tracker_point(stamp)
+                    devices.add(stamp.ledger.device)
+                    labels.append(label)
+                    yield sample
+            except (TypeError, AttributeError, KeyError, ValueError) as exc:
+                raise ValueError(f"line {reader.line_num}: not a valid report row ({exc})") from exc
 
     kept = tuple(downsample(samples(), points))
     device = min(devices) if devices else ""  # one tracker, one device
@@ -317,24 +318,15 @@ def _load_tracker(path: Path, points: int) -> Run:
     return Run(path.stem, path, "tracker", device, source, peak, None, tuple(labels), kept, counted[0])
 
 
-def _tracker_row(row: dict[str, str]) -> tuple[Sample, LabelPoint]:
-    if row["row"] != "totals" or row["device"] is None:
-        raise ValueError(f"row type {row['row']!r} where 'totals' or 'change' belongs")
-    figures = {name: _int(row[name]) for name in ("tensors", "allocated", "reserved", "driver", "rss")}
-    on_cuda = row["device"].startswith("cuda")
-    memory = figures["allocated"] if on_cuda and figures["allocated"] is not None else figures["tensors"]
-    if memory is None:
-        raise ValueError("a totals row without tensors")
-    elapsed = float(row["elapsed"])
-    sample = Sample(
-        elapsed, memory, figures["allocated"], figures["reserved"], figures["driver"], figures["rss"]
-    )
-    label = LabelPoint(row["label"], elapsed, memory, row["file"], row["function"], _int(row["line"]))
+def _tracker_point(stamp: Stamp) -> tuple[Sample, LabelPoint]:
+    """A tracker stamp as a timeline sample and a label: allocated bytes on CUDA, else the
+    tensor total."""
+    ledger = stamp.ledger
+    on_cuda = ledger.device.startswith("cuda")
+    memory = ledger.allocated if on_cuda and ledger.allocated is not None else ledger.tensors
+    sample = Sample(stamp.elapsed, memory, ledger.allocated, ledger.reserved, ledger.driver, ledger.rss)
+    label = LabelPoint(stamp.label, stamp.elapsed, memory, stamp.file, stamp.function, stamp.line)
     return sample, label
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text not in (None, "") else None
 
 
 def _highest(values: list[int | None]) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CUDA_BLOCK", "cuda_block_bytes", "format_bytes", "parse_bytes"]
+__all__ = ["CUDA_BLOCK", "cuda_block_bytes", "format_bytes", "format_peak", "parse_bytes"]
 
 #: The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK = 512
@@ -60,6 +60,12 @@ def format_bytes(nbytes: int | None, signed: bool = False) -> str:
                 continue
             return f"{sign}{text} {unit}"
     raise AssertionError("unreachable")
+
+
+def format_peak(nbytes: int, exact: bool) -> str:
+    """A peak as ``format_bytes`` prints it, prefixed ``>=`` when it is only a lower bound
+    (see ``lines.LineRecord.peak_exact``)."""
+    return format_bytes(nbytes) if exact else ">=" + format_bytes(nbytes)
 
 
 def parse_bytes(text: str) -> int:

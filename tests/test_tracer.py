@@ -17,6 +17,16 @@ from gpu_mem_track.tracer import MonitoringEngine, SettraceEngine, best_engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_traced(profiler: LineProfiler, func) -> None:
+    """Call ``func()`` with the settrace engine tracing its lines only."""
+    engine = SettraceEngine(profiler, lambda code: code is func.__code__)
+    engine.start()
+    try:
+        func()
+    finally:
+        engine.stop()
+
+
 def by_line(records: list[dict]) -> dict[tuple[str, int], dict]:
     return {(r["function"], r["line"]): r for r in records if "line" in r}
 
@@ -101,12 +111,7 @@ def test_profiler_keeps_one_aggregate_per_line_however_long_the_loop():
             sampler.free(1)
 
     first = loop.__code__.co_firstlineno
-    engine = SettraceEngine(profiler, lambda code: code is loop.__code__)
-    engine.start()
-    try:
-        loop()
-    finally:
-        engine.stop()
+    run_traced(profiler, loop)
     profiler.finish()
     assert len(profiler._stats) == 3  # the for line and the two body lines
     assert len(timeline.rows) == 3 * 5000 + 1  # each execution streamed, none kept
@@ -129,12 +134,7 @@ def test_threshold_calls_back_with_the_line_that_grew():
         sampler.allocate(100)
         sampler.allocate(1)
 
-    engine = SettraceEngine(profiler, lambda code: code is work.__code__)
-    engine.start()
-    try:
-        work()
-    finally:
-        engine.stop()
+    run_traced(profiler, work)
     first = work.__code__.co_firstlineno
     assert grown == [("work", first + 2, 100)]
     assert {r.line: r.increment for r in profiler.records()}[first + 3] == 1
