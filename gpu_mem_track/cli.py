@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--totals-only", action="store_true", help="leave out the changed tensor groups")
     _add_compare(commands)
     _add_plot(commands)
-    from .estimate_cli import add_commands as add_estimate_commands
+    from .estimator.cli import add_commands as add_estimate_commands
 
     add_estimate_commands(commands)
     return parser
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plot":
             return _plot(args.runs, args.output, args.title)
         if args.command in ("estimate", "batch-size"):
-            from .estimate_cli import run_command
+            from .estimator.cli import run_command
 
             return run_command(args, _fail)
         return _show(args.report, not args.totals_only)
@@ -127,7 +127,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from .errors import UsageError
-    from .runner import RunOptions, execute, prepare
+    from .runner.run import RunOptions, execute, prepare
     from .units import parse_bytes
 
     try:
@@ -153,8 +153,8 @@ def _run(args: argparse.Namespace) -> int:
 def _probe(device: str, as_json: bool) -> int:
     import torch
 
-    from .probe import ProbeError, run_probe
-    from .render import render_probe
+    from .tracker.probe import ProbeError, run_probe
+    from .tracker.render import render_probe
 
     try:
         parsed = torch.device(device)
@@ -171,8 +171,8 @@ def _probe(device: str, as_json: bool) -> int:
 
 
 def _show(report: Path, detail: bool) -> int:
-    from .csvlog import read_stamps
-    from .render import render_stamps
+    from .tracker.csvlog import read_stamps
+    from .tracker.render import render_stamps
 
     try:
         stamps = read_stamps(report)
@@ -239,7 +239,7 @@ def _add_plot(commands: argparse._SubParsersAction) -> None:
 
 
 def _compare(a: Path, b: Path, by: str | None, top: int) -> int:
-    from .compare import compare_files, render_comparison
+    from .runs.compare import compare_files, render_comparison
     from .errors import UsageError
 
     try:
@@ -252,7 +252,7 @@ def _compare(a: Path, b: Path, by: str | None, top: int) -> int:
 
 def _plot(runs: list[Path], output: Path, title: str | None) -> int:
     from .errors import UsageError
-    from .plot import PlotUnavailable, plot_files
+    from .runs.plot import PlotUnavailable, plot_files
 
     try:
         written = plot_files(runs, output, title)

@@ -1,6 +1,6 @@
 """How much of a forward pass's memory gc cannot see, and how much the recorder attributes.
 
-For each workload (VGG-19 from ``gpu_mem_track.models``, one ``nn.TransformerEncoderLayer``),
+For each workload (VGG-19 from ``gpu_mem_track.examples.models``, one ``nn.TransformerEncoderLayer``),
 on the CPU, in training mode, after one warm-up step:
 
 1. a forward pass (and loss) without the saved-tensor recorder, then one with it;
@@ -34,9 +34,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_mem_track.census import full_scan, take_census  # noqa: E402
-from gpu_mem_track.models import vgg19  # noqa: E402
-from gpu_mem_track.saved import SavedTensorRecorder  # noqa: E402
+from gpu_mem_track.tracker.census import full_scan, take_census  # noqa: E402
+from gpu_mem_track.examples.models import vgg19  # noqa: E402
+from gpu_mem_track.tracker.saved import SavedTensorRecorder  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from gpu_mem_track import MemTracker
-from gpu_mem_track.models import load_vgg19
+from gpu_mem_track.examples.models import load_vgg19
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -51,7 +51,7 @@ def no_hooks_left_behind():
 @pytest.fixture
 def probe_result():
     """A probe result whose CUDA context costs 500 MiB (502 MiB driver, 2 MiB reserved)."""
-    from gpu_mem_track.records import ProbeResult, ProbeStage
+    from gpu_mem_track.tracker.records import ProbeResult, ProbeStage
 
     mib = 2**20
     stages = (ProbeStage("before CUDA", 0, 0), ProbeStage("CUDA context", 502 * mib, 2 * mib))

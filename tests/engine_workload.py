@@ -83,9 +83,9 @@ class ListTimeline:
 
 
 def profile_workload(engine: str) -> list[dict]:
-    from gpu_mem_track.profiler import LineProfiler
-    from gpu_mem_track.samplers import FakeSampler
-    from gpu_mem_track.tracer import best_engine
+    from gpu_mem_track.runner.profiler import LineProfiler
+    from gpu_mem_track.runner.samplers import FakeSampler
+    from gpu_mem_track.runner.tracer import best_engine
 
     sampler = FakeSampler()
     timeline = ListTimeline()

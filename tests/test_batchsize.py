@@ -13,8 +13,8 @@ from torch import nn
 
 from gpu_mem_track import estimate, find_max_batch_size, search_batch_size
 from gpu_mem_track.errors import UsageError
-from gpu_mem_track.estimate_records import BatchProbe, BatchSizeResult
-from gpu_mem_track.estimate_render import render_batch_size
+from gpu_mem_track.estimator.records import BatchProbe, BatchSizeResult
+from gpu_mem_track.estimator.render import render_batch_size
 
 
 class Counting:

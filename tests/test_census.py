@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from gpu_mem_track import census as census_module
-from gpu_mem_track.census import LiveTensorFinder, full_scan, take_census
-from gpu_mem_track.naming import frame_roots
+from gpu_mem_track.tracker import census as census_module
+from gpu_mem_track.tracker.census import LiveTensorFinder, full_scan, take_census
+from gpu_mem_track.tracker.naming import frame_roots
 
 MIB4 = 4 * 2**20
 

@@ -72,7 +72,7 @@ def test_every_command_has_help(command):
 
 
 def test_vgg19_has_torchvisions_parameter_count():
-    from gpu_mem_track.models import vgg19
+    from gpu_mem_track.examples.models import vgg19
 
     with torch.device("meta"):
         model = vgg19()

@@ -33,7 +33,7 @@ def test_a_one_element_tensor_holds_a_512_byte_block(tmp_path):
 
 @pytest.mark.cuda
 def test_vgg19_on_cuda_census_matches_the_allocator_byte_for_byte(tmp_path):
-    from gpu_mem_track.models import vgg19
+    from gpu_mem_track.examples.models import vgg19
 
     t = tracker(tmp_path, probe=False)
     torch.empty(1, device="cuda:0")  # start CUDA so the baseline is read
@@ -72,7 +72,7 @@ def test_ledger_parts_sum_to_the_driver_figure(tmp_path):
 @pytest.mark.cuda
 def test_probe_measures_the_context_on_this_gpu():
     pytest.importorskip("pynvml")
-    from gpu_mem_track.probe import run_probe
+    from gpu_mem_track.tracker.probe import run_probe
 
     result = run_probe("cuda:0")
     assert [s.name for s in result.stages][0] == "before CUDA"

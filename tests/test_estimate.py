@@ -14,9 +14,9 @@ from torch import nn
 
 from gpu_mem_track import estimate
 from gpu_mem_track.errors import UsageError
-from gpu_mem_track.estimate_records import Breakdown, Estimate, LayerEstimate, PhasePeak
-from gpu_mem_track.estimate_render import render_estimate
-from gpu_mem_track.estimator import trace_cpu_step
+from gpu_mem_track.estimator.records import Breakdown, Estimate, LayerEstimate, PhasePeak
+from gpu_mem_track.estimator.render import render_estimate
+from gpu_mem_track.estimator.simulate import trace_cpu_step
 
 
 def linear():

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from gpu_mem_track import estimate, examples, find_max_batch_size
-from gpu_mem_track.specs import InputSpec
-from gpu_mem_track.step import build_model, make_inputs, make_optimizer, run_steps
+from gpu_mem_track.estimator.specs import InputSpec
+from gpu_mem_track.estimator.step import build_model, make_inputs, make_optimizer, run_steps
 
 CASES = [
     ("convnet", (32, 3, 32, 32)),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from runfiles import MIB, runner_folder, tracker_csv
 
-from gpu_mem_track.runs import LabelPoint, Sample, downsample, load_run
+from gpu_mem_track.runs.load import LabelPoint, Sample, downsample, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +67,7 @@ def test_downsample_leaves_short_series_alone():
 
 
 def test_figure_holds_curves_peak_and_deduplicated_labels(tmp_path):
-    from gpu_mem_track.plot import timeline_figure
+    from gpu_mem_track.runs.plot import timeline_figure
 
     fp32 = load_run(runner_folder(tmp_path, "fp32", timeline=training(scale=2.0)))
     amp = load_run(runner_folder(tmp_path, "amp", timeline=training()))  # same labels at the same times
@@ -94,7 +94,7 @@ def stamps(*labels: str) -> list[LabelPoint]:
 
 
 def test_pick_labels_prefers_first_occurrences_then_fills_with_repeats():
-    from gpu_mem_track.plot import pick_labels
+    from gpu_mem_track.runs.plot import pick_labels
 
     assert [p.elapsed for p in pick_labels(stamps("a", "", "b", "a", "c"))] == [0.0, 2.0, 3.0, 4.0]
     loop = pick_labels(stamps("model", *["step"] * 100), limit=5)
@@ -175,7 +175,7 @@ def test_plotting_leaves_pyplot_and_torch_unimported(tmp_path):
     tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, MIB)])
     code = (
         "import sys\n"
-        "from gpu_mem_track.plot import plot_files\n"
+        "from gpu_mem_track.runs.plot import plot_files\n"
         "plot_files(sys.argv[1:], 'out.png')\n"
         "print(sorted(m for m in ('matplotlib.pyplot', 'torch') if m in sys.modules))"
     )

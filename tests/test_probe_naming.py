@@ -8,8 +8,8 @@ import weakref
 import pytest
 from torch import nn
 
-from gpu_mem_track import probe
-from gpu_mem_track.naming import Registry
+from gpu_mem_track.tracker import probe
+from gpu_mem_track.tracker.naming import Registry
 from gpu_mem_track.outputs import safe_name
 
 MiB = 2**20

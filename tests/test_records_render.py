@@ -7,9 +7,16 @@ import csv
 import pandas as pd
 import pytest
 
-from gpu_mem_track.csvlog import CATEGORY_COLUMNS, COLUMNS, append_stamp, read_frame, read_stamps, stamp_rows
-from gpu_mem_track.probe import STAGES, ProbeResult, ProbeStage, run_stages
-from gpu_mem_track.records import (
+from gpu_mem_track.tracker.csvlog import (
+    CATEGORY_COLUMNS,
+    COLUMNS,
+    append_stamp,
+    read_frame,
+    read_stamps,
+    stamp_rows,
+)
+from gpu_mem_track.tracker.probe import STAGES, ProbeResult, ProbeStage, run_stages
+from gpu_mem_track.tracker.records import (
     Categories,
     Census,
     GroupChange,
@@ -19,7 +26,7 @@ from gpu_mem_track.records import (
     TensorGroup,
     diff_census,
 )
-from gpu_mem_track.render import render_probe, render_stamp
+from gpu_mem_track.tracker.render import render_probe, render_stamp
 
 MiB = 2**20
 

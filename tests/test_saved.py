@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_mem_track import MemTracker, read_stamps
-from gpu_mem_track.census import full_scan, take_census
-from gpu_mem_track.readers import FakeReader
-from gpu_mem_track.saved import SavedTensorRecorder
+from gpu_mem_track.tracker.census import full_scan, take_census
+from gpu_mem_track.tracker.readers import FakeReader
+from gpu_mem_track.tracker.saved import SavedTensorRecorder
 
 MiB = 2**20
 SOURCE = Path(__file__).read_text().splitlines()

@@ -10,9 +10,9 @@ from pathlib import Path
 import engine_workload
 import pytest
 
-from gpu_mem_track.profiler import LineProfiler
-from gpu_mem_track.samplers import FakeSampler
-from gpu_mem_track.tracer import MonitoringEngine, SettraceEngine, best_engine
+from gpu_mem_track.runner.profiler import LineProfiler
+from gpu_mem_track.runner.samplers import FakeSampler
+from gpu_mem_track.runner.tracer import MonitoringEngine, SettraceEngine, best_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 

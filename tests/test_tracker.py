@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gpu_mem_track import MemTracker, UsageError, read_stamps
-from gpu_mem_track.readers import AllocatorReading, DriverReading, FakeReader
+from gpu_mem_track.tracker.readers import AllocatorReading, DriverReading, FakeReader
 from gpu_mem_track.units import format_bytes
 
 MiB = 2**20
@@ -204,7 +204,7 @@ def test_ledger_reconciles_injected_cuda_figures(quiet_tracker, probe_result):
 
 
 def test_probe_failure_is_reported_once_and_tracking_goes_on(quiet_tracker):
-    from gpu_mem_track.probe import ProbeError
+    from gpu_mem_track.tracker.probe import ProbeError
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""The probe's child process: ``python -m gpu_mem_track.probe_child cuda:N [GPU-UUID]``.
+"""The probe's child process: ``python -m gpu_mem_track.tracker.probe_child cuda:N [GPU-UUID]``.
 
 Prints one JSON line (a ``ProbeResult``) on success; on failure prints one line on
 stderr and exits 2. NVML is read before torch starts CUDA, so the first stage is the

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .errors import UsageError
-from .estimate_records import OPTIMIZERS
+from ..errors import UsageError
+from .records import OPTIMIZERS
 
 __all__ = ["add_commands", "run_command"]
 
@@ -88,8 +88,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _estimate(args: argparse.Namespace, factory: Any, inputs: list[Any]) -> int:
-    from .estimate_render import render_estimate
-    from .estimator import estimate
+    from .render import render_estimate
+    from .simulate import estimate
 
     result = estimate(factory, inputs, **_options(args))
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_estimate(result))
@@ -98,8 +98,8 @@ def _estimate(args: argparse.Namespace, factory: Any, inputs: list[Any]) -> int:
 
 def _batch_size(args: argparse.Namespace, factory: Any, inputs: list[Any]) -> int:
     from .batchsize import find_max_batch_size
-    from .estimate_render import render_batch_size
-    from .units import parse_bytes
+    from .render import render_batch_size
+    from ..units import parse_bytes
 
     try:
         budget = parse_bytes(args.budget) if args.budget is not None else None

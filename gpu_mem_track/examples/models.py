@@ -79,4 +79,4 @@ def load_vgg19() -> tuple[nn.Module, str]:
 
         return torchvision_vgg19(), "torchvision.models.vgg19"
     except Exception:  # torchvision missing, or built for another torch
-        return vgg19(), "gpu_mem_track.models.vgg19 (torchvision not importable)"
+        return vgg19(), "gpu_mem_track.examples.models.vgg19 (torchvision not importable)"

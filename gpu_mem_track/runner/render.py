@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .lines import LineRecord, RunInfo, by_function, hottest
-from .units import format_bytes, format_peak
+from .records import LineRecord, RunInfo, by_function, hottest
+from ..units import format_bytes, format_peak
 
 __all__ = ["render_line_report", "render_summary"]
 
@@ -84,7 +84,7 @@ def _function_table(file: str, function: str, lines: Sequence[LineRecord]) -> st
 
 
 def _censuses(stamps: Sequence[Any]) -> str:
-    from .render import render_stamp
+    from ..tracker.render import render_stamp
 
     out = ["Automatic censuses (changes since the previous one)", "=" * 51]
     out.extend(render_stamp(stamp).rstrip("\n") for stamp in stamps)

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .outputs import safe_name
+from ..outputs import safe_name
 from .readers import nvml_uuid
 from .records import STAGES, ProbeResult, ProbeStage
 
@@ -61,7 +61,7 @@ def run_probe(device: str = "cuda:0", uuid: str | None = None, timeout: float = 
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "gpu_mem_track.probe_child", device]
+    command = [sys.executable, "-m", "gpu_mem_track.tracker.probe_child", device]
     if uuid:
         env["CUDA_VISIBLE_DEVICES"] = nvml_uuid(uuid)
         command[-1:] = ["cuda:0", nvml_uuid(uuid)]  # the only GPU the child sees

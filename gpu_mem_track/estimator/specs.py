@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 __all__ = ["DTYPES", "InputSpec", "load_factory", "parse_dtype", "parse_input"]
 

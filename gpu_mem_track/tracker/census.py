@@ -31,7 +31,7 @@ import torch
 
 from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
-from .units import cuda_block_bytes
+from ..units import cuda_block_bytes
 
 if TYPE_CHECKING:
     from .saved import SavedTensorRecorder

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from .estimate_records import BatchSizeResult, Estimate
-from .units import format_bytes
+from .records import BatchSizeResult, Estimate
+from ..units import format_bytes
 
 __all__ = ["render_batch_size", "render_estimate"]
 

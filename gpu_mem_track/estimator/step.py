@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .errors import UsageError
-from .estimate_records import OPTIMIZERS
+from ..errors import UsageError
+from .records import OPTIMIZERS
 from .specs import InputSpec, dtype_name
 
 __all__ = [

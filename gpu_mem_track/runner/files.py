@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .lines import LineRecord, RunInfo, TimelineRow
+from .records import LineRecord, RunInfo, TimelineRow
 
 __all__ = [
     "LINE_COLUMNS",

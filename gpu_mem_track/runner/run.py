@@ -23,11 +23,12 @@ from pathlib import Path
 from types import CodeType, TracebackType
 from typing import Any, TextIO
 
-from . import __version__, active
-from .errors import UsageError
-from .linelog import RunFolder, TimelineWriter, write_lines, write_meta
-from .lines import RunInfo
-from .outputs import claim_name, safe_name
+from .. import __version__
+from . import active
+from ..errors import UsageError
+from .files import RunFolder, TimelineWriter, write_lines, write_meta
+from .records import RunInfo
+from ..outputs import claim_name, safe_name
 from .profiler import LineProfiler
 from .samplers import CudaSampler, RssSampler
 from .tracer import best_engine, engine_class
@@ -106,7 +107,7 @@ def run(options: RunOptions, stream: TextIO | None = None) -> int:
 def execute(prepared: PreparedRun, stream: TextIO | None = None) -> int:
     """Run the prepared script under the line tracer; write the reports; return its exit code
     (0, the ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C)."""
-    from .linereport import render_line_report, render_summary
+    from .render import render_line_report, render_summary
 
     options, folder = prepared.options, prepared.folder
     sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
@@ -165,7 +166,7 @@ class _Session:
 
     def census(self, code: CodeType, lineno: int, increment: int) -> None:
         """Census after a line whose execution grew memory by ``increment`` bytes."""
-        from .units import format_bytes
+        from ..units import format_bytes
 
         key = (code, lineno)
         done = self._per_line.get(key, 0)
@@ -186,7 +187,7 @@ class _Session:
     def census_tracker(self, activations: bool = False) -> Any:
         """The runner's own tracker (``census.log``/``.csv``), made on first use."""
         if self._tracker is None:
-            from .tracker import MemTracker
+            from ..tracker.memtracker import MemTracker
 
             self._tracker = MemTracker(
                 device=self.prepared.device,

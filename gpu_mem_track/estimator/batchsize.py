@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from .errors import UsageError
-from .estimate_records import BatchProbe, BatchSizeResult
-from .estimator import ModelLike, estimate
+from ..errors import UsageError
+from .records import BatchProbe, BatchSizeResult
+from .simulate import ModelLike, estimate
 from .specs import InputSpec
 from .step import as_specs, build_model, make_inputs, make_optimizer, run_steps
 
@@ -191,7 +191,7 @@ def find_max_batch_size(
 ) -> BatchSizeResult:
     """The largest batch of ``model`` on ``inputs`` whose step fits ``budget`` bytes.
 
-    ``inputs`` are shapes (or :class:`~gpu_mem_track.specs.InputSpec`) whose first size
+    ``inputs`` are shapes (or :class:`~gpu_mem_track.estimator.specs.InputSpec`) whose first size
     is the batch; it is replaced by each batch tried. Peaks come from :func:`estimate`
     (``device`` sets the target's rounding) unless ``measure``, which runs real steps on
     the CUDA ``device`` and reads ``max_memory_allocated`` above the memory allocated

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
-from .linelog import TimelineWriter, csv_line
-from .lines import LineRecord
+from .files import TimelineWriter, csv_line
+from .records import LineRecord
 from .samplers import Sampler
 
 __all__ = ["LineProfiler"]

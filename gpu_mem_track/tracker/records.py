@@ -200,7 +200,7 @@ class Ledger:
       nvidia-smi shows); ``driver_source`` says how it was read: ``"nvml process"``
       or ``"nvml device-wide"`` (the whole GPU, when this process is not visible, as
       in some containers).
-    - ``context``: CUDA context cost measured by the probe (``gpu_mem_track.probe``).
+    - ``context``: CUDA context cost measured by the probe (``gpu_mem_track.tracker.probe``).
     - ``rss``: resident set size of this process (host memory; shown on CPU runs).
     - ``categories``: ``tensors`` split by category (``Categories``); None when not
       recorded (reports written before categories existed).

@@ -86,7 +86,7 @@ class CudaSampler:
     reserved: int | None = 0
 
     def __init__(self, device: str, reader: Any = None) -> None:
-        from .readers import reader_for
+        from ..tracker.readers import reader_for
 
         self._device = device
         self._index = int(device.partition(":")[2] or 0)

@@ -2,7 +2,7 @@
 
 The model is built on PyTorch's ``meta`` device, where tensors have shapes, dtypes and
 storage sizes but no data, so nothing real is allocated. A dispatch mode
-(:class:`~gpu_mem_track.lifetimes.Lifetimes`) follows every storage from birth to death
+(:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) follows every storage from birth to death
 through two identical steps; the second is measured. For a CUDA target each storage
 counts as the caching allocator's 512 B-rounded block, which is what
 ``torch.cuda.memory_allocated`` and ``max_memory_allocated`` count; the allocator's
@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .amp_sim import SimulatedAutocast
-from .errors import UsageError
-from .estimate_records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
+from .amp import SimulatedAutocast
+from ..errors import UsageError
+from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
 from .lifetimes import Lifetimes
 from .specs import dtype_name, parse_dtype
 from .step import (
@@ -38,7 +38,7 @@ from .step import (
     make_optimizer,
     run_steps,
 )
-from .units import cuda_block_bytes
+from ..units import cuda_block_bytes
 
 __all__ = ["estimate", "trace_cpu_step"]
 
@@ -61,16 +61,16 @@ def estimate(
     ``model`` is an ``nn.Module`` (its parameters are copied as meta tensors; the module
     is not changed) or a factory returning one (called with ``meta`` as the default
     device, so even a huge model costs nothing). ``inputs`` is a tensor, a shape
-    (``(64, 3, 32, 32)``), an :class:`~gpu_mem_track.specs.InputSpec`, or a sequence of
+    (``(64, 3, 32, 32)``), an :class:`~gpu_mem_track.estimator.specs.InputSpec`, or a sequence of
     those, passed positionally. ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd"``
     (momentum 0.9), ``"none"``, or a callable ``params -> Optimizer``. ``dtype`` casts
     the model's floating parameters, buffers and inputs (``"bf16"``, ``"fp16"``, ...).
     ``amp`` (``True`` for float16, or a dtype) simulates CUDA autocast around forward and
-    loss (see :mod:`~gpu_mem_track.amp_sim` for what is modelled). ``training=False``
+    loss (see :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False``
     runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
     target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
     host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the sum of the
-    outputs. Returns the :class:`~gpu_mem_track.estimate_records.Estimate`.
+    outputs. Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
     return _trace(model, inputs, optimizer, dtype, amp, training, _target(device), loss_fn, sim="meta")
 

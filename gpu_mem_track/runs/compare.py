@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
-from .lines import LineRecord
-from .runs import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
-from .units import format_bytes, format_peak
+from ..errors import UsageError
+from ..runner.records import LineRecord
+from .load import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
+from ..units import format_bytes, format_peak
 
 __all__ = ["BY", "CompareRow", "Comparison", "Figures", "compare_files", "compare_runs", "render_comparison"]
 
