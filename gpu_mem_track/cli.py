@@ -239,8 +239,8 @@ def _add_plot(commands: argparse._SubParsersAction) -> None:
 
 
 def _compare(a: Path, b: Path, by: str | None, top: int) -> int:
-    from .runs.compare import compare_files, render_comparison
     from .errors import UsageError
+    from .runs.compare import compare_files, render_comparison
 
     try:
         comparison = compare_files(a, b, by)

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpu_mem_track.tracker.census import LiveTensorFinder, full_scan, take_census
 from gpu_mem_track import MemTracker
+from gpu_mem_track.tracker.census import LiveTensorFinder, full_scan, take_census
 
 TARGET_RATIO = 1.5
 TARGET_MIN_SIZE = 1_000_000

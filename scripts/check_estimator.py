@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_mem_track import estimate, examples  # noqa: E402
-from gpu_mem_track.tracker.census import take_census  # noqa: E402
 from gpu_mem_track.estimator.simulate import trace_cpu_step  # noqa: E402
+from gpu_mem_track.tracker.census import take_census  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 CASES = {

@@ -34,8 +34,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_mem_track.tracker.census import full_scan, take_census  # noqa: E402
 from gpu_mem_track.examples.models import vgg19  # noqa: E402
+from gpu_mem_track.tracker.census import full_scan, take_census  # noqa: E402
 from gpu_mem_track.tracker.saved import SavedTensorRecorder  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 

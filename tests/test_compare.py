@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from runfiles import MIB, line, runner_folder, tracker_csv
 
-from gpu_mem_track.runs.compare import compare_files, compare_runs, render_comparison
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.runs.compare import compare_files, compare_runs, render_comparison
 from gpu_mem_track.runs.load import detect, load_run
 
 ROOT = Path(__file__).resolve().parents[1]

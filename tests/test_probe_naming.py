@@ -8,9 +8,9 @@ import weakref
 import pytest
 from torch import nn
 
+from gpu_mem_track.outputs import safe_name
 from gpu_mem_track.tracker import probe
 from gpu_mem_track.tracker.naming import Registry
-from gpu_mem_track.outputs import safe_name
 
 MiB = 2**20
 

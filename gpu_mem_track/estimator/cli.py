@@ -97,9 +97,9 @@ def _estimate(args: argparse.Namespace, factory: Any, inputs: list[Any]) -> int:
 
 
 def _batch_size(args: argparse.Namespace, factory: Any, inputs: list[Any]) -> int:
+    from ..units import parse_bytes
     from .batchsize import find_max_batch_size
     from .render import render_batch_size
-    from ..units import parse_bytes
 
     try:
         budget = parse_bytes(args.budget) if args.budget is not None else None

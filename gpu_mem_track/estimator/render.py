@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from .records import BatchSizeResult, Estimate
 from ..units import format_bytes
+from .records import BatchSizeResult, Estimate
 
 __all__ = ["render_batch_size", "render_estimate"]
 

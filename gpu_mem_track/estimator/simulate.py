@@ -22,10 +22,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .amp import SimulatedAutocast
 from ..errors import UsageError
-from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
+from ..units import cuda_block_bytes
+from .amp import SimulatedAutocast
 from .lifetimes import Lifetimes
+from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
 from .specs import dtype_name, parse_dtype
 from .step import (
     InputsLike,
@@ -38,7 +39,6 @@ from .step import (
     make_optimizer,
     run_steps,
 )
-from ..units import cuda_block_bytes
 
 __all__ = ["estimate", "trace_cpu_step"]
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .records import LineRecord, RunInfo, by_function, hottest
 from ..units import format_bytes, format_peak
+from .records import LineRecord, RunInfo, by_function, hottest
 
 __all__ = ["render_line_report", "render_summary"]
 

@@ -24,12 +24,12 @@ from types import CodeType, TracebackType
 from typing import Any, TextIO
 
 from .. import __version__
-from . import active
 from ..errors import UsageError
-from .files import RunFolder, TimelineWriter, write_lines, write_meta
-from .records import RunInfo
 from ..outputs import claim_name, safe_name
+from . import active
+from .files import RunFolder, TimelineWriter, write_lines, write_meta
 from .profiler import LineProfiler
+from .records import RunInfo
 from .samplers import CudaSampler, RssSampler
 from .tracer import best_engine, engine_class
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..runner.records import LineRecord
-from .load import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
 from ..units import format_bytes, format_peak
+from .load import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
 
 __all__ = ["BY", "CompareRow", "Comparison", "Figures", "compare_files", "compare_runs", "render_comparison"]
 

@@ -22,10 +22,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..tracker.csvlog import stamps_from_rows
 from ..errors import UsageError
 from ..runner.files import LINE_COLUMNS, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
 from ..runner.records import LineRecord, RunInfo, TimelineRow
+from ..tracker.csvlog import stamps_from_rows
 from ..tracker.records import Stamp
 
 __all__ = ["DEFAULT_POINTS", "LabelPoint", "Run", "Sample", "Source", "detect", "downsample", "load_run"]

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, load_run
 from ..units import format_bytes
+from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, load_run
 
 __all__ = ["MAX_LABELS", "PlotUnavailable", "pick_labels", "plot_files", "timeline_figure", "write_plot"]
 

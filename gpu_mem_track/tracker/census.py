@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..units import cuda_block_bytes
 from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
-from ..units import cuda_block_bytes
 
 if TYPE_CHECKING:
     from .saved import SavedTensorRecorder

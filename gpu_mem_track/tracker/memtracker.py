@@ -23,12 +23,12 @@ from typing import Any, TextIO, TypeVar
 import torch
 
 from .. import __version__
+from ..errors import UsageError
+from ..outputs import ReportFiles, default_run_name
 from ..runner import active
 from .census import LiveTensorFinder, TensorSource, full_scan, take_census
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
-from ..errors import UsageError
 from .naming import Registry, frame_roots
-from ..outputs import ReportFiles, default_run_name
 from .probe import ProbeError, ProbeResult, cached_probe
 from .readers import MemoryReader, reader_for
 from .records import Census, Ledger, Stamp, diff_census

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from .records import CATEGORY_LABELS, Census, GroupChange, Ledger, ProbeResult, Skipped, Stamp
 from ..units import format_bytes
+from .records import CATEGORY_LABELS, Census, GroupChange, Ledger, ProbeResult, Skipped, Stamp
 
 __all__ = ["MAX_NAMES", "render_census", "render_header", "render_probe", "render_stamp", "render_stamps"]
 
