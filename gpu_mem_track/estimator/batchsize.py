@@ -16,13 +16,15 @@ from typing import Any
 
 import torch
 
+from ..devices import Device
 from ..errors import UsageError
+from .options import StepOptions
 from .records import BatchProbe, BatchSizeResult
-from .simulate import ModelLike, estimate
+from .simulate import ModelLike, estimate_step
 from .specs import InputSpec
 from .step import as_specs, build_model, make_inputs, make_optimizer, run_steps
 
-__all__ = ["find_max_batch_size", "search_batch_size"]
+__all__ = ["PeakMeter", "find_max_batch_size", "search_batch_size"]
 
 PeakFunction = Callable[[int], "int | None"]
 
@@ -98,12 +100,23 @@ def _line_near(
     probes: list[BatchProbe], low: BatchProbe, fallback: tuple[float, float]
 ) -> tuple[float, float]:
     """``(intercept, slope)`` of the line through ``low`` and its nearest other probe."""
+    slope = _secant(probes, low)
+    if slope is None:
+        return fallback
+    return low.peak - slope * low.batch, slope
+
+
+def _secant(probes: list[BatchProbe], low: BatchProbe) -> float | None:
+    """Bytes per sample between ``low`` and the nearest other probe that ran (None: none ran)."""
     others = [p for p in probes if p.peak is not None and p.batch != low.batch]
     if not others:
-        return fallback
-    near = min(others, key=lambda p: abs(p.batch - low.batch))
-    slope = (near.peak - low.peak) / (near.batch - low.batch)
-    return low.peak - slope * low.batch, slope
+        return None
+    return _slope(low, min(others, key=lambda p: abs(p.batch - low.batch)))
+
+
+def _slope(a: BatchProbe, b: BatchProbe) -> float:
+    """Bytes per sample on the line through two probes that ran."""
+    return (b.peak - a.peak) / (b.batch - a.batch)
 
 
 def _bracket(probes: list[BatchProbe], budget: int) -> tuple[BatchProbe | None, BatchProbe | None]:
@@ -118,14 +131,9 @@ def _bracket(probes: list[BatchProbe], budget: int) -> tuple[BatchProbe | None, 
 
 
 def _local_slope(probes: list[BatchProbe], low: BatchProbe, slope: float) -> float:
-    """Bytes per sample between ``low`` and the nearest other probe that ran (else ``slope``)."""
-    others = [p for p in probes if p.peak is not None and p.batch != low.batch]
-    if others:
-        near = min(others, key=lambda p: abs(p.batch - low.batch))
-        local = (near.peak - low.peak) / (near.batch - low.batch)
-        if local > 0:
-            return local
-    return slope
+    """The secant at ``low`` (see ``_secant``) when it rises, else the fitted ``slope``."""
+    local = _secant(probes, low)
+    return local if local is not None and local > 0 else slope
 
 
 def _same_side_run(probes: list[BatchProbe], budget: int) -> int:
@@ -169,9 +177,14 @@ def _next_batch(
         return low.batch + max(1, (high.batch - low.batch) // 4)
     if high.peak <= low.peak:
         return (low.batch + high.batch) // 2
-    local = (high.peak - low.peak) / (high.batch - low.batch)  # the secant across the bracket
+    local = _slope(low, high)  # the secant across the bracket
     guess = low.batch + int((budget - low.peak) // local)
     return min(max(guess, low.batch + 1), high.batch - 1)
+
+
+#: Reads a measured peak: runs the step it is given on the device and returns its peak
+#: bytes above what was allocated before, or None when it ran out of memory.
+PeakMeter = Callable[[Callable[[], Any], Device], "int | None"]
 
 
 def find_max_batch_size(
@@ -188,6 +201,7 @@ def find_max_batch_size(
     training: bool = True,
     samples: Sequence[int] = (1, 2, 4),
     max_batch: int = 1 << 20,
+    meter: PeakMeter | None = None,
 ) -> BatchSizeResult:
     """The largest batch of ``model`` on ``inputs`` whose step fits ``budget`` bytes.
 
@@ -196,27 +210,33 @@ def find_max_batch_size(
     (``device`` sets the target's rounding) unless ``measure``, which runs real steps on
     the CUDA ``device`` and reads ``max_memory_allocated`` above the memory allocated
     before each run (this resets the device's peak statistics). Instead of a model,
-    ``step(batch)`` may run one step of the caller's own; it is always measured on CUDA.
+    ``step(batch)`` may run one step of the caller's own; it is always measured.
+    ``meter(run, device)`` replaces the CUDA allocator reading (it runs ``run()`` and
+    returns the peak bytes, None when out of memory), for example to measure on the CPU.
     ``budget`` defaults to the CUDA device's free memory (``torch.cuda.mem_get_info``);
     without CUDA it must be given. With measured peaks the batch above the answer is not
     run (it would exceed the budget): the fitted slope must predict it does not fit.
+    The options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
     """
     if (step is None) == (model is None):
         raise UsageError("give either a model (with inputs) or a step function")
+    options = StepOptions.parse(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
     measured = measure or step is not None
-    budget, budget_source = _budget(budget, device)
+    budget, budget_source = _budget(budget, options.device)
+    read = meter or _cuda_peak
     if step is not None:
-        peak_of, source = (lambda b: _measure(lambda: step(b), device)), f"measured step on {device}"
+        peak_of = lambda b: read(lambda: step(b), options.device)  # noqa: E731
+        source = f"measured step on {options.device}"
     else:
         specs = [
             s if isinstance(s, InputSpec) else InputSpec(tuple(s.shape), s.dtype) for s in _specs(inputs)
         ]
-        options = dict(optimizer=optimizer, dtype=dtype, amp=amp, training=training)
         if measured:
-            peak_of, source = _measured_peaks(model, specs, device, options), f"measured steps on {device}"
+            peak_of = _measured_peaks(model, specs, options, read)
+            source = f"measured steps on {options.device}"
         else:
-            peak_of = lambda b: estimate(model, _rebatch(specs, b), device=device, **options).peak  # noqa: E731
-            source = f"estimator ({torch.device(device).type} target)"
+            peak_of = lambda b: estimate_step(model, _rebatch(specs, b), options).peak  # noqa: E731
+            source = f"estimator ({options.target} target)"
     return search_batch_size(
         peak_of,
         budget,
@@ -238,22 +258,22 @@ def _rebatch(specs: list[InputSpec], batch: int) -> list[InputSpec]:
     return [InputSpec((batch, *spec.shape[1:]), spec.dtype) for spec in specs]
 
 
-def _budget(budget: int | None, device: str) -> tuple[int, str]:
+def _budget(budget: int | None, device: Device) -> tuple[int, str]:
     if budget is not None:
         return int(budget), "given"
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
+    if device.is_cuda and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(str(device))
         return int(free), f"free memory of {device} (torch.cuda.mem_get_info)"
     raise UsageError("no CUDA device here to read free memory from: give a budget (for example 8GiB)")
 
 
-def _measure(run: Callable[[], Any], device: str) -> int | None:
+def _cuda_peak(run: Callable[[], Any], device: Device) -> int | None:
     """Peak bytes allocated on ``device`` while ``run()`` runs, above those allocated before."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise UsageError(f"measured peaks need a CUDA device, not {device!r}")
+    if not device.is_cuda:
+        raise UsageError(f"measured peaks need a CUDA device, not {str(device)!r}")
     if not torch.cuda.is_available():
         raise UsageError("measured peaks need CUDA, and no CUDA device is available here")
+    dev = torch.device(str(device))
     gc.collect()
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
@@ -268,7 +288,11 @@ def _measure(run: Callable[[], Any], device: str) -> int | None:
     return torch.cuda.max_memory_allocated(dev) - base
 
 
-def _measured_peaks(model: Any, specs: list[InputSpec], device: str, options: dict[str, Any]) -> PeakFunction:
+def _measured_peaks(
+    model: Any, specs: list[InputSpec], options: StepOptions, read: PeakMeter
+) -> PeakFunction:
+    device = str(options.device)
+
     def run(batch: int) -> None:
         # A fresh copy per probe: every peak counts the parameters alike, the caller's
         # module stays as it was.
@@ -277,20 +301,15 @@ def _measured_peaks(model: Any, specs: list[InputSpec], device: str, options: di
             if isinstance(model, torch.nn.Module)
             else build_model(model, device)
         )
-        if options["dtype"] is not None:
-            from .specs import parse_dtype
-
-            module = module.to(parse_dtype(options["dtype"]))
-        module.train(options["training"])
-        cast = None if options["dtype"] is None else next(module.parameters()).dtype
+        cast = options.torch_dtype
+        if cast is not None:
+            module = module.to(cast)
+        module.train(options.training)
         tensors = make_inputs(_rebatch(specs, batch), device, cast)
         params = [p for p in module.parameters() if p.requires_grad]
-        opt = make_optimizer(options["optimizer"], params, "cuda") if options["training"] else None
-        amp = options["amp"]
-        autocast = (
-            (lambda: torch.autocast("cuda", dtype=torch.float16 if amp is True else amp)) if amp else None
-        )
-        kwargs = {"autocast": autocast} if autocast else {}
-        run_steps(lambda: module(*tensors), params, opt, training=options["training"], **kwargs)
+        opt = make_optimizer(options.optimizer, params, options.target) if options.training else None
+        amp = options.amp_dtype
+        kwargs = {"autocast": lambda: torch.autocast(options.target, dtype=amp)} if amp is not None else {}
+        run_steps(lambda: module(*tensors), params, opt, training=options.training, **kwargs)
 
-    return lambda batch: _measure(lambda: run(batch), device)
+    return lambda batch: read(lambda: run(batch), options.device)

@@ -22,12 +22,13 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from ..devices import DEVICE_FORMS
 from ..errors import UsageError
 from ..units import cuda_block_bytes
 from .amp import SimulatedAutocast
 from .lifetimes import Lifetimes
+from .options import StepOptions
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
-from .specs import dtype_name, parse_dtype
 from .step import (
     InputsLike,
     OptimizerLike,
@@ -40,7 +41,7 @@ from .step import (
     run_steps,
 )
 
-__all__ = ["estimate", "trace_cpu_step"]
+__all__ = ["estimate", "estimate_step", "trace_cpu_step"]
 
 ModelLike = Any  # an nn.Module, or a callable returning one
 
@@ -70,9 +71,23 @@ def estimate(
     runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
     target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
     host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the sum of the
-    outputs. Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
+    outputs. The options are parsed once into a
+    :class:`~gpu_mem_track.estimator.options.StepOptions` (``estimate_step`` takes one).
+    Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
-    return _trace(model, inputs, optimizer, dtype, amp, training, _target(device), loss_fn, sim="meta")
+    options = _options(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
+    return estimate_step(model, inputs, options, loss_fn=loss_fn)
+
+
+def estimate_step(
+    model: ModelLike,
+    inputs: InputsLike,
+    options: StepOptions,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+) -> Estimate:
+    """:func:`estimate` with its options already parsed."""
+    return _trace(model, inputs, options, loss_fn, sim="meta")
 
 
 def trace_cpu_step(
@@ -89,32 +104,30 @@ def trace_cpu_step(
     The figures are the live bytes of real CPU storages, measured, not estimated; the
     model is built (or copied) on the CPU, so this allocates real memory.
     """
-    return _trace(model, inputs, optimizer, dtype, False, training, "cpu", loss_fn, sim="cpu")
+    options = _options(dtype=dtype, amp=False, optimizer=optimizer, training=training, device="cpu")
+    return _trace(model, inputs, options, loss_fn, sim="cpu")
 
 
-def _target(device: str) -> str:
+def _options(**given: Any) -> StepOptions:
     try:
-        kind = torch.device(device).type
-    except (RuntimeError, TypeError):
-        kind = ""
-    if kind not in ("cuda", "cpu"):
-        raise UsageError(f"the estimator targets cuda or cpu, not {device!r}")
-    return kind
+        return StepOptions.parse(**given)
+    except UsageError as exc:
+        if str(exc).startswith("not a device") or str(exc).startswith("device must"):
+            raise UsageError(
+                f"the estimator targets cuda or cpu, not {given['device']!r} (valid forms: {DEVICE_FORMS})"
+            ) from None
+        raise
 
 
 def _trace(
     model: ModelLike,
     inputs: InputsLike,
-    optimizer: OptimizerLike,
-    dtype: str | torch.dtype | None,
-    amp: bool | str | torch.dtype,
-    training: bool,
-    target: str,
+    options: StepOptions,
     loss_fn: Callable[[Any], torch.Tensor],
     sim: str,
 ) -> Estimate:
-    cast = parse_dtype(dtype) if dtype is not None else None
-    amp_dtype = _amp_dtype(amp)
+    cast, amp_dtype = options.torch_dtype, options.amp_dtype
+    training, target = options.training, options.target
     specs = as_specs(inputs)
     name = _model_name(model)
     module = model if isinstance(model, nn.Module) else build_model(model, sim)
@@ -128,7 +141,7 @@ def _trace(
         tensors = make_inputs(specs, sim, cast)
         with tracker:
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
-            opt = make_optimizer(optimizer, params, target) if training else None
+            opt = make_optimizer(options.optimizer, params, target) if training else None
             watch = _Watch(tracker, module, state, tensors, opt)
             with watch.hooks():
                 run_steps(
@@ -148,8 +161,8 @@ def _trace(
                 if target == "cuda"
                 else "none (exact sizes)",
                 training=training,
-                optimizer=_optimizer_name(optimizer) if training else "none",
-                dtype=dtype_name(cast) if cast else "as built",
+                optimizer=options.optimizer_name if training else "none",
+                dtype=options.dtype or "as built",
                 amp=amp_dtype is not None,
                 inputs=tuple(describe(t) for t in tensors),
             )
@@ -159,23 +172,10 @@ def _trace(
         module.train(was_training)
 
 
-def _amp_dtype(amp: bool | str | torch.dtype) -> torch.dtype | None:
-    if amp is False or amp is None:
-        return None
-    dtype = torch.float16 if amp is True else parse_dtype(amp)
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise UsageError(f"autocast runs in float16 or bfloat16, not {dtype_name(dtype)}")
-    return dtype
-
-
 def _model_name(model: ModelLike) -> str:
     if isinstance(model, nn.Module):
         return type(model).__name__
     return f"{getattr(model, '__module__', '?')}:{getattr(model, '__qualname__', repr(model))}"
-
-
-def _optimizer_name(optimizer: OptimizerLike) -> str:
-    return optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom")
 
 
 def _state(

@@ -17,26 +17,13 @@ from typing import Any
 
 import torch
 
+from ..dtypes import DTYPE_ALIASES, dtype_name, torch_dtype
 from ..errors import UsageError
 
 __all__ = ["DTYPES", "InputSpec", "load_factory", "parse_dtype", "parse_input"]
 
-#: Names accepted for ``dtype`` (CLI ``--dtype``, ``estimate(dtype=...)``).
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp64": torch.float64,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "long": torch.int64,
-    "int32": torch.int32,
-    "bool": torch.bool,
-}
+#: Names accepted for ``dtype`` (CLI ``--dtype``, ``estimate(dtype=...)``), see ``dtypes``.
+DTYPES: dict[str, torch.dtype] = {alias: getattr(torch, name) for alias, name in DTYPE_ALIASES.items()}
 
 
 @dataclass(frozen=True)
@@ -51,19 +38,9 @@ class InputSpec:
         return text if self.dtype == torch.float32 else f"{text}:{dtype_name(self.dtype)}"
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
-
-
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     """A ``torch.dtype`` from ``"bf16"``, ``"float16"``, ... (or a dtype, returned as is)."""
-    if isinstance(name, torch.dtype):
-        return name
-    try:
-        return DTYPES[str(name).lower()]
-    except KeyError:
-        raise UsageError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})") from None
+    return torch_dtype(name)
 
 
 def parse_input(text: str) -> InputSpec:

@@ -8,20 +8,22 @@ observe the step through ``on_phase(phase, step_index)``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from ..dtypes import dtype_name
 from ..errors import UsageError
 from .records import OPTIMIZERS
-from .specs import InputSpec, dtype_name
+from .specs import InputSpec
 
 __all__ = [
     "OPTIMIZERS",
     "FactoryError",
+    "StepError",
     "InputsLike",
     "build_model",
     "default_loss",
@@ -39,6 +41,25 @@ InputsLike = Union[torch.Tensor, InputSpec, Sequence[int], Sequence[Any]]
 
 class FactoryError(UsageError):
     """The model factory raised or returned something that is not an ``nn.Module``."""
+
+
+class StepError(UsageError):
+    """The model's own code raised during the step: its forward, the loss, backward
+    through it or the optimizer's step. ``__cause__`` is the exception it raised."""
+
+
+@contextlib.contextmanager
+def _model_code() -> Iterator[None]:
+    """Report what the model's code raises as a ``StepError``. Out-of-memory errors pass
+    unchanged (a measured step that runs out of memory does not fit), and so does our
+    own ``UsageError``."""
+    try:
+        yield
+    except (UsageError, MemoryError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise StepError(f"the model's step failed: {type(exc).__name__}: {first}") from exc
 
 
 def build_model(factory: Callable[[], Any], device: str) -> nn.Module:
@@ -156,14 +177,16 @@ def run_steps(
     and loss run under ``autocast()``. Without ``training`` each step is a forward pass
     under ``torch.no_grad()``: ``"step start"``, ``"forward"``, ``"forward end"`` (the
     output still alive), then ``"done"``.
-    Nothing of the step outlives it except gradients and optimizer state.
+    Nothing of the step outlives it except gradients and optimizer state. What the
+    model's code raises (forward, loss, backward, optimizer step) is a ``StepError``.
     """
     for step in range(steps):
         on_phase("step start", step)
         if not training:
             on_phase("forward", step)
             with torch.no_grad(), autocast():
-                output = forward()
+                with _model_code():
+                    output = forward()
             on_phase("forward end", step)
             del output
             continue
@@ -171,14 +194,18 @@ def run_steps(
             param.grad = None
         on_phase("forward", step)
         with autocast():
-            output = forward()
+            with _model_code():
+                output = forward()
             on_phase("loss", step)
-            loss = loss_fn(output)
+            with _model_code():
+                loss = loss_fn(output)
         del output
         on_phase("backward", step)
-        loss.backward()
+        with _model_code():
+            loss.backward()
         del loss
         if optimizer is not None:
             on_phase("optimizer step", step)
-            optimizer.step()
+            with _model_code():
+                optimizer.step()
     on_phase("done", steps - 1)

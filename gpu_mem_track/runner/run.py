@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import re
 import runpy
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ from types import CodeType, TracebackType
 from typing import Any, TextIO
 
 from .. import __version__
+from ..devices import parse_device
 from ..errors import UsageError
 from ..outputs import claim_name, safe_name
 from . import active
@@ -337,17 +337,17 @@ def _resolve_device(device: str) -> str:
     """``cpu`` or ``cuda:N``, decided without importing torch or starting CUDA: the script
     may still set ``CUDA_VISIBLE_DEVICES`` before it imports torch. ``auto`` means
     ``cuda:0`` when the NVIDIA driver shows a GPU, else ``cpu``."""
-    if device == "cpu":
-        return "cpu"
-    gpus = _driver_gpu_count()
     if device == "auto":
-        return "cuda:0" if gpus else "cpu"
-    match = re.fullmatch(r"cuda(?::(\d+))?", device)
-    if match is None:
-        raise UsageError(f"--device takes cpu, cuda or cuda:N, not {device!r}")
-    if gpus == 0:
+        return "cuda:0" if _driver_gpu_count() else "cpu"
+    try:
+        parsed = parse_device(device)
+    except UsageError:
+        raise UsageError(f"--device takes auto, cpu, cuda or cuda:N, not {device!r}") from None
+    if not parsed.is_cuda:
+        return str(parsed)
+    if _driver_gpu_count() == 0:
         raise UsageError(f"--device {device}: no NVIDIA GPU is visible here")
-    return f"cuda:{match.group(1) or 0}"
+    return str(parsed.with_index(0))
 
 
 def _driver_gpu_count() -> int:

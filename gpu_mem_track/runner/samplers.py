@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Any, Protocol
 
+from ..devices import parse_device
+
 __all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras"]
 
 #: (driver, rss) in bytes, None where unknown.
@@ -89,7 +91,7 @@ class CudaSampler:
         from ..tracker.readers import reader_for
 
         self._device = device
-        self._index = int(device.partition(":")[2] or 0)
+        self._index = parse_device(device).ordinal
         self._reader = reader or reader_for(device)
         self._cuda: Any = None
         self._stats: Any = None

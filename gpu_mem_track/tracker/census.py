@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..devices import parse_device
+from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
 from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
@@ -164,7 +166,7 @@ def take_census(
     and tensors without an accessible storage, are reported in ``skipped`` instead.
     No tensor is referenced once this returns.
     """
-    target = torch.device(device)
+    target = torch.device(str(parse_device(device)))
     seen = _Seen()
     # Attribute reads must not run tensor subclasses' __torch_function__ (user code).
     with torch._C.DisableTorchFunctionSubclass():
@@ -257,7 +259,6 @@ class _Seen:
 
 _TENSOR_CLASS: dict[type, bool] = {}
 _CLASS_KIND: dict[type, str | None] = {}
-_DTYPE_NAME: dict[torch.dtype, str] = {}
 
 
 def _is_tensor_class(cls: type) -> bool:
@@ -356,10 +357,7 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
             shape = tuple(tensor.shape)
         except Exception:  # a subclass whose metadata raises: count it, shapeless
             dtype, shape = None, ()
-        dtype_name = _DTYPE_NAME.get(dtype) or _DTYPE_NAME.setdefault(
-            dtype, str(dtype).removeprefix("torch.")
-        )
-        key = (seen.kinds[tid], shape, dtype_name, device)
+        key = (seen.kinds[tid], shape, dtype_name(dtype), device)
         group = groups.get(key)
         if group is None:
             group = groups[key] = [0, 0, []]

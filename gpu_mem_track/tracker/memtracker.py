@@ -23,6 +23,7 @@ from typing import Any, TextIO, TypeVar
 import torch
 
 from .. import __version__
+from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
 from ..runner import active
@@ -367,18 +368,10 @@ def _check_options(frame: Any, census: str, verbosity: int) -> None:
         raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
 
 
-def _parse_device(device: str | int | torch.device | None) -> str | None:
-    if device is None:
-        return None
-    if isinstance(device, bool) or (isinstance(device, int) and device < 0):
-        raise UsageError(f"device must be a device name or a CUDA index >= 0, not {device!r}")
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise UsageError(f"not a device: {device!r} (examples: 'cpu', 'cuda', 'cuda:1')") from exc
-    return "cuda" if parsed.type == "cuda" and parsed.index is None else str(parsed)
+def _parse_device(device: str | int | torch.device | Device | None) -> str | None:
+    """The device string kept until the device is resolved: ``"cuda"`` stays unindexed
+    (the current device is asked for later), see ``devices.parse_device``."""
+    return None if device is None else str(parse_device(device))
 
 
 def _probe_function(probe: bool | Probe) -> Probe | None:
@@ -392,6 +385,6 @@ def _probe_function(probe: bool | Probe) -> Probe | None:
 
 
 def _cached_probe(device: str) -> ProbeResult:
-    index = torch.device(device).index or 0
+    index = parse_device(device).ordinal
     uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None
     return cached_probe(device, uuid)

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..devices import parse_device
+
 
 class _Refused(Exception):
     """The probe cannot run here; the message says why."""
@@ -38,7 +40,7 @@ def _measure(device: str, uuid: str | None) -> dict[str, Any]:
     if not torch.cuda.is_available():
         raise _Refused("CUDA is not available on this machine; the probe measures CUDA's own cost")
     nvml = _load_nvml()
-    index = torch.device(device).index or 0
+    index = parse_device(device).ordinal
     if index >= torch.cuda.device_count():
         raise _Refused(f"no such device: {device} ({torch.cuda.device_count()} visible)")
     handle = (

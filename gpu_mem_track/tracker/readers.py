@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..devices import parse_device
+
 __all__ = [
     "AllocatorReading",
     "CudaReader",
@@ -112,7 +114,7 @@ class CudaReader(ProcessReader):
 
         if not torch.cuda.is_initialized():
             return None
-        handle = self._handle(torch.device(device).index or 0)
+        handle = self._handle(parse_device(device).ordinal)
         if handle is None:
             return None
         return nvml_usage(self._nvml, handle, os.getpid())

@@ -1,0 +1,102 @@
+"""The options of one simulated or measured step, parsed once: :class:`StepOptions`.
+
+Torch-free at import: dtypes are kept by name and turned into ``torch.dtype`` lazily,
+so the CLI can parse (and reject) options before torch is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..devices import Device, parse_device
+from ..dtypes import canonical_dtype, torch_dtype
+from ..errors import UsageError
+from .records import OPTIMIZERS
+
+__all__ = ["AMP_DTYPES", "StepOptions"]
+
+#: The dtypes autocast may run in.
+AMP_DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """What one step runs with.
+
+    ``dtype``: torch name the model's floating parameters, buffers and inputs are cast
+    to (``"bfloat16"``), ``None`` to keep them as built. ``amp``: autocast's dtype name
+    (``"float16"`` or ``"bfloat16"``), ``None`` without autocast. ``optimizer``: one of
+    ``OPTIMIZERS`` or a callable ``params -> Optimizer``. ``training``: a training step
+    (forward, loss, backward, optimizer step) or, when False, one forward pass under
+    ``no_grad``. ``device``: the CPU or a CUDA device.
+    """
+
+    dtype: str | None = None
+    amp: str | None = None
+    optimizer: str | Callable[..., Any] = "adam"
+    training: bool = True
+    device: Device = Device("cuda")
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        dtype: Any = None,
+        amp: Any = False,
+        optimizer: Any = "adam",
+        training: bool = True,
+        device: Any = "cuda",
+    ) -> StepOptions:
+        """Options from what users type or pass: ``dtype`` an alias (``"bf16"``), a
+        ``torch.dtype`` or None; ``amp`` False/None, True (float16), an alias or a dtype;
+        ``optimizer`` a name (case ignored) or a callable; ``device`` anything
+        :func:`~gpu_mem_track.devices.parse_device` takes. Raises ``UsageError`` naming
+        the bad value."""
+        if isinstance(optimizer, str):
+            optimizer = optimizer.lower()
+            if optimizer not in OPTIMIZERS:
+                raise UsageError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+        elif optimizer is None:
+            optimizer = "none"
+        elif not callable(optimizer):
+            raise UsageError(f"optimizer must be a name or a callable, not {optimizer!r}")
+        return cls(
+            dtype=None if dtype is None else canonical_dtype(dtype),
+            amp=_amp_name(amp),
+            optimizer=optimizer,
+            training=bool(training),
+            device=parse_device(device),
+        )
+
+    @property
+    def target(self) -> str:
+        """The device type the step targets: ``"cuda"`` or ``"cpu"``."""
+        return self.device.type
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The ``torch.dtype`` of ``dtype`` (None when the model keeps its dtypes)."""
+        return None if self.dtype is None else torch_dtype(self.dtype)
+
+    @property
+    def amp_dtype(self) -> Any:
+        """Autocast's ``torch.dtype`` (None without autocast)."""
+        return None if self.amp is None else torch_dtype(self.amp)
+
+    @property
+    def optimizer_name(self) -> str:
+        """The optimizer's name, or a callable's ``__name__`` (``"custom"`` without one)."""
+        if isinstance(self.optimizer, str):
+            return self.optimizer
+        return getattr(self.optimizer, "__name__", "custom")
+
+
+def _amp_name(amp: Any) -> str | None:
+    if amp is False or amp is None:
+        return None
+    name = "float16" if amp is True else canonical_dtype(amp)
+    if name not in AMP_DTYPES:
+        raise UsageError(f"autocast runs in float16 or bfloat16, not {name}")
+    return name
