@@ -1,47 +1,42 @@
 """gpu_mem_track: where GPU memory goes, line by line, tensor by tensor, byte by byte.
 
 ``MemTracker().track()`` writes line-stamped reports of live tensors with a ledger that
-reconciles tensors, the caching allocator and the driver. Names are imported lazily, so
-``import gpu_mem_track`` does not import torch until a torch-backed name is used.
+reconciles tensors, the caching allocator and the driver; ``prepare_run`` and
+``execute_run`` run a script under the line profiler; ``compare_files`` and
+``plot_files`` read runs back; ``estimate`` and ``find_max_batch_size`` work without a
+GPU. Names are imported lazily, so ``import gpu_mem_track`` does not import torch until
+a torch-backed name is used.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Categories",
-    "Census",
-    "GroupChange",
-    "Ledger",
-    "MemTracker",
-    "ProbeResult",
-    "SavedTensorRecorder",
-    "Stamp",
-    "TensorGroup",
-    "UsageError",
-    "__version__",
-    "compare_files",
-    "compare_runs",
-    "load_run",
-    "plot_files",
-    "render_comparison",
-    "read_stamps",
-    "run_probe",
-    "take_census",
-    "BatchSizeResult",
-    "Estimate",
-    "InputSpec",
-    "estimate",
-    "find_max_batch_size",
-    "render_batch_size",
-    "render_estimate",
-    "search_batch_size",
-]
+if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr__
+    from .errors import UsageError
+    from .estimator.batchsize import find_max_batch_size, search_batch_size
+    from .estimator.records import BatchSizeResult, Estimate
+    from .estimator.render import render_batch_size, render_estimate
+    from .estimator.simulate import estimate
+    from .estimator.specs import InputSpec
+    from .runner.run import PreparedRun, RunOptions
+    from .runner.run import execute as execute_run
+    from .runner.run import prepare as prepare_run
+    from .runs.compare import compare_files, compare_runs, render_comparison
+    from .runs.load import load_run
+    from .runs.plot import plot_files
+    from .tracker.census import LiveTensorFinder, TensorSource, full_scan, take_census
+    from .tracker.csvlog import read_stamps
+    from .tracker.memtracker import MemTracker
+    from .tracker.probe import ProbeResult, run_probe
+    from .tracker.readers import CudaReader, FakeReader, MemoryReader, ProcessReader
+    from .tracker.records import Categories, Census, GroupChange, Ledger, Stamp, TensorGroup
+    from .tracker.saved import SavedTensorRecorder
 
+#: Where each exported name lives: ``"module"`` (same name) or ``"module:attribute"``.
 _HOMES = {
     "MemTracker": "tracker.memtracker",
     "Categories": "tracker.records",
@@ -54,8 +49,19 @@ _HOMES = {
     "read_stamps": "tracker.csvlog",
     "ProbeResult": "tracker.probe",
     "run_probe": "tracker.probe",
+    "LiveTensorFinder": "tracker.census",
+    "TensorSource": "tracker.census",
+    "full_scan": "tracker.census",
     "take_census": "tracker.census",
+    "CudaReader": "tracker.readers",
+    "FakeReader": "tracker.readers",
+    "MemoryReader": "tracker.readers",
+    "ProcessReader": "tracker.readers",
     "SavedTensorRecorder": "tracker.saved",
+    "RunOptions": "runner.run",
+    "PreparedRun": "runner.run",
+    "prepare_run": "runner.run:prepare",
+    "execute_run": "runner.run:execute",
     "compare_files": "runs.compare",
     "compare_runs": "runs.compare",
     "render_comparison": "runs.compare",
@@ -71,10 +77,56 @@ _HOMES = {
     "search_batch_size": "estimator.batchsize",
 }
 
+__all__ = [
+    "__version__",
+    "MemTracker",
+    "Categories",
+    "Census",
+    "GroupChange",
+    "Ledger",
+    "Stamp",
+    "TensorGroup",
+    "UsageError",
+    "read_stamps",
+    "ProbeResult",
+    "run_probe",
+    "LiveTensorFinder",
+    "TensorSource",
+    "full_scan",
+    "take_census",
+    "CudaReader",
+    "FakeReader",
+    "MemoryReader",
+    "ProcessReader",
+    "SavedTensorRecorder",
+    "RunOptions",
+    "PreparedRun",
+    "prepare_run",
+    "execute_run",
+    "compare_files",
+    "compare_runs",
+    "render_comparison",
+    "load_run",
+    "plot_files",
+    "BatchSizeResult",
+    "Estimate",
+    "InputSpec",
+    "estimate",
+    "find_max_batch_size",
+    "render_batch_size",
+    "render_estimate",
+    "search_batch_size",
+]
+
 
 def __getattr__(name: str) -> Any:
     if name in _HOMES:
-        value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+        module, _, attribute = _HOMES[name].partition(":")
+        value = getattr(importlib.import_module(f".{module}", __name__), attribute or name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

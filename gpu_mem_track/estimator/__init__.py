@@ -1,8 +1,9 @@
 """GPU-free estimates of a training step and the batch-size finder.
 
 ``simulate`` runs the step on meta tensors (with ``step``, ``lifetimes``, ``amp``);
-``specs`` parses inputs and factories; ``records`` holds the results, ``render`` their
-text; ``batchsize`` searches the largest batch under a budget; ``cli`` the two commands.
+``options`` holds a step's options; ``specs`` parses inputs and factories; ``records``
+holds the results, ``render`` their text; ``batchsize`` searches the largest batch under
+a budget. The ``estimate`` and ``batch-size`` commands live in ``gpu_mem_track.commands``.
 ``estimate`` and ``find_max_batch_size`` load on first use.
 """
 

@@ -1,0 +1,56 @@
+"""The subcommands of ``python -m gpu_mem_track``, one module each.
+
+Each module holds one :class:`Command`: its name and help, how to add its arguments
+(``prepare_parser``) and how to run it (``run``, one library call, returning the exit
+code). A user mistake raises :class:`~gpu_mem_track.errors.UsageError`; ``cli.main``
+prints its message and exits 2. Importing a command imports no torch: each ``run``
+imports what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Command", "all_commands", "count", "report"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand. ``prepare_parser(parser)`` adds its arguments to the subparser
+    made from ``name``, ``help`` and ``description``; ``run(args)`` runs it on the
+    parsed namespace and returns the exit code (0 success, 1 it could not run here)."""
+
+    name: str
+    help: str
+    description: str
+    prepare_parser: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def all_commands() -> tuple[Command, ...]:
+    """Every subcommand, in the order ``--help`` lists them."""
+    from . import batch_size, compare, estimate, plot, probe, run, show
+
+    return (run.COMMAND, probe.COMMAND, show.COMMAND, compare.COMMAND, plot.COMMAND) + (
+        estimate.COMMAND,
+        batch_size.COMMAND,
+    )
+
+
+def count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a count >= 0: {text!r}")
+    return value
+
+
+def report(message: str) -> None:
+    """Print ``message`` as the one line a command fails with, on stderr."""
+    print(f"gpu_mem_track: {message}", file=sys.stderr)

@@ -1,0 +1,50 @@
+"""``batch-size``: the largest batch whose step fits a budget (``estimator.batchsize``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import Command
+from .model_args import add_model_arguments, load_model, step_options
+
+__all__ = ["COMMAND"]
+
+
+def prepare_parser(finder: argparse.ArgumentParser) -> None:
+    add_model_arguments(
+        finder, "input shape with the batch first, e.g. 1x3x32x32 (the batch size is replaced)"
+    )
+    finder.add_argument("--budget", help="memory budget, e.g. 8GiB (default: the CUDA device's free memory)")
+    finder.add_argument("--measure", action="store_true", help="measure real steps on the CUDA device")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the answer and its probes; exit 1 when no batch fits."""
+    from ..errors import UsageError
+    from ..estimator.batchsize import find_max_batch_size
+    from ..estimator.render import render_batch_size
+    from ..units import parse_bytes
+
+    try:
+        budget = parse_bytes(args.budget) if args.budget is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    factory, inputs = load_model(args)
+    result = find_max_batch_size(factory, inputs, budget=budget, measure=args.measure, **step_options(args))
+    sys.stdout.write(
+        json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_batch_size(result)
+    )
+    return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell
+
+
+COMMAND = Command(
+    name="batch-size",
+    help="find the largest batch whose step fits a memory budget",
+    description="Fit the step's peak against the batch size from a few small batches, jump to "
+    "the predicted largest batch and confirm it. Peaks come from the estimator unless --measure. "
+    "Example: batch-size gpu_mem_track.examples:convnet --input 1x3x32x32 --budget 8GiB",
+    prepare_parser=prepare_parser,
+    run=run,
+)

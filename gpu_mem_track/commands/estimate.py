@@ -1,0 +1,38 @@
+"""``estimate``: a training step's memory without a GPU (``estimator.simulate``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import Command
+from .model_args import add_model_arguments, load_model, step_options
+
+__all__ = ["COMMAND"]
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, "input shape, e.g. 64x3x32x32 or 32x128:int64 (repeat for several inputs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the estimate as a table or JSON."""
+    from ..estimator.render import render_estimate
+    from ..estimator.simulate import estimate
+
+    factory, inputs = load_model(args)
+    result = estimate(factory, inputs, **step_options(args))
+    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_estimate(result))
+    return 0
+
+
+COMMAND = Command(
+    name="estimate",
+    help="estimate a training step's GPU memory without a GPU",
+    description="Simulate one training step (forward, loss, backward, optimizer step) on meta "
+    "tensors and print per-layer parameters and activations, the totals and the peak. "
+    "Example: estimate gpu_mem_track.examples:convnet --input 64x3x32x32",
+    prepare_parser=prepare_parser,
+    run=run,
+)

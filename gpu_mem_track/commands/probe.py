@@ -1,0 +1,46 @@
+"""``probe``: what the CUDA context, cuBLAS and cuDNN cost (``tracker.probe``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import Command, report
+
+__all__ = ["COMMAND"]
+
+
+def prepare_parser(probe: argparse.ArgumentParser) -> None:
+    probe.add_argument("--device", default="cuda:0", help="CUDA device to probe (default: cuda:0)")
+    probe.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Probe the device; exit 1 when the probe cannot run here (no CUDA, no NVML)."""
+    from ..devices import parse_device
+    from ..errors import UsageError
+
+    if not parse_device(args.device).is_cuda:
+        raise UsageError(f"the probe measures CUDA devices, not {args.device!r}")
+    from ..tracker.probe import ProbeError, run_probe
+    from ..tracker.render import render_probe
+
+    try:
+        result = run_probe(args.device)
+    except ProbeError as exc:
+        report(str(exc))
+        return 1
+    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_probe(result))
+    return 0
+
+
+COMMAND = Command(
+    name="probe",
+    help="measure what the CUDA context, cuBLAS and cuDNN cost on a GPU",
+    description="Measure, in a fresh subprocess, driver-level memory before CUDA starts, "
+    "after the context exists, after the first cuBLAS matmul and after the first cuDNN "
+    "convolution, and print the framework cost of each part. Needs CUDA and nvidia-ml-py.",
+    prepare_parser=prepare_parser,
+    run=run,
+)
