@@ -48,7 +48,7 @@ def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
     # (6656 B) while _foreach_sqrt makes one temporary per exp_avg_sq (1024 + 512 B).
     assert est.peak == 8192
     assert est.peak_phase == PhasePeak("optimizer step", 8192, "_foreach_sqrt", "")
-    assert est.at_peak == Breakdown(1536, 0, 1536, 3072, 512, 0, 1536)
+    assert est.at_peak == Breakdown(parameter=1536, gradient=1536, optimizer_state=3072, input=512, other=1536)
     assert est.at_peak.total == est.peak
     # Backward: 5120 B at the step start + loss 512 + its gradient 512 + weight grad 1024 + bias grad 512.
     assert dict((p.phase, p.peak) for p in est.phases)["backward"] == 7680
@@ -137,7 +137,7 @@ def _hand_built() -> Estimate:
         dtype="as built", amp=False, inputs=("4x10",), parameters=220, parameter_bytes=1536,
         buffer_bytes=0, gradient_bytes=1536, optimizer_states=4, optimizer_state_bytes=3072,
         host_bytes=8, input_bytes=512, activation_elements=80, activation_bytes=512, peak=8192,
-        at_peak=Breakdown(1536, 0, 1536, 3072, 512, 0, 1536),
+        at_peak=Breakdown(parameter=1536, gradient=1536, optimizer_state=3072, input=512, other=1536),
         phases=(
             PhasePeak("forward", 5632, "addmm", "fc"),
             PhasePeak("optimizer step", 8192, "_foreach_sqrt", ""),
@@ -163,8 +163,8 @@ def test_render_estimate_exact_text():
         "inputs                   512 B\n"
         "activations              512 B  (alive when forward ends; most held by fc: 512 B)\n"
         "peak                  8.00 KiB  during optimizer step (_foreach_sqrt)\n"
-        "  at the peak: parameters 1.50 KiB + gradients 1.50 KiB + optimizer states 3.00 KiB"
-        " + inputs 512 B + temporaries 1.50 KiB\n"
+        "  at the peak: parameter 1.50 KiB + optimizer state 3.00 KiB + gradient 1.50 KiB"
+        " + input 512 B + other 1.50 KiB\n"
         "  phase peaks: forward 5.50 KiB, optimizer step 8.00 KiB\n"
     )
 

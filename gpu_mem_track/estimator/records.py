@@ -7,8 +7,11 @@ the storages' exact sizes. Element counts are exact.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+from operator import attrgetter
 from typing import Any
+
+from ..categories import LEGACY_NAMES, ByteCategories
 
 #: Optimizer names ``estimate`` and the finder accept (``"none"``: no optimizer step).
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
@@ -20,27 +23,20 @@ PHASES = ("step start", "forward", "loss", "backward", "optimizer step")
 
 
 @dataclass(frozen=True)
-class Breakdown:
-    """Live device bytes at one moment, split by what the storages are.
+class Breakdown(ByteCategories):
+    """Live device bytes at one moment, split by what the storages are (the categories
+    of ``categories.CATEGORIES``, as the census names them).
 
-    ``activations`` are storages created in the forward pass that outlive it (saved for
-    backward, or the output); ``temporaries`` is everything else not named here
+    ``activation`` holds storages created in the forward pass that outlive it (saved for
+    backward, or the output); ``other`` is everything else not named here
     (intermediates freed within a phase, the loss, backward's working tensors,
-    optimizer scratch).
+    optimizer scratch). The older names (``parameters``, ..., ``temporaries``) still
+    read as properties.
     """
 
-    parameters: int = 0
-    buffers: int = 0
-    gradients: int = 0
-    optimizer_states: int = 0
-    inputs: int = 0
-    activations: int = 0
-    temporaries: int = 0
 
-    @property
-    def total(self) -> int:
-        """Sum of all parts, in bytes."""
-        return sum(getattr(self, f.name) for f in fields(self))
+for _old, _new in LEGACY_NAMES.items():
+    setattr(Breakdown, _old, property(attrgetter(_new), doc=f"The ``{_new}`` bytes (older name)."))
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,7 @@ class Estimate:
         """Inverse of :meth:`to_dict`."""
         values = dict(data)
         values["inputs"] = tuple(values["inputs"])
-        values["at_peak"] = Breakdown(**values["at_peak"])
+        values["at_peak"] = Breakdown.from_dict(values["at_peak"])
         values["phases"] = tuple(PhasePeak(**p) for p in values["phases"])
         values["layers"] = tuple(LayerEstimate(**layer) for layer in values["layers"])
         return cls(**values)

@@ -74,10 +74,8 @@ def _totals(estimate: Estimate) -> list[str]:
         f"peak              {format_bytes(estimate.peak):>12}  during {peak.phase}"
         + (f" ({where})" if where else "")
     )
-    parts = estimate.at_peak
-    names = ("parameters", "buffers", "gradients", "optimizer_states", "inputs", "activations", "temporaries")
     split = " + ".join(
-        f"{n.replace('_', ' ')} {format_bytes(getattr(parts, n))}" for n in names if getattr(parts, n)
+        f"{label} {format_bytes(nbytes)}" for label, nbytes in estimate.at_peak.by_label().items() if nbytes
     )
     lines.append(f"  at the peak: {split}")
     lines.append("  phase peaks: " + ", ".join(f"{p.phase} {format_bytes(p.peak)}" for p in estimate.phases))

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from ..categories import CATEGORIES
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
 from ..units import cuda_block_bytes
@@ -220,9 +221,9 @@ class _Watch:
         self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
         self.role: dict[int, str] = {}
         for tensor in state.values():
-            self._give(tensor, "parameters" if isinstance(tensor, nn.Parameter) else "buffers")
+            self._give(tensor, "parameter" if isinstance(tensor, nn.Parameter) else "buffer")
         for tensor in inputs:
-            self._give(tensor, "inputs")
+            self._give(tensor, "input")
         self.measured = 1 if module.training else 0
         self.step = 0
         self.first_measured_key = 0
@@ -248,7 +249,7 @@ class _Watch:
             grads = [
                 p.grad for p in self.state.values() if isinstance(p, nn.Parameter) and p.grad is not None
             ]
-            self.gradients = {k for k in (self._give(g, "gradients") for g in grads) if k is not None}
+            self.gradients = {k for k in (self._give(g, "gradient") for g in grads) if k is not None}
         elif ended == "optimizer step" and self.optimizer is not None:
             self._take_states()
         self.tracker.phase, self.step = phase, step
@@ -262,7 +263,7 @@ class _Watch:
             for value in per_param.values():
                 if not isinstance(value, torch.Tensor):
                     continue
-                key = self._give(value, "optimizer_states")
+                key = self._give(value, "optimizer_state")
                 if key is not None:
                     self.states.add(key)
                 else:  # a host tensor (Adam's step with capturable=False) on a CUDA target
@@ -295,20 +296,9 @@ class _Watch:
         return sum(self.tracker.sizes[k] for k in keys)
 
     def _breakdown(self, keys: set[int]) -> Breakdown:
-        parts = dict.fromkeys(
-            (
-                "parameters",
-                "buffers",
-                "gradients",
-                "optimizer_states",
-                "inputs",
-                "activations",
-                "temporaries",
-            ),
-            0,
-        )
+        parts = dict.fromkeys(CATEGORIES, 0)
         for key in keys:
-            role = self.role.get(key) or ("activations" if key in self.activations else "temporaries")
+            role = self.role.get(key) or ("activation" if key in self.activations else "other")
             parts[role] += self.tracker.sizes[key]
         return Breakdown(**parts)
 
@@ -316,21 +306,20 @@ class _Watch:
         """The :class:`Estimate` of the measured step, with ``header``'s descriptive fields."""
         tracker = self.tracker
         roles = {
-            role: {k for k, r in self.role.items() if r == role}
-            for role in ("parameters", "buffers", "inputs")
+            role: {k for k, r in self.role.items() if r == role} for role in ("parameter", "buffer", "input")
         }
         phases = tuple(PhasePeak(p, *tracker.phase_peaks[p]) for p in PHASES if p in tracker.phase_peaks)
         params = [t for t in self.state.values() if isinstance(t, nn.Parameter)]
         return Estimate(
             **header,
             parameters=sum(p.numel() for p in params),
-            parameter_bytes=self._bytes(roles["parameters"]),
-            buffer_bytes=self._bytes(roles["buffers"]),
+            parameter_bytes=self._bytes(roles["parameter"]),
+            buffer_bytes=self._bytes(roles["buffer"]),
             gradient_bytes=self._bytes(self.gradients),
             optimizer_states=len(self.states),
             optimizer_state_bytes=self._bytes(self.states),
             host_bytes=self.host_bytes,
-            input_bytes=self._bytes(roles["inputs"]),
+            input_bytes=self._bytes(roles["input"]),
             activation_elements=sum(tracker.elements[k] for k in self.activations),
             activation_bytes=self._bytes(self.activations),
             peak=tracker.peak,

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .records import CATEGORY_LABELS, Categories, GroupChange, Ledger, Skipped, Stamp
+from ..categories import CATEGORIES
+from .records import Categories, GroupChange, Ledger, Skipped, Stamp
 
 __all__ = [
     "CATEGORY_COLUMNS",
@@ -54,9 +55,8 @@ _LEDGER = (
     "rss",
 )
 _DERIVED = ("hidden", "cache", "framework", "framework_other")
-_CATEGORY_FIELDS = tuple(label.replace(" ", "_") for label in CATEGORY_LABELS.values())
 #: Totals-row columns of the categories; optional when reading (older reports lack them).
-CATEGORY_COLUMNS = tuple(f"cat_{name}" for name in _CATEGORY_FIELDS)
+CATEGORY_COLUMNS = tuple(f"cat_{name}" for name in CATEGORIES)
 _TOTALS = _LEDGER + _DERIVED + ("views", "skipped") + CATEGORY_COLUMNS
 COLUMNS = _WHERE + _CHANGE + _TOTALS
 
@@ -78,7 +78,7 @@ def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
     totals["views"] = stamp.views
     totals["skipped"] = ";".join(f"{s.reason}:{s.count}:{s.nominal_bytes}" for s in stamp.skipped)
     if ledger.categories is not None:
-        for name, column in zip(_CATEGORY_FIELDS, CATEGORY_COLUMNS):
+        for name, column in zip(CATEGORIES, CATEGORY_COLUMNS):
             totals[column] = getattr(ledger.categories, name)
     rows = [{**where, "row": "totals", **totals}]
     for change in stamp.changes:
@@ -232,7 +232,7 @@ def _categories(row: dict[str, str]) -> Categories | None:
     cells = [row.get(column) or "" for column in CATEGORY_COLUMNS]
     if not all(cells):
         return None
-    return Categories(**{name: int(cell) for name, cell in zip(_CATEGORY_FIELDS, cells)})
+    return Categories(**{name: int(cell) for name, cell in zip(CATEGORIES, cells)})
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..categories import CATEGORIES, KIND_CATEGORY, LABELS, ByteCategories
+
 __all__ = [
     "CATEGORY_LABELS",
     "KINDS",
@@ -33,17 +35,9 @@ __all__ = [
 #: nothing above; a Tensor ("other") is any other visible tensor.
 KINDS = ("Parameter", "Buffer", "Optimizer state", "Gradient", "Input", "Activation", "Tensor")
 
-#: How each kind is spelled in the categories line of the text report (and, with
-#: ``_`` for spaces and a ``cat_`` prefix, in the CSV's column names).
-CATEGORY_LABELS = {
-    "Parameter": "parameter",
-    "Buffer": "buffer",
-    "Optimizer state": "optimizer state",
-    "Gradient": "gradient",
-    "Input": "input",
-    "Activation": "activation",
-    "Tensor": "other",
-}
+#: How each kind is spelled in the categories line of the text report (its category's
+#: label, ``categories.LABELS``; the CSV's columns are ``cat_`` + the category's name).
+CATEGORY_LABELS = {kind: LABELS[KIND_CATEGORY[kind]] for kind in KINDS}
 
 GroupKey = tuple[str, tuple[int, ...], str, str]
 
@@ -121,42 +115,23 @@ class Census:
 
 
 @dataclass(frozen=True)
-class Categories:
+class Categories(ByteCategories):
     """Bytes of the counted (visible) storages per category, each storage in exactly one.
 
-    The fields are the kinds of ``KINDS`` (``other`` is the kind ``"Tensor"``): a storage
-    shared by tensors of several kinds counts in the first of them in ``KINDS`` order.
-    ``activation`` is what autograd saved for backward, as far as a saved-tensor recorder
-    saw it (0 without one). On CUDA, bytes are the allocator's 512 B-rounded blocks.
+    The fields are the categories of ``categories.CATEGORIES``, one per kind of ``KINDS``
+    (``other`` is the kind ``"Tensor"``): a storage shared by tensors of several kinds
+    counts in the first of them in ``KINDS`` order. ``activation`` is what autograd saved
+    for backward, as far as a saved-tensor recorder saw it (0 without one). On CUDA,
+    bytes are the allocator's 512 B-rounded blocks.
     """
-
-    parameter: int = 0
-    buffer: int = 0
-    optimizer_state: int = 0
-    gradient: int = 0
-    input: int = 0
-    activation: int = 0
-    other: int = 0
 
     @classmethod
     def from_kinds(cls, by_kind: dict[str, int]) -> Categories:
         """From bytes per kind name (``"Optimizer state"``); unknown kinds count as other."""
-        values = dict.fromkeys(_CATEGORY_FIELDS.values(), 0)
+        values = dict.fromkeys(CATEGORIES, 0)
         for kind, nbytes in by_kind.items():
-            values[_CATEGORY_FIELDS.get(kind, "other")] += nbytes
+            values[KIND_CATEGORY.get(kind, "other")] += nbytes
         return cls(**values)
-
-    @property
-    def total(self) -> int:
-        """Bytes of all categories together (the ledger's ``tensors``)."""
-        return sum(self.by_label().values())
-
-    def by_label(self) -> dict[str, int]:
-        """Bytes per category label (``CATEGORY_LABELS``), in ``KINDS`` order."""
-        return {CATEGORY_LABELS[kind]: getattr(self, name) for kind, name in _CATEGORY_FIELDS.items()}
-
-
-_CATEGORY_FIELDS = {kind: label.replace(" ", "_") for kind, label in CATEGORY_LABELS.items()}
 
 
 @dataclass(frozen=True)
@@ -328,7 +303,7 @@ class Stamp:
         values = dict(data)
         ledger = dict(values["ledger"])
         if ledger.get("categories") is not None:
-            ledger["categories"] = Categories(**ledger["categories"])
+            ledger["categories"] = Categories.from_dict(ledger["categories"])
         values["ledger"] = Ledger(**ledger)
         values["changes"] = tuple(
             GroupChange(**{**c, "shape": tuple(c["shape"]), "names": tuple(c["names"])})
