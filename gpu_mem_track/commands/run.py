@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         top=args.top,
         activations=args.activations,
     )
-    return execute(prepare(options))
+    return execute(prepare(options)).exit_code
 
 
 COMMAND = Command(

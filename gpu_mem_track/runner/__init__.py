@@ -1,7 +1,8 @@
 """The line runner: ``python -m gpu_mem_track run script.py`` records every line's memory.
 
 Measuring: ``tracer`` (line events), ``samplers`` (memory readings), ``profiler`` (per-line
-aggregation). Data: ``records``. Files and rendering: ``files``, ``render``. Entry: ``run``.
+aggregation), ``session`` (the run's stamp listener and automatic censuses). Data: ``records``.
+Files and rendering: ``files``, ``render``. Entry: ``run``.
 Nothing in this package imports torch at module import: the script decides when torch and
 CUDA start.
 """

@@ -23,6 +23,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -41,35 +42,19 @@ __all__ = [
     "write_meta",
 ]
 
-LINE_COLUMNS = (
-    "file",
-    "function",
-    "line",
-    "code",
-    "hits",
-    "memory",
-    "increment",
-    "peak",
-    "peak_exact",
-    "seconds",
-)
-TIMELINE_COLUMNS = (
-    "seq",
-    "elapsed",
-    "event",
-    "file",
-    "function",
-    "line",
-    "label",
-    "memory",
-    "increment",
-    "peak",
-    "allocated",
-    "reserved",
-    "driver",
-    "rss",
-)
-_INT = {"line", "hits", "memory", "increment", "peak", "seq", "allocated", "reserved", "driver", "rss"}
+#: Columns of ``lines.csv``: the fields of ``records.LineRecord``, in order.
+LINE_COLUMNS = tuple(f.name for f in fields(LineRecord))
+#: Columns of ``timeline.csv``: the fields of ``records.TimelineRow``, in order. The hot
+#: path (``profiler.LineProfiler._line_row``) formats its rows by hand in this order.
+TIMELINE_COLUMNS = tuple(f.name for f in fields(TimelineRow))
+#: How a cell of each column reads back, by the field's declared type; text otherwise.
+_PARSE: dict[str, Any] = {
+    f.name: {"int": int, "int | None": int, "float": float, "bool": lambda text: text == "True"}.get(
+        str(f.type), str
+    )
+    for f in fields(LineRecord) + fields(TimelineRow)
+}
+_TEXT = {name for name, parse in _PARSE.items() if parse is str}
 
 
 class RunFolder:
@@ -101,6 +86,10 @@ class TimelineWriter:
     def write(self, values: Sequence[Any]) -> None:
         """One row, values in ``TIMELINE_COLUMNS`` order (None for unknown)."""
         self.write_text(csv_line(values))
+
+    def write_row(self, row: TimelineRow) -> None:
+        """One row from its record."""
+        self.write_text(csv_line([getattr(row, name) for name in TIMELINE_COLUMNS]))
 
     def write_text(self, line: str) -> None:
         """One row already formatted as CSV, ending with a newline (the hot path)."""
@@ -188,11 +177,5 @@ def _typed_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
 
 def _value(name: str, text: str | None) -> Any:
     if text is None or text == "":
-        return None if name not in ("file", "function", "code", "label", "event") else ""
-    if name in _INT:
-        return int(text)
-    if name in ("elapsed", "seconds"):
-        return float(text)
-    if name == "peak_exact":
-        return text == "True"
-    return text
+        return "" if name in _TEXT else None
+    return _PARSE[name](text)

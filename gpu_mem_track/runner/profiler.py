@@ -18,7 +18,7 @@ from types import CodeType
 from typing import Any
 
 from .files import TimelineWriter, csv_line
-from .records import LineRecord
+from .records import LineRecord, TimelineRow
 from .samplers import Sampler
 
 __all__ = ["LineProfiler"]
@@ -167,7 +167,9 @@ class LineProfiler:
     def _line_row(
         self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float
     ) -> None:
-        """The timeline row of one line execution, formatted here: the hot path."""
+        """The timeline row of one line execution, formatted here: the hot path. Its cells
+        follow ``files.TIMELINE_COLUMNS`` (``records.TimelineRow``) by hand, for speed;
+        tests/test_schemas.py holds the two together."""
         where = self._where.get(code)
         if where is None:
             where = self._where[code] = csv_line(["line", code.co_filename, _function(code)])[:-1]
@@ -196,23 +198,21 @@ class LineProfiler:
         driver, rss = self._sampler.extras()
         allocated = current if self._on_cuda else None
         self._seq += 1
-        self._timeline.write(
-            [
-                self._seq,
-                round(self._clock() - self._start, 6),
-                event,
-                where[0],
-                where[1],
-                where[2],
-                label,
-                current,
-                None,
-                None,
-                allocated,
-                self._sampler.reserved,
-                driver,
-                rss,
-            ]
+        self._timeline.write_row(
+            TimelineRow(
+                seq=self._seq,
+                elapsed=round(self._clock() - self._start, 6),
+                event=event,
+                file=where[0],
+                function=where[1],
+                line=where[2],
+                label=label,
+                memory=current,
+                allocated=allocated,
+                reserved=self._sampler.reserved,
+                driver=driver,
+                rss=rss,
+            )
         )
 
 

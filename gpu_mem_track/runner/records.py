@@ -9,9 +9,13 @@ caching allocator's allocated bytes on CUDA, the process's resident set size on 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["EVENTS", "LineRecord", "RunInfo", "TimelineRow", "by_function", "hottest"]
+if TYPE_CHECKING:
+    from ..tracker.records import Stamp
+
+__all__ = ["EVENTS", "LineRecord", "RunInfo", "RunResult", "TimelineRow", "by_function", "hottest"]
 
 #: Timeline events: the run's start and end, one execution of a traced line, a
 #: ``MemTracker.track()`` stamp (with its label), an automatic census after a line.
@@ -120,6 +124,19 @@ class RunInfo:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["argv"] = tuple(values.get("argv", ()))
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``run.execute`` returns: the script's ``exit_code``, the run ``folder``, the
+    run's description (``info``), its line ``records`` and its automatic ``censuses``
+    (``tracker.records.Stamp``, in order; empty without ``--census-threshold``)."""
+
+    exit_code: int
+    folder: Path
+    info: RunInfo
+    records: tuple[LineRecord, ...] = ()
+    censuses: tuple[Stamp, ...] = ()
 
 
 def hottest(records: list[LineRecord], count: int = 10) -> list[LineRecord]:

@@ -17,7 +17,7 @@ import sys
 import sysconfig
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import CodeType, TracebackType
 from typing import Any, TextIO
@@ -26,19 +26,18 @@ from .. import __version__
 from ..devices import parse_device
 from ..errors import UsageError
 from ..outputs import claim_name, safe_name
-from . import active
+from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
 from .files import RunFolder, TimelineWriter, write_lines, write_meta
 from .profiler import LineProfiler
-from .records import RunInfo
+from .records import RunInfo, RunResult
 from .samplers import CudaSampler, RssSampler
+from .session import RunSession
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 _OUR_FILES = (os.path.abspath(__file__),)
-#: Automatic censuses per line and per run: enough to see what a line creates, bounded.
-_CENSUS_PER_LINE, _CENSUS_PER_RUN = 2, 50
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,6 @@ class PreparedRun:
     include_files: frozenset[str]
     include_dirs: tuple[str, ...]
     device: str
-    stamps: list[Any] = field(default_factory=list)
 
 
 def prepare(options: RunOptions) -> PreparedRun:
@@ -101,18 +99,20 @@ def prepare(options: RunOptions) -> PreparedRun:
 
 def run(options: RunOptions, stream: TextIO | None = None) -> int:
     """``prepare`` then ``execute``; returns the script's exit code."""
-    return execute(prepare(options), stream)
+    return execute(prepare(options), stream).exit_code
 
 
-def execute(prepared: PreparedRun, stream: TextIO | None = None) -> int:
-    """Run the prepared script under the line tracer; write the reports; return its exit code
-    (0, the ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C)."""
+def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
+    """Run the prepared script under the line tracer, write the reports and return the
+    :class:`~gpu_mem_track.runner.records.RunResult`: the script's exit code (0, the
+    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C), the run's
+    description, its line records and its automatic censuses. ``prepared`` is not changed."""
     from .render import render_line_report, render_summary
 
     options, folder = prepared.options, prepared.folder
     sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
     timeline = TimelineWriter(folder.timeline)
-    session = _Session(prepared, timeline)
+    session = RunSession(folder.path, prepared.device, timeline)
     profiler = LineProfiler(sampler, timeline, session.census, options.census_threshold)
     session.profiler = profiler
     engine = best_engine(profiler, _wants(prepared), options.engine)
@@ -137,75 +137,14 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> int:
         )
         write_lines(folder.lines, records)
         write_meta(folder.meta, info)
-        folder.report.write_text(render_line_report(info, records, prepared.stamps), encoding="utf-8")
+        folder.report.write_text(render_line_report(info, records, session.censuses), encoding="utf-8")
         out = stream or sys.stderr
         out.write(render_summary(info, records, folder.path, options.top))
         out.flush()
-    return code
+    return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses))
 
 
-class _Session:
-    """The run's side of ``active.ActiveRun``: stamps of the script's trackers become
-    timeline rows; automatic censuses go through one tracker of the runner's own."""
-
-    def __init__(self, prepared: PreparedRun, timeline: TimelineWriter) -> None:
-        self.folder = prepared.folder.path
-        self.prepared = prepared
-        self.timeline = timeline
-        self.profiler: LineProfiler | None = None
-        self._tracker: Any = None
-        self._per_line: dict[tuple[CodeType, int], int] = {}
-
-    def stamped(self, tracker: Any, stamp: Any) -> None:
-        if self.profiler is None:
-            return
-        event = "census" if tracker is self._tracker else "track"
-        self.profiler.event_row(event, stamp.label, (stamp.file, stamp.function, stamp.line))
-        if event == "census":
-            self.prepared.stamps.append(stamp)
-
-    def census(self, code: CodeType, lineno: int, increment: int) -> None:
-        """Census after a line whose execution grew memory by ``increment`` bytes."""
-        from ..units import format_bytes
-
-        key = (code, lineno)
-        done = self._per_line.get(key, 0)
-        if done >= _CENSUS_PER_LINE or len(self.prepared.stamps) >= _CENSUS_PER_RUN:
-            return
-        self._per_line[key] = done + 1
-        tracker = self.census_tracker()
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code is not code:
-            frame = frame.f_back
-        where = (code.co_filename, lineno, getattr(code, "co_qualname", code.co_name))
-        label = f"line {lineno} grew {format_bytes(increment)}"
-        try:
-            tracker._stamp(frame, where, label)
-        finally:
-            del frame
-
-    def census_tracker(self, activations: bool = False) -> Any:
-        """The runner's own tracker (``census.log``/``.csv``), made on first use."""
-        if self._tracker is None:
-            from ..tracker.memtracker import MemTracker
-
-            self._tracker = MemTracker(
-                device=self.prepared.device,
-                out_dir=self.folder,
-                run_name="census",
-                verbosity=0,
-                probe=False,  # no second CUDA context in the middle of the user's script
-                activations=activations,
-            )
-        return self._tracker
-
-    def close(self) -> None:
-        """Stop recording saved activations, if the census tracker was."""
-        if self._tracker is not None:
-            self._tracker.close()
-
-
-def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
+def _run_script(prepared: PreparedRun, engine: Any, session: RunSession) -> int:
     script = str(prepared.script)
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv[:] = [script, *prepared.options.args]
@@ -213,8 +152,8 @@ def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
         sys.path[0] = str(prepared.script.parent)
     else:
         sys.path.append(str(prepared.script.parent))
-    active.current = session
-    _Forks.watch(engine, session.timeline)
+    add_stamp_listener(session)
+    _Forks.watch(engine, session)
     try:
         try:
             engine.start()
@@ -236,7 +175,7 @@ def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
         return 1
     finally:
         _Forks.watch(None, None)
-        active.current = None
+        remove_stamp_listener(session)
         sys.argv[:] = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
@@ -246,24 +185,24 @@ class _Forks:
     """A forked child (a DataLoader worker) stops tracing and never writes our timeline."""
 
     engine: Any = None
-    timeline: TimelineWriter | None = None
+    session: RunSession | None = None
     registered = False
 
     @classmethod
-    def watch(cls, engine: Any, timeline: TimelineWriter | None) -> None:
-        cls.engine, cls.timeline = engine, timeline
+    def watch(cls, engine: Any, session: RunSession | None) -> None:
+        cls.engine, cls.session = engine, session
         if not cls.registered and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=cls._in_child)
             cls.registered = True
 
     @classmethod
     def _in_child(cls) -> None:
-        if cls.timeline is not None:
-            cls.timeline.discard()
+        if cls.session is not None:
+            cls.session.timeline.discard()
+            remove_stamp_listener(cls.session)
         if cls.engine is not None:
             cls.engine.stop()
-        cls.engine = cls.timeline = None
-        active.current = None
+        cls.engine = cls.session = None
 
 
 def _exit_code(code: Any) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..runner.records import LineRecord
+from ..runner.records import LineRecord, by_function
 from ..units import format_bytes, format_peak
 from .load import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
 
@@ -187,12 +187,9 @@ def _line_figures(records: Sequence[LineRecord]) -> Keyed:
 
 
 def _function_figures(records: Sequence[LineRecord]) -> Keyed:
-    groups: dict[tuple[str, str], list[LineRecord]] = {}
-    for record in sorted(records, key=lambda r: (r.file, r.line)):
-        groups.setdefault((record.file, record.function), []).append(record)
     return _occurrences(
         ((os.path.basename(file), function), _function_total(group))
-        for (file, function), group in groups.items()
+        for (file, function), group in by_function(list(records)).items()
     )
 
 

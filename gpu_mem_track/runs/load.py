@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..runner.files import LINE_COLUMNS, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
 from ..runner.records import LineRecord, RunInfo, TimelineRow
-from ..tracker.csvlog import stamps_from_rows
+from ..tracker.csvlog import REQUIRED_COLUMNS, stamps_from_rows
 from ..tracker.records import Stamp
 
 __all__ = ["DEFAULT_POINTS", "LabelPoint", "Run", "Sample", "Source", "detect", "downsample", "load_run"]
@@ -34,22 +34,8 @@ __all__ = ["DEFAULT_POINTS", "LabelPoint", "Run", "Sample", "Source", "detect", 
 #: so a series has at most twice this many points.
 DEFAULT_POINTS = 2000
 
-#: The MemTracker CSV columns this module reads (a subset of ``csvlog.COLUMNS``).
-TRACKER_COLUMNS = (
-    "seq",
-    "elapsed",
-    "file",
-    "line",
-    "function",
-    "label",
-    "row",
-    "device",
-    "tensors",
-    "allocated",
-    "reserved",
-    "driver",
-    "rss",
-)
+#: The columns of a MemTracker CSV (``csvlog.REQUIRED_COLUMNS``): how one is recognised.
+TRACKER_COLUMNS = REQUIRED_COLUMNS
 
 
 @dataclass(frozen=True)

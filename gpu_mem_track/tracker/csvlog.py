@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from .records import Categories, GroupChange, Ledger, Skipped, Stamp
 __all__ = [
     "CATEGORY_COLUMNS",
     "COLUMNS",
+    "REQUIRED_COLUMNS",
     "append_stamp",
     "read_frame",
     "read_stamps",
@@ -43,22 +45,15 @@ __all__ = [
 
 _WHERE = ("seq", "time", "elapsed", "file", "line", "function", "label", "row", "device")
 _CHANGE = ("kind", "shape", "dtype", "count_delta", "bytes_delta", "count", "bytes", "names")
-_LEDGER = (
-    "tensors",
-    "allocated",
-    "requested",
-    "reserved",
-    "peak_allocated",
-    "driver",
-    "driver_source",
-    "context",
-    "rss",
-)
+#: The ledger's own figures, in ``records.Ledger`` field order (its device is a where column).
+_LEDGER = tuple(f.name for f in fields(Ledger) if f.name not in ("device", "categories"))
 _DERIVED = ("hidden", "cache", "framework", "framework_other")
 #: Totals-row columns of the categories; optional when reading (older reports lack them).
 CATEGORY_COLUMNS = tuple(f"cat_{name}" for name in CATEGORIES)
 _TOTALS = _LEDGER + _DERIVED + ("views", "skipped") + CATEGORY_COLUMNS
 COLUMNS = _WHERE + _CHANGE + _TOTALS
+#: The columns every report has (the categories came later: older reports lack them).
+REQUIRED_COLUMNS = tuple(column for column in COLUMNS if column not in CATEGORY_COLUMNS)
 
 
 def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
@@ -121,7 +116,7 @@ def read_stamps(path: Path) -> list[Stamp]:
     """
     with Path(path).open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or []) and c not in CATEGORY_COLUMNS]
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ValueError(f"{path} is not a gpu_mem_track CSV report (no {', '.join(missing[:3])} column)")
         try:

@@ -26,9 +26,9 @@ from .. import __version__
 from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
-from ..runner import active
 from .census import LiveTensorFinder, TensorSource, full_scan, take_census
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
+from .listeners import notify, redirected_folder
 from .naming import Registry, frame_roots
 from .probe import ProbeError, ProbeResult, cached_probe
 from .readers import MemoryReader, reader_for
@@ -118,9 +118,10 @@ class MemTracker:
         self._cuda_available: bool | None = None
         self._contexts: dict[str, int | None] = {}
         folder = path if path not in (None, "") else out_dir
-        if active.current is not None and folder is not None and Path(folder) == Path("reports"):
-            # inside `gpu_mem_track run`: the default folder means the run's folder
-            folder, run_name = active.current.folder, run_name or "tracker"
+        redirect = redirected_folder()
+        if redirect is not None and folder is not None and Path(folder) == Path("reports"):
+            # a listener (`gpu_mem_track run`) claims the default folder: write in its folder
+            folder, run_name = redirect, run_name or "tracker"
         self.run_name = run_name or default_run_name(clock())
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
         if self.files is not None:
@@ -190,6 +191,29 @@ class MemTracker:
             return self._stamp(caller, _where(caller), label)
         finally:
             del caller
+
+    def stamp_at(
+        self,
+        frame: types.FrameType | None,
+        label: str | None = None,
+        *,
+        where: tuple[str, int, str] | None = None,
+    ) -> Stamp:
+        """Stamp as ``track()`` does, on behalf of ``frame`` instead of the caller.
+
+        For tools that stamp for code they observe (the line runner's census after a
+        line): ``frame``'s locals name tensors, and the stamp records ``where`` (file,
+        line, function), by default the frame's current position. ``frame`` may be None
+        when ``where`` is given (no locals are named then).
+        """
+        if where is None:
+            if frame is None:
+                raise UsageError("stamp_at needs a frame or a where=(file, line, function)")
+            where = _where(frame)
+        try:
+            return self._stamp(frame, where, label)
+        finally:
+            del frame
 
     def region(self, label: str) -> _Region:
         """Stamp on entry and exit: ``with tracker.region("forward"): ...`` or as a decorator."""
@@ -304,8 +328,7 @@ class MemTracker:
             append_stamp(self.files.csv, stamp)
         else:
             self._memory_rows.extend(stamp_rows(stamp))
-        if active.current is not None:
-            active.current.stamped(self, stamp)
+        notify(self, stamp)
 
     def _note(self, message: str) -> None:
         if message not in self._notes_shown and self.verbosity >= 1:

@@ -1,0 +1,91 @@
+"""The run's stamp listener: trackers in the script write into the run, and the runner's
+own tracker takes the automatic censuses.
+
+``RunSession`` is registered with ``tracker.listeners.add_stamp_listener`` while the
+script runs: a ``MemTracker`` the script creates with the default output folder writes
+into the run folder, and each of its stamps becomes a ``track`` timeline row. The
+automatic census after a line goes through one tracker of the runner's own
+(``census.log``/``census.csv``) with the public ``MemTracker.stamp_at``; its stamps are
+kept (``censuses``) for the report. Torch and the tracker load on the first census only.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+from .files import TimelineWriter
+
+__all__ = ["CENSUS_PER_LINE", "CENSUS_PER_RUN", "RunSession"]
+
+#: Automatic censuses per line and per run: enough to see what a line creates, bounded.
+CENSUS_PER_LINE, CENSUS_PER_RUN = 2, 50
+
+
+class RunSession:
+    """One run's listener (``tracker.listeners.StampListener``) and census taker.
+
+    ``folder``: the run folder; ``device``: the run's resolved device (``cpu``,
+    ``cuda:N``); ``profiler``: set once made, receives the timeline rows. ``censuses``
+    holds the automatic censuses' stamps (``tracker.records.Stamp``), in order.
+    """
+
+    def __init__(self, folder: Path, device: str, timeline: TimelineWriter) -> None:
+        self.folder: Path | None = folder
+        self.device = device
+        self.timeline = timeline
+        self.profiler: Any = None
+        self.censuses: list[Any] = []
+        self._tracker: Any = None
+        self._per_line: dict[tuple[CodeType, int], int] = {}
+
+    def on_stamp(self, tracker: Any, stamp: Any) -> None:
+        """A tracker stamped: a ``track`` row (or a ``census`` row for the runner's own)."""
+        if self.profiler is None:
+            return
+        event = "census" if tracker is self._tracker else "track"
+        self.profiler.event_row(event, stamp.label, (stamp.file, stamp.function, stamp.line))
+        if event == "census":
+            self.censuses.append(stamp)
+
+    def census(self, code: CodeType, lineno: int, increment: int) -> None:
+        """Census after a line whose execution grew memory by ``increment`` bytes (the
+        profiler's callback; called from inside the traced frame's callees)."""
+        from ..units import format_bytes
+
+        key = (code, lineno)
+        done = self._per_line.get(key, 0)
+        if done >= CENSUS_PER_LINE or len(self.censuses) >= CENSUS_PER_RUN:
+            return
+        self._per_line[key] = done + 1
+        tracker = self.census_tracker()
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        where = (code.co_filename, lineno, getattr(code, "co_qualname", code.co_name))
+        try:
+            tracker.stamp_at(frame, f"line {lineno} grew {format_bytes(increment)}", where=where)
+        finally:
+            del frame
+
+    def census_tracker(self, activations: bool = False) -> Any:
+        """The runner's own tracker (``census.log``/``.csv``), made on first use."""
+        if self._tracker is None:
+            from ..tracker.memtracker import MemTracker
+
+            self._tracker = MemTracker(
+                device=self.device,
+                out_dir=self.folder,
+                run_name="census",
+                verbosity=0,
+                probe=False,  # no second CUDA context in the middle of the user's script
+                activations=activations,
+            )
+        return self._tracker
+
+    def close(self) -> None:
+        """Stop recording saved activations, if the census tracker was."""
+        if self._tracker is not None:
+            self._tracker.close()
