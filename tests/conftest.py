@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -69,3 +70,31 @@ def quiet_tracker(tmp_path):
         return MemTracker(**options)
 
     return make
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What ``main`` returned and printed; named like ``subprocess.CompletedProcess``."""
+
+    returncode: int | str | None
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def in_process(capsys):
+    """``in_process(*args)`` runs ``python -m gpu_mem_track *args`` in this process (no
+    torch import to pay for) and returns a :class:`CliResult`. argparse's own exits
+    (``--help``, a bad option) are returned as their exit code."""
+    from gpu_mem_track.cli import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            code = main([str(arg) for arg in args])
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run

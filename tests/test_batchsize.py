@@ -116,6 +116,18 @@ def test_result_round_trips_and_renders():
     )
 
 
+def test_cli_batch_size_in_process(in_process):
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "32MiB", "--json"]
+    done = in_process(*args)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.examples import mlp
+
+    assert estimate(mlp, (data["batch"], 784)).peak == data["peak"] <= 32 * 2**20
+    assert estimate(mlp, (data["batch"] + 1, 784)).peak > 32 * 2**20
+
+
+@pytest.mark.slow
 def test_cli_batch_size_end_to_end():
     args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "32MiB", "--json"]
     done = subprocess.run(

@@ -1,7 +1,9 @@
-"""The command line and the demo, end to end in subprocesses."""
+"""The command line: error cases and every command in process, the demo and one run per
+command end to end in subprocesses (those that import torch there are marked slow)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_mem_track import MemTracker, read_stamps
+from gpu_mem_track import read_stamps
+from gpu_mem_track.cli import BUG_REPORT
+from gpu_mem_track.commands import all_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,18 +26,28 @@ def run(*args, cwd=None, timeout=300):
     )
 
 
-def test_show_renders_the_csv_as_the_text_log(tmp_path):
-    tracker = MemTracker(device="cpu", out_dir=tmp_path, run_name="r", verbosity=0, probe=False)
+@pytest.fixture
+def two_stamps(quiet_tracker):
+    """A CPU tracker CSV with two stamps (a tensor watched, then deleted) and its log."""
+    tracker = quiet_tracker(run_name="r")
     kept = torch.zeros(10)
     tracker.watch(kept=kept)
     tracker.track("a")
     del kept
     tracker.track("b")
-    done = run("-m", "gpu_mem_track", "show", str(tracker.files.csv))
+    return tracker.files
+
+
+def test_show_renders_the_csv_as_the_text_log(two_stamps):
+    done = run("-m", "gpu_mem_track", "show", str(two_stamps.csv))
     assert done.returncode == 0, done.stderr
-    log = tracker.files.log.read_text().split("\n", 1)[1]  # after the header line
+    log = two_stamps.log.read_text().split("\n", 1)[1]  # after the header line
     assert done.stdout == log
-    totals = run("-m", "gpu_mem_track", "show", "--totals-only", str(tracker.files.csv))
+
+
+def test_show_totals_only_leaves_out_the_groups(two_stamps, in_process):
+    totals = in_process("show", "--totals-only", two_stamps.csv)
+    assert totals.returncode == 0
     assert "+ |" not in totals.stdout and totals.stdout.count("At ") == 2
 
 
@@ -43,18 +57,27 @@ def test_show_renders_the_csv_as_the_text_log(tmp_path):
         (("show", "missing.csv"), 2, "gpu_mem_track: no such report: missing.csv\n"),
         (("show", "notes.txt"), 2, "is not a gpu_mem_track CSV report"),
         (("probe", "--device", "cpu"), 2, "the probe measures CUDA devices, not 'cpu'"),
+        (("probe", "--device", "gpu"), 2, "not a device: 'gpu'"),
         (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
         ((), 2, "the following arguments are required: COMMAND"),
     ],
 )
-def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, args, code, message):
+def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, monkeypatch, in_process, args, code, message):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("hello\n")
-    done = run("-m", "gpu_mem_track", *args, cwd=tmp_path)
+    done = in_process(*args)
     assert done.returncode == code
     assert message in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+def test_a_usage_mistake_end_to_end_is_one_line_and_exit_2(tmp_path):
+    done = run("-m", "gpu_mem_track", "show", "missing.csv", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "gpu_mem_track: no such report: missing.csv\n"
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_probe_without_cuda_exits_1_saying_why():
     done = run("-m", "gpu_mem_track", "probe")
@@ -65,10 +88,74 @@ def test_probe_without_cuda_exits_1_saying_why():
     )
 
 
-@pytest.mark.parametrize("command", ["probe", "show"])
-def test_every_command_has_help(command):
-    done = run("-m", "gpu_mem_track", command, "--help")
-    assert done.returncode == 0 and "usage:" in done.stdout and "--" in done.stdout
+def test_probe_prints_the_result_as_text_or_json(monkeypatch, in_process, probe_result):
+    from gpu_mem_track.tracker import probe
+    from gpu_mem_track.tracker.render import render_probe
+
+    asked = []
+    monkeypatch.setattr(probe, "run_probe", lambda device: asked.append(device) or probe_result)
+    text = in_process("probe", "--device", "cuda:1")
+    assert (text.returncode, text.stdout, text.stderr) == (0, render_probe(probe_result), "")
+    as_json = in_process("probe", "--json")
+    assert as_json.returncode == 0
+    assert type(probe_result).from_dict(json.loads(as_json.stdout)) == probe_result
+    assert asked == ["cuda:1", "cuda:0"]
+
+
+def test_probe_that_cannot_run_here_exits_1_with_its_reason(monkeypatch, in_process):
+    from gpu_mem_track.tracker import probe
+
+    def no_nvml(device):
+        raise probe.ProbeError("the probe needs nvidia-ml-py")
+
+    monkeypatch.setattr(probe, "run_probe", no_nvml)
+    done = in_process("probe")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "gpu_mem_track: the probe needs nvidia-ml-py\n"
+
+
+@pytest.mark.parametrize("command", [c.name for c in all_commands()])
+def test_every_command_has_help(in_process, command):
+    done = in_process(command, "--help")
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: python -m gpu_mem_track {command}")
+    assert "--" in done.stdout
+
+
+def test_the_commands_are_listed_in_order_and_version_prints(in_process):
+    names = [c.name for c in all_commands()]
+    assert names == ["run", "probe", "show", "compare", "plot", "estimate", "batch-size"]
+    top = in_process("--help")
+    places = [top.stdout.find(f"\n    {name}") for name in names]
+    assert top.returncode == 0 and -1 not in places and places == sorted(places)
+    version = in_process("--version")
+    assert version.returncode == 0 and version.stdout.startswith("gpu_mem_track 0.")
+
+
+def _broken_compare(*args):
+    raise KeyError("our own mistake")
+
+
+def test_our_bug_is_a_traceback_exit_1_and_a_request_to_report_it(tmp_path, monkeypatch, in_process):
+    from gpu_mem_track.runs import compare
+
+    monkeypatch.setattr(compare, "compare_files", _broken_compare)
+    done = in_process("compare", tmp_path, tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("Traceback (most recent call last):")
+    assert "KeyError: 'our own mistake'" in done.stderr
+    assert done.stderr.endswith(f"\ngpu_mem_track: {BUG_REPORT}\n")
+
+
+@pytest.mark.parametrize(("raised", "code"), [(KeyboardInterrupt, 130), (BrokenPipeError, 0)])
+def test_ctrl_c_and_a_closed_pipe_end_quietly(tmp_path, monkeypatch, in_process, raised, code):
+    from gpu_mem_track.runs import compare
+
+    def interrupted(*args):
+        raise raised
+
+    monkeypatch.setattr(compare, "compare_files", interrupted)
+    done = in_process("compare", tmp_path, tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "", "")
 
 
 def test_vgg19_has_torchvisions_parameter_count():
@@ -80,6 +167,7 @@ def test_vgg19_has_torchvisions_parameter_count():
     assert dict(model.named_parameters())["classifier.0.weight"].shape == (4096, 25088)
 
 
+@pytest.mark.slow
 def test_demo_reports_vgg19_training_step_on_cpu(tmp_path):
     done = run(
         str(ROOT / "scripts" / "vgg_demo.py"),
@@ -119,12 +207,12 @@ def test_demo_reports_vgg19_training_step_on_cpu(tmp_path):
     assert "classifier.0.weight" in done.stdout
 
 
-def test_show_rejects_a_truncated_report_in_one_line(tmp_path):
-    tracker = MemTracker(device="cpu", out_dir=tmp_path, run_name="r", verbosity=0, probe=False)
+def test_show_rejects_a_truncated_report_in_one_line(tmp_path, quiet_tracker, in_process):
+    tracker = quiet_tracker(run_name="r")
     tracker.track("a")
     lines = tracker.files.csv.read_text().splitlines()
     (tmp_path / "cut.csv").write_text("\n".join([lines[0], lines[1][:25]]) + "\n")
-    done = run("-m", "gpu_mem_track", "show", str(tmp_path / "cut.csv"))
+    done = in_process("show", tmp_path / "cut.csv")
     assert done.returncode == 2
     assert "cut.csv, line 2: not a valid report row" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1

@@ -80,6 +80,7 @@ def test_probe_measures_the_context_on_this_gpu():
     assert result.total >= result.context
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", [None, "cuda", "cuda:0"])
 def test_tracking_never_initialises_cuda(device):
     """Runs with and without a GPU: the default device, "cuda" and "cuda:0" alike."""

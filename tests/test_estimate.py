@@ -186,10 +186,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_estimate_prints_the_table_and_json(tmp_path):
     factories = tmp_path / "factories.py"
     factories.write_text(FACTORIES)
     done = _cli("estimate", f"{factories}:net", "--input", "4x10", "--device", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["parameters"], data["activation_elements"], data["optimizer_states"]) == (325, 100, 12)
+
+
+def test_cli_estimate_json_in_process(tmp_path, in_process):
+    factories = tmp_path / "factories.py"
+    factories.write_text(FACTORIES)
+    done = in_process("estimate", f"{factories}:net", "--input", "4x10", "--device", "cpu", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["parameters"], data["activation_elements"], data["optimizer_states"]) == (325, 100, 12)
@@ -227,6 +237,28 @@ def test_cli_estimate_usage_mistakes_exit_2_with_one_line(tmp_path, capsys, spec
     assert len(err.strip().splitlines()) == 1 and out == ""
 
 
+def test_the_models_own_error_is_a_step_error_caused_by_it():
+    from gpu_mem_track.estimator.step import StepError
+
+    with pytest.raises(StepError, match="^the model's step failed: RuntimeError: ") as caught:
+        estimate(linear, (4, 11), device="cpu")
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_cli_does_not_blame_the_model_for_our_bug(tmp_path, monkeypatch, in_process):
+    from gpu_mem_track.cli import BUG_REPORT
+    from gpu_mem_track.estimator import simulate
+
+    def buggy(*args, **kwargs):
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(simulate, "estimate", buggy)
+    done = in_process("estimate", "gpu_mem_track.examples:mlp", "--input", "2x784")
+    assert done.returncode == 1 and "step failed" not in done.stderr
+    assert "TypeError: a bug of ours" in done.stderr and done.stderr.endswith(f"{BUG_REPORT}\n")
+
+
+@pytest.mark.slow
 def test_cli_estimate_failure_end_to_end(tmp_path):
     factories = tmp_path / "factories.py"
     factories.write_text(FACTORIES)

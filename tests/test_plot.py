@@ -118,21 +118,22 @@ def test_cli_plots_one_run_to_a_png(tmp_path):
     assert (tmp_path / "one.png").stat().st_size > 20_000
 
 
-def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path):
+def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path, monkeypatch, in_process):
     a = runner_folder(tmp_path, "fp32", timeline=training())
     b = runner_folder(tmp_path, "amp", timeline=training(scale=0.5))
     tracker = tracker_csv(
         tmp_path / "cpu.csv", [("model", 0.1, 300 * MIB), ("step", 0.4, 900 * MIB)], device="cpu"
     )
-    done = cli("plot", str(a), str(b / "timeline.csv"), str(tracker), "--title", "three runs", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = in_process("plot", a, b / "timeline.csv", tracker, "--title", "three runs")
     assert done.returncode == 0, done.stderr
     assert png_size(tmp_path / "timeline.png") == (1210, 638)  # the default output name
     assert (tmp_path / "timeline.png").stat().st_size > 20_000
 
 
-def test_cli_plot_writes_svg_by_suffix(tmp_path):
+def test_cli_plot_writes_svg_by_suffix(tmp_path, in_process):
     tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, 300 * MIB), ("step", 0.4, 900 * MIB)])
-    done = cli("plot", str(tracker), "-o", str(tmp_path / "t.svg"))
+    done = in_process("plot", tracker, "-o", tmp_path / "t.svg")
     assert done.returncode == 0, done.stderr
     svg = (tmp_path / "t.svg").read_text()
     assert "<svg" in svg and "peak 900.00 MiB" in svg
@@ -147,12 +148,13 @@ def test_cli_plot_writes_svg_by_suffix(tmp_path):
         (("t.csv", "-o", "x.nope"), "gpu_mem_track: cannot write x.nope: Format 'nope' is not supported"),
     ],
 )
-def test_cli_plot_mistakes_exit_2_with_one_line(tmp_path, args, message):
+def test_cli_plot_mistakes_exit_2_with_one_line(tmp_path, monkeypatch, in_process, args, message):
     from runfiles import line
 
     runner_folder(tmp_path, "run", [line("x = 1", 1, 1, 1)])
     tracker_csv(tmp_path / "t.csv", [("model", 0.1, MIB)])
-    done = cli("plot", *args, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = in_process("plot", *args)
     assert done.returncode == 2
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1
     assert not (tmp_path / "timeline.png").exists()

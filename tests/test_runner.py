@@ -207,6 +207,7 @@ def test_cli_help_describes_every_option():
     assert signal.SIGINT  # the Ctrl-C case above relies on SIGINT
 
 
+@pytest.mark.slow
 def test_activations_flag_names_saved_tensors_in_the_census(tmp_path):
     script = write(
         tmp_path / "act.py",

@@ -1,0 +1,179 @@
+"""The package's boundaries: which part may import which, which import no torch, and the
+public names ``gpu_mem_track`` exports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpu_mem_track
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpu_mem_track"
+
+#: The data model and the small shared modules: plain records and text, never torch.
+MODEL_MODULES = (
+    "gpu_mem_track.categories",
+    "gpu_mem_track.devices",
+    "gpu_mem_track.dtypes",
+    "gpu_mem_track.errors",
+    "gpu_mem_track.outputs",
+    "gpu_mem_track.units",
+    "gpu_mem_track.tracker.records",
+    "gpu_mem_track.runner.records",
+    "gpu_mem_track.estimator.records",
+    "gpu_mem_track.estimator.options",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(*folders: str) -> list[str]:
+    """Every module of ``gpu_mem_track/<folder>`` (the package itself for ``""``)."""
+    found = []
+    for folder in folders:
+        where = PACKAGE / folder
+        found += [module_name(p) for p in sorted(where.glob("*.py"))]
+    return found
+
+
+def imports(path: Path, source: str | None = None) -> set[str]:
+    """Every module ``path`` imports, at module level or inside functions, with relative
+    imports resolved; ``from x import y`` counts as both ``x`` and ``x.y`` (y may be a
+    module). Imports under ``if TYPE_CHECKING:`` are left out: they never run."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    text = path.read_text(encoding="utf-8") if source is None else source
+    for node in _runtime_nodes(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def offenders(folder: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    """Modules under ``folder`` importing any module under one of ``forbidden``."""
+    bad, under = {}, tuple(f"{name}." for name in forbidden)
+    for path in sorted((PACKAGE / folder).rglob("*.py")):
+        hits = sorted(m for m in imports(path) if m in forbidden or m.startswith(under))
+        if hits:
+            bad[module_name(path)] = hits
+    return bad
+
+
+def torch_importers(names: list[str]) -> list[str]:
+    """Import ``names`` in turn in a fresh interpreter; those after which torch appeared
+    (each one's own imports counted, as far as earlier ones had not already done them)."""
+    code = (
+        "import importlib, json, sys\n"
+        "guilty = []\n"
+        "for name in sys.argv[1:]:\n"
+        "    had = 'torch' in sys.modules\n"
+        "    importlib.import_module(name)\n"
+        "    if not had and 'torch' in sys.modules:\n"
+        "        guilty.append(name)\n"
+        "print(json.dumps(guilty))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_runner_runs_model_and_cli_import_no_torch():
+    """The runner must not start torch (or CUDA) before the user's script does; reading
+    runs back, the records and the command line (``--help``) need no torch at all."""
+    names = ["gpu_mem_track", *MODEL_MODULES, *modules("runner", "runs", "commands"), "gpu_mem_track.cli"]
+    assert torch_importers(names) == []
+
+
+def test_estimator_imports_neither_tracker_nor_runner():
+    assert offenders("estimator", ("gpu_mem_track.tracker", "gpu_mem_track.runner")) == {}
+
+
+def test_tracker_imports_no_runner_and_runs_no_estimator():
+    assert offenders("tracker", ("gpu_mem_track.runner",)) == {}
+    assert offenders("runs", ("gpu_mem_track.estimator",)) == {}
+
+
+def test_only_main_imports_the_command_line():
+    forbidden = ("gpu_mem_track.cli", "gpu_mem_track.commands")
+    bad = {
+        name: hits
+        for folder in ("", "tracker", "runner", "runs", "estimator", "examples")
+        for name, hits in offenders(folder, forbidden).items()
+        if name not in ("gpu_mem_track.__main__", "gpu_mem_track.cli") and not name.startswith(forbidden[1])
+    }
+    assert bad == {}
+
+
+def test_model_modules_import_nothing_that_measures():
+    """Records import only the standard library and other model modules."""
+    allowed = set(MODEL_MODULES)
+    for name in MODEL_MODULES:
+        path = ROOT / (name.replace(".", "/") + ".py")
+        ours = {m for m in imports(path) if m.startswith("gpu_mem_track")}
+        strays = {m for m in ours if m not in allowed and m.rpartition(".")[0] not in allowed}
+        assert strays == set(), name
+
+
+def test_the_import_scanner_sees_relative_and_lazy_imports_but_not_type_checking_ones():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from .records import A\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..runner import run\n"
+        "def f():\n"
+        "    from ..tracker import census\n"
+        "    import torch\n"
+    )
+    found = imports(PACKAGE / "estimator" / "records.py", source)
+    assert {"gpu_mem_track.estimator.records.A", "gpu_mem_track.tracker.census", "torch"} <= found
+    assert not any(m.startswith("gpu_mem_track.runner") for m in found)
+
+
+@pytest.mark.parametrize("name", gpu_mem_track.__all__)
+def test_every_exported_name_resolves(name):
+    assert getattr(gpu_mem_track, name) is not None
+    assert name in dir(gpu_mem_track)
+
+
+@pytest.mark.slow
+def test_the_torch_check_names_the_module_that_imported_torch():
+    names = ["gpu_mem_track.units", "gpu_mem_track.estimator.amp", "gpu_mem_track.tracker.census"]
+    assert torch_importers(names) == ["gpu_mem_track.estimator.amp"]
+
+
+def test_the_type_checking_block_imports_every_exported_name():
+    """Type checkers see ``__all__`` through the ``TYPE_CHECKING`` imports; the lazy table
+    and ``__all__`` name the same things."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    typed = {alias.asname or alias.name for node in block.body for alias in node.names}
+    assert typed | {"__version__"} == set(gpu_mem_track.__all__)
+    assert set(gpu_mem_track._HOMES) | {"__version__"} == set(gpu_mem_track.__all__)
