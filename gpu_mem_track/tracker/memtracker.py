@@ -81,7 +81,7 @@ class MemTracker:
         detail: bool = True,
         path: str | Path | None = None,
         verbose: bool = False,
-        device: str | int | torch.device | None = None,
+        device: str | int | torch.device | Device | None = None,
         *,
         out_dir: str | Path | None = "reports",
         run_name: str | None = None,
@@ -99,7 +99,7 @@ class MemTracker:
         _check_options(frame, census, verbosity)
         self.detail = detail
         self.verbosity = 2 if verbose else verbosity
-        self._device = _parse_device(device)
+        self._device: Device | None = None if device is None else parse_device(device)
         self._stream = stream
         self._probe: Probe | None = _probe_function(probe)
         self._source = source or (full_scan if census == "full" else LiveTensorFinder())
@@ -130,7 +130,7 @@ class MemTracker:
                 f"torch {torch.__version__} | Python {platform.python_version()}"
                 f" | gpu_mem_track {__version__}"
             )
-            self.files.write_text(render_header(self.run_name, self._device or "auto", versions))
+            self.files.write_text(render_header(self.run_name, str(self._device or "auto"), versions))
             write_header(self.files.csv)
 
     # -- registration -------------------------------------------------------------------------
@@ -222,19 +222,19 @@ class MemTracker:
     @property
     def device(self) -> str:
         """The device being tracked, resolved now (``"cpu"``, ``"cuda:0"``, ...)."""
-        if self._device is not None and self._device != "cuda":
-            if self._device.startswith("cuda:") and torch.cuda.is_initialized():
-                index, count = int(self._device[5:]), torch.cuda.device_count()
-                if index >= count:
-                    raise UsageError(f"no such device: {self._device} ({count} CUDA devices visible)")
-            return self._device
+        chosen = self._device
+        if chosen is not None and (chosen.type == "cpu" or chosen.index is not None):
+            if chosen.index is not None and torch.cuda.is_initialized():
+                count = torch.cuda.device_count()
+                if chosen.index >= count:
+                    raise UsageError(f"no such device: {chosen} ({count} CUDA devices visible)")
+            return str(chosen)
         if torch.cuda.is_initialized():
-            resolved = f"cuda:{torch.cuda.current_device()}"
-            self._device = resolved
-            return resolved
+            self._device = Device("cuda", torch.cuda.current_device())
+            return str(self._device)
         if self._cuda_available is None:
             # Asked once: is_available() starts the CUDA driver (no context) to count devices.
-            self._cuda_available = self._device == "cuda" or (
+            self._cuda_available = chosen is not None or (
                 torch.cuda._is_compiled() and torch.cuda.is_available()
             )
         return "cuda:0" if self._cuda_available else "cpu"
@@ -389,12 +389,6 @@ def _check_options(frame: Any, census: str, verbosity: int) -> None:
         raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
     if verbosity not in (0, 1, 2):
         raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
-
-
-def _parse_device(device: str | int | torch.device | Device | None) -> str | None:
-    """The device string kept until the device is resolved: ``"cuda"`` stays unindexed
-    (the current device is asked for later), see ``devices.parse_device``."""
-    return None if device is None else str(parse_device(device))
 
 
 def _probe_function(probe: bool | Probe) -> Probe | None:
