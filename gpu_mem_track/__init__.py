@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr__
+    from .devices import Device
     from .errors import UsageError
     from .estimator.batchsize import find_max_batch_size, search_batch_size
     from .estimator.records import BatchSizeResult, Estimate
     from .estimator.render import render_batch_size, render_estimate
     from .estimator.simulate import estimate
     from .estimator.specs import InputSpec
+    from .runner.records import RunResult
     from .runner.run import PreparedRun, RunOptions
     from .runner.run import execute as execute_run
     from .runner.run import prepare as prepare_run
@@ -46,6 +48,7 @@ _HOMES = {
     "Stamp": "tracker.records",
     "TensorGroup": "tracker.records",
     "UsageError": "errors",
+    "Device": "devices",
     "read_stamps": "tracker.csvlog",
     "ProbeResult": "tracker.probe",
     "run_probe": "tracker.probe",
@@ -62,6 +65,7 @@ _HOMES = {
     "PreparedRun": "runner.run",
     "prepare_run": "runner.run:prepare",
     "execute_run": "runner.run:execute",
+    "RunResult": "runner.records",
     "compare_files": "runs.compare",
     "compare_runs": "runs.compare",
     "render_comparison": "runs.compare",
@@ -87,6 +91,7 @@ __all__ = [
     "Stamp",
     "TensorGroup",
     "UsageError",
+    "Device",
     "read_stamps",
     "ProbeResult",
     "run_probe",
@@ -103,6 +108,7 @@ __all__ = [
     "PreparedRun",
     "prepare_run",
     "execute_run",
+    "RunResult",
     "compare_files",
     "compare_runs",
     "render_comparison",
