@@ -1,10 +1,10 @@
-# Chores. `make demo` and `make test` install what is missing first.
+# Chores. `make demo`, `make test` and `make test-all` install what is missing first.
 PYTHON ?= python3
 # The torch installed when none is importable: this machine's local CPU build. A torch
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-gpu bench lint format clean
+.PHONY: install demo test test-all test-gpu bench lint format clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_PIN)"
@@ -15,7 +15,12 @@ install:
 demo: install
 	$(PYTHON) scripts/vgg_demo.py
 
+# The quick suite: tests marked slow (subprocesses that import torch, the VGG demo) are
+# left to `make test-all`, which runs everything.
 test: install
+	$(PYTHON) -m pytest -q -m "not slow"
+
+test-all: install
 	$(PYTHON) -m pytest -q
 
 test-gpu: install
