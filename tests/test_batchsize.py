@@ -116,23 +116,14 @@ def test_result_round_trips_and_renders():
     )
 
 
-def test_cli_batch_size_in_process(in_process):
+@pytest.mark.parametrize("where", ["in process", pytest.param("subprocess", marks=pytest.mark.slow)])
+def test_cli_batch_size_prints_json(in_process, where):
     args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "32MiB", "--json"]
-    done = in_process(*args)
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
-    from gpu_mem_track.examples import mlp
-
-    assert estimate(mlp, (data["batch"], 784)).peak == data["peak"] <= 32 * 2**20
-    assert estimate(mlp, (data["batch"] + 1, 784)).peak > 32 * 2**20
-
-
-@pytest.mark.slow
-def test_cli_batch_size_end_to_end():
-    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "32MiB", "--json"]
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_mem_track", *args], capture_output=True, text=True, timeout=120
-    )
+    if where == "in process":
+        done = in_process(*args)
+    else:
+        command = [sys.executable, "-m", "gpu_mem_track", *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     from gpu_mem_track.examples import mlp

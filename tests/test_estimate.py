@@ -186,20 +186,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow
-def test_cli_estimate_prints_the_table_and_json(tmp_path):
+@pytest.mark.parametrize("where", ["in process", pytest.param("subprocess", marks=pytest.mark.slow)])
+def test_cli_estimate_prints_json(tmp_path, in_process, where):
     factories = tmp_path / "factories.py"
     factories.write_text(FACTORIES)
-    done = _cli("estimate", f"{factories}:net", "--input", "4x10", "--device", "cpu", "--json")
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
-    assert (data["parameters"], data["activation_elements"], data["optimizer_states"]) == (325, 100, 12)
-
-
-def test_cli_estimate_json_in_process(tmp_path, in_process):
-    factories = tmp_path / "factories.py"
-    factories.write_text(FACTORIES)
-    done = in_process("estimate", f"{factories}:net", "--input", "4x10", "--device", "cpu", "--json")
+    args = ("estimate", f"{factories}:net", "--input", "4x10", "--device", "cpu", "--json")
+    done = in_process(*args) if where == "in process" else _cli(*args)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["parameters"], data["activation_elements"], data["optimizer_states"]) == (325, 100, 12)

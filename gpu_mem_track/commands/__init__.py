@@ -10,11 +10,13 @@ imports what it needs.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Command", "all_commands", "count", "report"]
+__all__ = ["Command", "all_commands", "count", "print_result", "report"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,8 @@ def count(text: str) -> int:
 def report(message: str) -> None:
     """Print ``message`` as the one line a command fails with, on stderr."""
     print(f"gpu_mem_track: {message}", file=sys.stderr)
+
+
+def print_result(result: Any, as_json: bool, render: Callable[[Any], str]) -> None:
+    """Print a record on stdout: its ``to_dict()`` as JSON, or the text ``render`` makes."""
+    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if as_json else render(result))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from . import Command
+from . import Command, print_result
 from .model_args import add_model_arguments, load_model, step_options
 
 __all__ = ["COMMAND"]
@@ -33,9 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     factory, inputs = load_model(args)
     result = find_max_batch_size(factory, inputs, budget=budget, measure=args.measure, **step_options(args))
-    sys.stdout.write(
-        json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_batch_size(result)
-    )
+    print_result(result, args.json, render_batch_size)
     return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from . import Command
+from . import Command, print_result
 from .model_args import add_model_arguments, load_model, step_options
 
 __all__ = ["COMMAND"]
@@ -23,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
 
     factory, inputs = load_model(args)
     result = estimate(factory, inputs, **step_options(args))
-    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_estimate(result))
+    print_result(result, args.json, render_estimate)
     return 0
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from . import Command, report
+from . import Command, print_result, report
 
 __all__ = ["COMMAND"]
 
@@ -31,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     except ProbeError as exc:
         report(str(exc))
         return 1
-    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if args.json else render_probe(result))
+    print_result(result, args.json, render_probe)
     return 0
 
 
