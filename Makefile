@@ -6,10 +6,13 @@ TORCH_PIN ?= torch==2.13.0
 
 .PHONY: install demo test test-all test-gpu bench lint format clean
 
+# Looks packages up without importing them (importing torch alone takes seconds).
 install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_PIN)"
-	@(cd / && $(PYTHON) -c "import gpu_mem_track.tracker as t, pandas, tabulate, pytest, ruff, matplotlib; \
-		assert t.__file__.startswith('$(CURDIR)/')") 2>/dev/null \
+	@$(PYTHON) -c "import importlib.util as u; assert u.find_spec('torch')" 2>/dev/null \
+		|| $(PYTHON) -m pip install "$(TORCH_PIN)"
+	@(cd / && $(PYTHON) -c "import importlib.util as u; \
+		assert all(u.find_spec(m) for m in ('pandas', 'tabulate', 'pytest', 'ruff', 'matplotlib')); \
+		assert u.find_spec('gpu_mem_track').origin.startswith('$(CURDIR)/')") 2>/dev/null \
 		|| $(PYTHON) -m pip install -e ".[dev]"
 
 demo: install
