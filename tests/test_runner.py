@@ -155,6 +155,7 @@ def test_bad_census_threshold_is_exit_2(tmp_path):
     assert done.returncode == 2 and "not a byte size" in done.stderr
 
 
+@pytest.mark.slow  # in process: test_stamp_listeners.py
 def test_torch_and_tracker_stamps_land_in_the_run(tmp_path):
     script = write(
         tmp_path / "train.py",
