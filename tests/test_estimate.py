@@ -48,7 +48,9 @@ def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
     # (6656 B) while _foreach_sqrt makes one temporary per exp_avg_sq (1024 + 512 B).
     assert est.peak == 8192
     assert est.peak_phase == PhasePeak("optimizer step", 8192, "_foreach_sqrt", "")
-    assert est.at_peak == Breakdown(parameter=1536, gradient=1536, optimizer_state=3072, input=512, other=1536)
+    assert est.at_peak == Breakdown(
+        parameter=1536, gradient=1536, optimizer_state=3072, input=512, other=1536
+    )
     assert est.at_peak.total == est.peak
     # Backward: 5120 B at the step start + loss 512 + its gradient 512 + weight grad 1024 + bias grad 512.
     assert dict((p.phase, p.peak) for p in est.phases)["backward"] == 7680
