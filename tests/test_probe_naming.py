@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import weakref
 
 import pytest
@@ -87,3 +88,18 @@ def test_watch_ignores_repeats_and_rejects_proxies():
 )
 def test_safe_names(text, name):
     assert safe_name(text) == name
+
+
+@pytest.mark.parametrize(
+    ("argv0", "stem"),
+    [("-", "stdin"), ("<stdin>", "stdin"), ("-c", "python"), ("", "python"), ("dir/train.py", "train")],
+)
+def test_default_run_names_never_start_with_a_dash(monkeypatch, argv0, stem):
+    from gpu_mem_track.outputs import default_run_name
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert default_run_name(0.0).startswith(f"{stem}-") and default_run_name(0.0).count("-") == 2
+
+
+def test_safe_names_never_start_with_a_dash():
+    assert safe_name("--x") == "x" and safe_name("-") == "run"
