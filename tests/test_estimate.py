@@ -122,8 +122,51 @@ def test_usage_mistakes_raise_usage_errors():
         estimate(linear, (4, 10), device="xla")
     with pytest.raises(UsageError, match="not an nn.Module"):
         estimate(lambda: 3, (4, 10))
-    with pytest.raises(UsageError, match="raised ValueError: no"):
+    with pytest.raises(UsageError, match="failed with ValueError: no"):
         estimate(lambda: (_ for _ in ()).throw(ValueError("no")), (4, 10))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "long", "int32", "bool", torch.int64])
+def test_dtype_must_be_one_a_model_trains_in(dtype):
+    with pytest.raises(UsageError, match="cannot cast the model to .*: a model trains in float32, float16"):
+        estimate(linear, (4, 10), dtype=dtype)
+
+
+def test_integer_inputs_keep_their_dtypes_and_named_inputs_go_by_keyword():
+    from gpu_mem_track.estimator.specs import InputSpec, parse_input
+
+    assert parse_input("labels=4x32:int64") == InputSpec((4, 32), torch.int64, "labels")
+    assert str(parse_input("mask=4x32:bool")) == "mask=4x32:bool"
+    with pytest.raises(UsageError, match="not an input name: '1x'"):
+        parse_input("1x=4x32")
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 20)
+
+        def forward(self, x, scale=None):
+            return self.fc(x) * scale
+
+    est = estimate(Scaled, [(4, 10), InputSpec((4, 20), name="scale")], device="cpu", optimizer="none")
+    assert est.inputs == ("4x10", "scale=4x20") and est.input_bytes == 160 + 320
+
+
+def test_loss_defaults_to_the_outputs_own_loss_then_to_the_sum():
+    from gpu_mem_track.estimator.step import default_loss
+
+    own = torch.tensor(2.0)
+    assert default_loss({"loss": own, "logits": torch.ones(3)}) is own
+    assert (
+        default_loss((torch.ones(2), {"x": torch.full((3,), 2.0)}, torch.ones(2, dtype=torch.int64))) == 8.0
+    )
+
+    class Output:
+        loss = None
+        logits = torch.ones(2)
+
+    with pytest.raises(UsageError, match="holds no floating-point tensor"):
+        default_loss(Output())  # no pytree node: neither a loss nor tensors to sum
 
 
 def test_record_round_trips_through_json():
@@ -211,7 +254,11 @@ def test_cli_estimate_text(capsys):
         ("{f}", ["--input", "4x10"], "not a factory"),
         ("{f}:net", ["--input", "4x10", "--optimizer", "lion"], "unknown optimizer 'lion'"),
         ("{f}:net", ["--input", "4x10", "--dtype", "fp7"], "unknown dtype 'fp7'"),
-        ("{f}:broken", ["--input", "4x10"], "raised ValueError: cannot build"),
+        ("{f}:broken", ["--input", "4x10"], "broken failed with ValueError: cannot build"),
+        ("{f}:net", ["--input", "4x10", "--dtype", "int64"], "cannot cast the model to int64"),
+        ("{f}:net", ["--input", "4x10", "--dtype", "bool"], "cannot cast the model to bool"),
+        ("{f}:net", ["--input", "4x10", "--loss", "{f}:nothing"], "has no callable named 'nothing'"),
+        ("{f}:net", ["--input", "4x10", "--loss", "{f}:net"], "the model's step failed: TypeError"),
         ("{f}:net", ["--input", "4x11"], "the model's step failed: RuntimeError"),
         ("{f}:net", ["--input", "4x10", "--device", "tpu"], "targets cuda or cpu, not 'tpu'"),
     ],
@@ -221,6 +268,7 @@ def test_cli_estimate_usage_mistakes_exit_2_with_one_line(tmp_path, capsys, spec
 
     factories = tmp_path / "factories.py"
     factories.write_text(FACTORIES)
+    extra = [arg.format(f=factories) for arg in extra]
     assert main(["estimate", spec.format(f=factories), *extra]) == 2
     out, err = capsys.readouterr()
     assert message in err and err.startswith("gpu_mem_track: ")
@@ -232,4 +280,39 @@ def test_cli_estimate_failure_end_to_end(tmp_path):
     factories.write_text(FACTORIES)
     done = _cli("estimate", f"{factories}:broken", "--input", "4x10")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == "gpu_mem_track: the factory broken raised ValueError: cannot build\n"
+    assert done.stderr == (
+        f"gpu_mem_track: calling the factory {factories}:broken failed with ValueError: cannot build\n"
+    )
+
+
+def test_cli_amp_may_come_before_the_factory_and_the_factory_prints_as_written(tmp_path, capsys):
+    from gpu_mem_track.cli import main
+
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    spec = str(tmp_path / "factories.py") + ":net"
+    outputs = []
+    for args in (["--amp", spec], [spec, "--amp", "fp16"], [spec, "--amp"], ["--amp=bf16", spec]):
+        assert main(["estimate", *args, "--input", "4x10", "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert all(out["amp"] for out in outputs) and outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0]["model"] == spec  # not _gpu_mem_track_factory_<hash>:net
+    assert outputs[3]["activation_bytes"] == outputs[0]["activation_bytes"]  # bf16: same sizes
+    assert main(["estimate", "--amp", "--input", "4x10"]) == 2
+    assert "estimate needs a model factory" in capsys.readouterr().err
+    assert main(["estimate", "--amp", spec, spec, "--input", "4x10"]) == 2
+    assert "two factories given" in capsys.readouterr().err
+
+
+def test_cli_loss_function_from_a_file(tmp_path, capsys):
+    from gpu_mem_track.cli import main
+
+    loss = "\n\ndef big(output):\n    return (output.repeat(1000, 1) ** 2).sum()\n"
+    (tmp_path / "factories.py").write_text(FACTORIES + loss)
+    spec = str(tmp_path / "factories.py")
+    common = ["estimate", f"{spec}:net", "--input", "4x10", "--device", "cpu", "--json"]
+    assert main(common) == 0
+    summed = {p["phase"]: p["peak"] for p in json.loads(capsys.readouterr().out)["phases"]}
+    assert main([*common, "--loss", f"{spec}:big"]) == 0
+    big = {p["phase"]: p["peak"] for p in json.loads(capsys.readouterr().out)["phases"]}
+    # The 4x5 output repeated to 4000x5 float32 (80,000 B), then squared (80,000 B more).
+    assert big["loss"] == summed["loss"] + 2 * 80_000

@@ -20,7 +20,15 @@ from ..errors import UsageError
 from .records import BatchProbe, BatchSizeResult
 from .simulate import ModelLike, estimate
 from .specs import InputSpec
-from .step import as_specs, build_model, make_inputs, make_optimizer, run_steps
+from .step import (
+    as_specs,
+    build_model,
+    default_loss,
+    make_inputs,
+    make_optimizer,
+    run_steps,
+    split_named,
+)
 
 __all__ = ["find_max_batch_size", "search_batch_size"]
 
@@ -47,8 +55,10 @@ def search_batch_size(
     otherwise the fitted slope must predict that it does not. Assumes the peak grows
     with the batch. Evaluates at most ``max_probes`` batches.
     """
-    if budget <= 0 or not samples or sorted(set(samples)) != list(samples) or samples[0] < 1:
-        raise UsageError("the finder needs a positive budget and ascending positive sample batches")
+    if budget <= 0:
+        raise UsageError(f"the memory budget must be positive, not {budget} B")
+    if not samples or sorted(set(samples)) != list(samples) or samples[0] < 1:
+        raise UsageError(f"the sample batches must be positive and ascending, not {list(samples)}")
     probes: list[BatchProbe] = []
 
     def probe(batch: int) -> BatchProbe:
@@ -186,6 +196,7 @@ def find_max_batch_size(
     dtype: Any = None,
     amp: Any = False,
     training: bool = True,
+    loss_fn: Callable[[Any], torch.Tensor] = default_loss,
     samples: Sequence[int] = (1, 2, 4),
     max_batch: int = 1 << 20,
 ) -> BatchSizeResult:
@@ -200,6 +211,7 @@ def find_max_batch_size(
     ``budget`` defaults to the CUDA device's free memory (``torch.cuda.mem_get_info``);
     without CUDA it must be given. With measured peaks the batch above the answer is not
     run (it would exceed the budget): the fitted slope must predict it does not fit.
+    ``optimizer``, ``dtype``, ``amp``, ``training`` and ``loss_fn`` are as for :func:`estimate`.
     """
     if (step is None) == (model is None):
         raise UsageError("give either a model (with inputs) or a step function")
@@ -211,7 +223,7 @@ def find_max_batch_size(
         specs = [
             s if isinstance(s, InputSpec) else InputSpec(tuple(s.shape), s.dtype) for s in _specs(inputs)
         ]
-        options = dict(optimizer=optimizer, dtype=dtype, amp=amp, training=training)
+        options = dict(optimizer=optimizer, dtype=dtype, amp=amp, training=training, loss_fn=loss_fn)
         if measured:
             peak_of, source = _measured_peaks(model, specs, device, options), f"measured steps on {device}"
         else:
@@ -235,7 +247,7 @@ def _specs(inputs: Any) -> list[Any]:
 
 
 def _rebatch(specs: list[InputSpec], batch: int) -> list[InputSpec]:
-    return [InputSpec((batch, *spec.shape[1:]), spec.dtype) for spec in specs]
+    return [InputSpec((batch, *spec.shape[1:]), spec.dtype, spec.name) for spec in specs]
 
 
 def _budget(budget: int | None, device: str) -> tuple[int, str]:
@@ -278,19 +290,27 @@ def _measured_peaks(model: Any, specs: list[InputSpec], device: str, options: di
             else build_model(model, device)
         )
         if options["dtype"] is not None:
-            from .specs import parse_dtype
+            from .specs import parse_cast_dtype
 
-            module = module.to(parse_dtype(options["dtype"]))
+            module = module.to(parse_cast_dtype(options["dtype"]))
         module.train(options["training"])
         cast = None if options["dtype"] is None else next(module.parameters()).dtype
-        tensors = make_inputs(_rebatch(specs, batch), device, cast)
+        batched = _rebatch(specs, batch)
+        args, kwargs = split_named(batched, make_inputs(batched, device, cast))
         params = [p for p in module.parameters() if p.requires_grad]
         opt = make_optimizer(options["optimizer"], params, "cuda") if options["training"] else None
         amp = options["amp"]
         autocast = (
             (lambda: torch.autocast("cuda", dtype=torch.float16 if amp is True else amp)) if amp else None
         )
-        kwargs = {"autocast": autocast} if autocast else {}
-        run_steps(lambda: module(*tensors), params, opt, training=options["training"], **kwargs)
+        steps = {"autocast": autocast} if autocast else {}
+        run_steps(
+            lambda: module(*args, **kwargs),
+            params,
+            opt,
+            training=options["training"],
+            loss_fn=options["loss_fn"],
+            **steps,
+        )
 
     return lambda batch: _measure(lambda: run(batch), device)

@@ -11,6 +11,8 @@ from typing import Any
 from ..errors import UsageError
 from .records import OPTIMIZERS
 
+AMP_DTYPES = ("fp16", "float16", "half", "bf16", "bfloat16")
+
 __all__ = ["add_commands", "run_command"]
 
 COMMANDS = ("estimate", "batch-size")
@@ -38,18 +40,40 @@ def add_commands(commands: Any) -> None:
     finder.add_argument("--measure", action="store_true", help="measure real steps on the CUDA device")
 
 
+class _AmpAction(argparse.Action):
+    """``--amp [fp16|bf16]``: a value that is no AMP dtype is the factory ``--amp`` swallowed."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        if value is not None and value.lower() not in AMP_DTYPES:
+            namespace.factory_after_amp, value = value, None
+        namespace.amp = (value or "fp16").lower()
+
+
 def _common(parser: argparse.ArgumentParser, input_help: str) -> None:
-    parser.add_argument("factory", help="model factory: package.module:function or path/to/file.py:function")
+    parser.add_argument(
+        "factory",
+        nargs="?",
+        help="model factory: package.module:function or path/to/file.py:function",
+    )
     parser.add_argument("--input", action="append", required=True, metavar="SHAPE", help=input_help)
     parser.add_argument("--optimizer", default="adam", help=f"one of {', '.join(OPTIMIZERS)} (default: adam)")
-    parser.add_argument("--dtype", help="cast the model and inputs: fp32, bf16, fp16, ...")
+    parser.add_argument(
+        "--dtype",
+        help="cast the model and floating inputs: float32, float16, bfloat16, float64 (or fp32, fp16, "
+        "half, bf16, fp64)",
+    )
     parser.add_argument(
         "--amp",
         nargs="?",
-        const="fp16",
-        default=None,
-        metavar="DTYPE",
-        help="simulate autocast (fp16 or bf16)",
+        action=_AmpAction,
+        metavar="fp16|bf16",
+        help="simulate autocast, in float16 unless bf16 is given (may come before the factory)",
+    )
+    parser.add_argument(
+        "--loss",
+        metavar="FUNCTION",
+        help="loss of the model's output: package.module:function or file.py:function "
+        "(default: the output's own .loss when it has one, else the sum of its floating tensors)",
     )
     parser.add_argument(
         "--inference", action="store_true", help="a forward pass under no_grad instead of training"
@@ -60,10 +84,10 @@ def _common(parser: argparse.ArgumentParser, input_help: str) -> None:
 
 def run_command(args: argparse.Namespace, fail: Callable[[str, int], int]) -> int:
     """Run ``args.command``; usage mistakes and failing model code exit 2 through ``fail``."""
-    from .specs import load_factory, parse_input
+    from .specs import load_callable, parse_input
 
     try:
-        factory = load_factory(args.factory)
+        factory = load_callable(_factory_spec(args))
         inputs = [parse_input(text) for text in args.input]
         return (
             _estimate(args, factory, inputs)
@@ -77,13 +101,28 @@ def run_command(args: argparse.Namespace, fail: Callable[[str, int], int]) -> in
         return fail(f"the model's step failed: {type(exc).__name__}: {first}", 2)
 
 
+def _factory_spec(args: argparse.Namespace) -> str:
+    swallowed = getattr(args, "factory_after_amp", None)
+    if args.factory is None and swallowed is None:
+        raise UsageError(
+            f"{args.command} needs a model factory (package.module:function or file.py:function)"
+        )
+    if args.factory is not None and swallowed is not None:
+        raise UsageError(f"two factories given: {swallowed} and {args.factory}")
+    return args.factory or swallowed
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
+    from .specs import load_callable
+    from .step import default_loss
+
     return dict(
         optimizer=args.optimizer,
         dtype=args.dtype,
         amp=args.amp if args.amp is not None else False,
         training=not args.inference,
         device=args.device,
+        loss_fn=load_callable(args.loss, "loss function") if args.loss else default_loss,
     )
 
 

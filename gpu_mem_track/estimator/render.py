@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..units import format_bytes
-from .records import BatchSizeResult, Estimate
+from .records import BatchProbe, BatchSizeResult, Estimate
 
 __all__ = ["render_batch_size", "render_estimate"]
 
@@ -85,27 +85,39 @@ def _totals(estimate: Estimate) -> list[str]:
 
 
 def render_batch_size(result: BatchSizeResult) -> str:
-    """The answer, the margin, the fitted line and every probe."""
+    """The answer, the margin, the fitted line and every probe.
+
+    Probes over the budget show their exact bytes and ``(over budget)``, so one just
+    above the budget does not read like the budget itself. When nothing fits there is
+    no line to fit: the smallest batch's peak is given instead.
+    """
+    probes = f"probes ({len(result.probes)}): " + ", ".join(_probe(p, result.budget) for p in result.probes)
+    source = f"peaks from: {result.source}; budget from: {result.budget_source}"
+    if not result.batch:
+        first = result.probes[0]
+        peak = (
+            f"its step peaks at {format_bytes(first.peak)} ({first.peak:,} B)"
+            if first.peak is not None
+            else "its step did not run"
+        )
+        answer = (
+            f"not even batch {first.batch} fits the {format_bytes(result.budget)} "
+            f"({result.budget:,} B) budget: {peak}"
+        )
+        return "\n".join([answer, source, probes, ""])
+    answer = (
+        f"largest batch that fits: {result.batch} (peak {format_bytes(result.peak)} of "
+        f"{format_bytes(result.budget)} budget, margin {format_bytes(result.margin)})"
+    )
     fit = (
         f"peak(batch) ~ {format_bytes(round(result.intercept))} + {format_bytes(round(result.slope))} x batch"
     )
-    if result.batch:
-        answer = (
-            f"largest batch that fits: {result.batch} (peak {format_bytes(result.peak)} of "
-            f"{format_bytes(result.budget)} budget, margin {format_bytes(result.margin)})"
-        )
-    else:
-        smallest = result.probes[0].batch
-        answer = f"no batch fits the {format_bytes(result.budget)} budget (smallest tried: {smallest})"
-    probes = ", ".join(
-        f"{p.batch}: {format_bytes(p.peak) if p.peak is not None else 'failed'}" for p in result.probes
-    )
-    return "\n".join(
-        [
-            answer,
-            f"fit near the answer: {fit}",
-            f"peaks from: {result.source}; budget from: {result.budget_source}",
-            f"probes ({len(result.probes)}): {probes}",
-            "",
-        ]
-    )
+    return "\n".join([answer, f"fit near the answer: {fit}", source, probes, ""])
+
+
+def _probe(probe: BatchProbe, budget: int) -> str:
+    if probe.peak is None:
+        return f"{probe.batch}: failed"
+    if probe.peak > budget:
+        return f"{probe.batch}: {probe.peak:,} B (over budget)"
+    return f"{probe.batch}: {format_bytes(probe.peak)}"

@@ -27,7 +27,7 @@ from ..units import cuda_block_bytes
 from .amp import SimulatedAutocast
 from .lifetimes import Lifetimes
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
-from .specs import dtype_name, parse_dtype
+from .specs import callable_name, dtype_name, parse_cast_dtype, parse_dtype
 from .step import (
     InputsLike,
     OptimizerLike,
@@ -38,6 +38,7 @@ from .step import (
     make_inputs,
     make_optimizer,
     run_steps,
+    split_named,
 )
 
 __all__ = ["estimate", "trace_cpu_step"]
@@ -113,7 +114,7 @@ def _trace(
     loss_fn: Callable[[Any], torch.Tensor],
     sim: str,
 ) -> Estimate:
-    cast = parse_dtype(dtype) if dtype is not None else None
+    cast = parse_cast_dtype(dtype) if dtype is not None else None
     amp_dtype = _amp_dtype(amp)
     specs = as_specs(inputs)
     name = _model_name(model)
@@ -131,8 +132,9 @@ def _trace(
             opt = make_optimizer(optimizer, params, target) if training else None
             watch = _Watch(tracker, module, state, tensors, opt)
             with watch.hooks():
+                args, kwargs = split_named(specs, tensors)
                 run_steps(
-                    lambda: functional_call(module, state, tuple(tensors)),
+                    lambda: functional_call(module, state, args, kwargs),
                     params,
                     opt,
                     training=training,
@@ -151,7 +153,7 @@ def _trace(
                 optimizer=_optimizer_name(optimizer) if training else "none",
                 dtype=dtype_name(cast) if cast else "as built",
                 amp=amp_dtype is not None,
-                inputs=tuple(describe(t) for t in tensors),
+                inputs=tuple(describe(t, getattr(s, "name", "")) for s, t in zip(specs, tensors)),
             )
             return watch.result(header)
     finally:
@@ -171,7 +173,7 @@ def _amp_dtype(amp: bool | str | torch.dtype) -> torch.dtype | None:
 def _model_name(model: ModelLike) -> str:
     if isinstance(model, nn.Module):
         return type(model).__name__
-    return f"{getattr(model, '__module__', '?')}:{getattr(model, '__qualname__', repr(model))}"
+    return callable_name(model)
 
 
 def _optimizer_name(optimizer: OptimizerLike) -> str:

@@ -19,9 +19,20 @@ import torch
 
 from ..errors import UsageError
 
-__all__ = ["DTYPES", "InputSpec", "load_factory", "parse_dtype", "parse_input"]
+__all__ = [
+    "DTYPES",
+    "INPUT_DTYPES",
+    "InputSpec",
+    "callable_name",
+    "load_callable",
+    "load_factory",
+    "parse_cast_dtype",
+    "parse_dtype",
+    "parse_input",
+]
 
-#: Names accepted for ``dtype`` (CLI ``--dtype``, ``estimate(dtype=...)``).
+#: Names accepted for ``dtype`` (CLI ``--dtype``, ``estimate(dtype=...)``): the floating
+#: dtypes a model can be trained in.
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "float32": torch.float32,
@@ -32,23 +43,38 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "fp64": torch.float64,
     "float64": torch.float64,
+}
+
+#: Names accepted for an input's dtype (``32x128:int64``): the floating ones and the
+#: integer and bool dtypes of token ids and masks.
+INPUT_DTYPES: dict[str, torch.dtype] = {
+    **DTYPES,
     "int64": torch.int64,
     "long": torch.int64,
     "int32": torch.int32,
     "bool": torch.bool,
 }
 
+#: Where modules loaded from a file came from, as the user wrote it: module name -> path.
+_FILE_MODULES: dict[str, str] = {}
+
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input described by its shape and dtype (no data)."""
+    """One model input described by its shape and dtype (no data).
+
+    With a ``name`` the input is passed as that keyword argument (``labels=...``),
+    otherwise positionally, in order.
+    """
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    name: str = ""
 
     def __str__(self) -> str:
         text = "x".join(map(str, self.shape))
-        return text if self.dtype == torch.float32 else f"{text}:{dtype_name(self.dtype)}"
+        text = text if self.dtype == torch.float32 else f"{text}:{dtype_name(self.dtype)}"
+        return f"{self.name}={text}" if self.name else text
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -57,40 +83,82 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    """A ``torch.dtype`` from ``"bf16"``, ``"float16"``, ... (or a dtype, returned as is)."""
+    """A ``torch.dtype`` from ``"bf16"``, ``"int64"``, ... (or a dtype, returned as is)."""
     if isinstance(name, torch.dtype):
         return name
     try:
-        return DTYPES[str(name).lower()]
+        return INPUT_DTYPES[str(name).lower()]
     except KeyError:
-        raise UsageError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})") from None
+        raise UsageError(f"unknown dtype {name!r} (choose from {', '.join(INPUT_DTYPES)})") from None
+
+
+def parse_cast_dtype(name: str | torch.dtype) -> torch.dtype:
+    """The floating dtype to cast a model to (``dtype=``, ``--dtype``); one of :data:`DTYPES`.
+
+    Integer and bool dtypes are refused: a model cast to them cannot train (its floating
+    parameters would be truncated and autograd needs floating tensors).
+    """
+    choices = "float32, float16, bfloat16 or float64 (also fp32, fp16, half, bf16, fp64)"
+    dtype = name if isinstance(name, torch.dtype) else DTYPES.get(str(name).lower())
+    if dtype is None and str(name).lower() in INPUT_DTYPES:
+        dtype = INPUT_DTYPES[str(name).lower()]
+    if dtype is None:
+        raise UsageError(f"unknown dtype {name!r} for the model: choose {choices}")
+    if not dtype.is_floating_point:
+        raise UsageError(
+            f"cannot cast the model to {dtype_name(dtype)}: a model trains in {choices}; "
+            "integer inputs are given as SHAPE:int64"
+        )
+    return dtype
 
 
 def parse_input(text: str) -> InputSpec:
-    """``"64x3x32x32"`` or ``"32x128:int64"`` -> :class:`InputSpec` (sizes are positive)."""
-    shape_text, _, dtype_text = text.partition(":")
+    """``"64x3x32x32"``, ``"32x128:int64"`` or ``"labels=32x128:int64"`` (a keyword input)
+    -> :class:`InputSpec` (sizes are positive)."""
+    name, equals, rest = text.partition("=")
+    if not equals:
+        name, rest = "", text
+    elif not name.strip().isidentifier():
+        raise UsageError(f"not an input name: {name!r} in {text!r} (example: labels=32x128:int64)")
+    shape_text, _, dtype_text = rest.partition(":")
     if not re.fullmatch(r"[0-9]+(x[0-9]+)*", shape_text.strip()):
-        raise UsageError(f"not an input shape: {text!r} (examples: 64x3x32x32, 32x128:int64)")
+        raise UsageError(
+            f"not an input shape: {text!r} (examples: 64x3x32x32, 32x128:int64, labels=32x128:int64)"
+        )
     shape = tuple(int(part) for part in shape_text.strip().split("x"))
     if 0 in shape:
         raise UsageError(f"input shape {text!r} has a zero size")
-    return InputSpec(shape, parse_dtype(dtype_text) if dtype_text else torch.float32)
+    return InputSpec(shape, parse_dtype(dtype_text) if dtype_text else torch.float32, name.strip())
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
+    """The model factory named by ``"package.module:name"`` or ``"path/to/file.py:name"``."""
+    return load_callable(spec, "factory")
+
+
+def load_callable(spec: str, what: str = "factory") -> Callable[..., Any]:
     """The callable named by ``"package.module:name"`` or ``"path/to/file.py:name"``.
 
-    The module is imported (a ``.py`` path is loaded as a fresh module); the callable is
-    not called.
+    The module is imported (a ``.py`` path is loaded as a fresh module, and
+    :func:`callable_name` names its callables by that path); the callable is not called.
+    ``what`` names it in messages (``"factory"``, ``"loss function"``).
     """
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
-        raise UsageError(f"not a factory: {spec!r} (examples: mypkg.models:build, models.py:build)")
+        raise UsageError(f"not a {what}: {spec!r} (examples: mypkg.models:build, models.py:build)")
     module = _load_file(target) if target.endswith(".py") else _import(target)
-    factory = getattr(module, name, None)
-    if not callable(factory):
+    found = getattr(module, name, None)
+    if not callable(found):
         raise UsageError(f"{target} has no callable named {name!r}")
-    return factory
+    return found
+
+
+def callable_name(obj: Any) -> str:
+    """``"module:qualname"``; for a callable loaded from a file, ``"path.py:qualname"`` with the
+    path as the user wrote it."""
+    module = getattr(obj, "__module__", None) or "?"
+    module = _FILE_MODULES.get(module, module)
+    return f"{module}:{getattr(obj, '__qualname__', None) or type(obj).__name__}"
 
 
 def _import(name: str) -> Any:
@@ -115,4 +183,5 @@ def _load_file(path_text: str) -> Any:
     except Exception as exc:
         del sys.modules[module_name]
         raise UsageError(f"{path} raised {type(exc).__name__} on import: {exc}") from None
+    _FILE_MODULES[module_name] = path_text
     return module
