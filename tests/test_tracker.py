@@ -46,7 +46,25 @@ def test_classic_constructor_forms(tmp_path):
     [(0, "cuda:0"), ("cuda:1", "cuda:1"), (torch.device("cuda", 2), "cuda:2"), ("cpu", "cpu")],
 )
 def test_device_argument_is_honoured(device, resolved):
-    assert MemTracker(device=device, out_dir=None, verbosity=0).device == resolved
+    # An injected reader stands for the device: no fallback even without CUDA.
+    assert MemTracker(device=device, out_dir=None, verbosity=0, reader=FakeReader()).device == resolved
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda:0", "cuda", 0], ids=["index-string", "no-index", "index"])
+def test_cuda_asked_where_cuda_is_not_available_reports_cpu_tensors_and_says_so(tmp_path, device):
+    stream = io.StringIO()
+    tracker = MemTracker(device=device, out_dir=tmp_path, verbosity=1, stream=stream, probe=False)
+    kept = torch.zeros(1000)
+    first = tracker.track()
+    tracker.track()
+    assert tracker.device == "cpu" and first.ledger.device == "cpu"
+    assert first.ledger.tensors >= 4000 and first.ledger.rss is not None
+    notes = [line for line in stream.getvalue().splitlines() if "CUDA is not available here" in line]
+    assert len(notes) == 1 and "so the stamps report CPU tensors" in notes[0]
+    assert "not initialised" not in stream.getvalue()
+    assert "# gpu_mem_track: CUDA is not available here" in tracker.files.log.read_text()
+    del kept
 
 
 def test_bad_arguments_name_the_problem(tmp_path):
@@ -264,3 +282,26 @@ def test_tracking_keeps_no_tensor_alive(quiet_tracker):
     gc.collect()
     assert all(r() is None for r in refs)
     tracker.track()  # watched objects are gone: nothing breaks
+
+
+def test_track_reads_a_cached_probe_and_never_measures(quiet_tracker, probe_result, monkeypatch, tmp_path):
+    from gpu_mem_track.tracker import probe
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("track() started a process")
+
+    monkeypatch.setattr(probe.subprocess, "run", no_process)
+    monkeypatch.setattr(probe.subprocess, "Popen", no_process)
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path / "cache"))
+    reader = FakeReader(AllocatorReading(0, 0, 0, 0), DriverReading(600 * MiB, "nvml process"))
+    stream = io.StringIO()
+    unmeasured = quiet_tracker(device="cuda:0", reader=reader, probe=True, verbosity=1, stream=stream)
+    assert [unmeasured.track().ledger.context for _ in range(2)] == [None, None]
+    hint = "run `python -m gpu_mem_track probe --device cuda:0` once"
+    assert stream.getvalue().count(hint) == 1
+    assert not (tmp_path / "cache").exists()
+    probe.store_probe(probe_result)  # what `gpu_mem_track probe` does
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})  # as in a later process: only the disk cache
+    measured = quiet_tracker(device="cuda:0", reader=reader, probe=True)
+    assert measured.track().ledger.context == 500 * MiB

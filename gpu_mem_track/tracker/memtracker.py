@@ -27,9 +27,19 @@ from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
 from ..runner import active
 from .census import LiveTensorFinder, TensorSource, full_scan, take_census
+from .classic import ClassicMethods
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
 from .naming import Registry, frame_roots
-from .probe import ProbeError, ProbeResult, cached_probe
+from .options import (
+    PROBE_HINT,
+    Probe,
+    check_options,
+    cuda_unavailable_note,
+    cuda_usable,
+    parse_device,
+    probe_function,
+)
+from .probe import ProbeError
 from .readers import MemoryReader, reader_for
 from .records import Census, Ledger, Stamp, diff_census
 from .render import render_census, render_header, render_stamp
@@ -38,15 +48,16 @@ from .saved import SavedTensorRecorder
 __all__ = ["MemTracker"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-Probe = Callable[[str], "ProbeResult | None"]
 
 
-class MemTracker:
+class MemTracker(ClassicMethods):
     """Line-stamped live-tensor reports that add up, byte for byte.
 
     ``MemTracker()`` needs no arguments; the classic ``MemTracker(inspect.currentframe())``
     and ``MemTracker(detail, path, verbose, device)`` forms work too (the frame is not
-    needed: each ``track()`` reads its caller's frame itself).
+    needed: each ``track()`` reads its caller's frame itself). The classic helpers
+    ``get_tensors``, ``get_tensor_usage``, ``get_allocate_usage``, ``clear_cache`` and
+    ``print_all_gpu_tensor`` are there too (see ``classic.ClassicMethods``).
 
     Args:
         frame: accepted for compatibility with the classic tool; ignored.
@@ -54,14 +65,17 @@ class MemTracker:
         path: the classic name of ``out_dir``.
         verbose: the classic switch; True means ``verbosity=2``.
         device: ``"cuda:1"``, ``"cuda"``, ``"cpu"``, a ``torch.device`` or a CUDA index.
-            Default: the current CUDA device when CUDA is available, else the CPU.
+            Default: the current CUDA device when CUDA is available, else the CPU. A CUDA
+            device asked for where CUDA is not available is reported on the CPU instead,
+            with a note saying so (unless ``reader`` is given: it stands for the device).
         out_dir: folder of the text log and CSV (created if missing); None writes no files.
         run_name: base name of the report files; default ``<script>-<date>-<time>``.
         verbosity: 0 prints nothing, 1 prints each stamp, 2 also lists every live group.
         stream: where stamps are printed (default: ``sys.stdout`` at call time).
-        probe: measure the CUDA context cost once per GPU in a subprocess and split the
-            framework cost with it (True), skip it (False), or a callable
-            ``device -> ProbeResult`` (tests, or results measured elsewhere).
+        probe: split the framework cost with the CUDA context cost measured for this GPU
+            by ``gpu-mem-track probe`` (True: read from the probe's cache; when there is
+            none, a note says once how to measure it; nothing is ever measured from here),
+            skip it (False), or a callable ``device -> ProbeResult | None``.
         census: ``"fast"`` (``census.LiveTensorFinder``: a heap walk only after a collection
             that moved objects into the oldest generation, else a scan of the young ones) or
             ``"full"`` (filter all of ``gc.get_objects()``; slower, to check the fast one).
@@ -95,14 +109,15 @@ class MemTracker:
     ) -> None:
         if isinstance(frame, bool):  # the classic MemTracker(detail, path, verbose, device)
             frame, detail, path, verbose, device = None, frame, detail, path, verbose  # type: ignore[assignment]
-        _check_options(frame, census, verbosity)
+        check_options(frame, census, verbosity)
         self.detail = detail
         self.verbosity = 2 if verbose else verbosity
-        self._device = _parse_device(device)
+        self._device = parse_device(device)
         self._stream = stream
-        self._probe: Probe | None = _probe_function(probe)
+        self._probe: Probe | None = probe_function(probe)
         self._source = source or (full_scan if census == "full" else LiveTensorFinder())
         self._reader = reader
+        self._reader_given = reader is not None
         self._clock = clock
         self._registry = Registry()
         self._recorder = SavedTensorRecorder()
@@ -197,6 +212,12 @@ class MemTracker:
     @property
     def device(self) -> str:
         """The device being tracked, resolved now (``"cpu"``, ``"cuda:0"``, ...)."""
+        if self._device is not None and self._device.startswith("cuda") and not self._reader_given:
+            if self._cuda_available is None:
+                self._cuda_available = cuda_usable()
+            if not self._cuda_available:
+                self._note(cuda_unavailable_note(self._device))
+                return "cpu"
         if self._device is not None and self._device != "cuda":
             if self._device.startswith("cuda:") and torch.cuda.is_initialized():
                 index, count = int(self._device[5:]), torch.cuda.device_count()
@@ -209,9 +230,7 @@ class MemTracker:
             return resolved
         if self._cuda_available is None:
             # Asked once: is_available() starts the CUDA driver (no context) to count devices.
-            self._cuda_available = self._device == "cuda" or (
-                torch.cuda._is_compiled() and torch.cuda.is_available()
-            )
+            self._cuda_available = self._device == "cuda" or cuda_usable()
         return "cuda:0" if self._cuda_available else "cpu"
 
     @property
@@ -277,7 +296,8 @@ class MemTracker:
         )
 
     def _context(self, device: str) -> int | None:
-        """The probed CUDA context cost of ``device``, asked of the probe once per device."""
+        """The probed CUDA context cost of ``device``, asked of the probe once per device
+        (the default probe only reads results already measured: no process, no context)."""
         assert self._probe is not None
         if device not in self._contexts:
             try:
@@ -287,6 +307,8 @@ class MemTracker:
                 self._note(f"gpu_mem_track: no CUDA context probe ({reason}); framework cost not split")
                 self._probe = None
                 return None
+            if result is None:
+                self._note(PROBE_HINT.format(device=device))
             self._contexts[device] = None if result is None else result.context
         return self._contexts[device]
 
@@ -307,9 +329,14 @@ class MemTracker:
             active.current.stamped(self, stamp)
 
     def _note(self, message: str) -> None:
-        if message not in self._notes_shown and self.verbosity >= 1:
-            self._notes_shown.add(message)
+        """Say ``message`` once: on the stream (stderr by default) and in the text log."""
+        if message in self._notes_shown:
+            return
+        self._notes_shown.add(message)
+        if self.verbosity >= 1:
             print(message, file=self._stream or sys.stderr)
+        if self.files is not None:
+            self.files.write_text(f"# {message}\n")
 
     # -- results ------------------------------------------------------------------------------
 
@@ -356,42 +383,3 @@ class _Region(contextlib.AbstractContextManager):
 def _where(frame: types.FrameType) -> tuple[str, int, str]:
     """(file, line, function) of a frame, as a stamp records them."""
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-
-
-def _check_options(frame: Any, census: str, verbosity: int) -> None:
-    if frame is not None and not isinstance(frame, types.FrameType):
-        raise UsageError(f"MemTracker's first argument is a frame or None, not {type(frame).__name__}")
-    if census not in ("fast", "full"):
-        raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
-    if verbosity not in (0, 1, 2):
-        raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
-
-
-def _parse_device(device: str | int | torch.device | None) -> str | None:
-    if device is None:
-        return None
-    if isinstance(device, bool) or (isinstance(device, int) and device < 0):
-        raise UsageError(f"device must be a device name or a CUDA index >= 0, not {device!r}")
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise UsageError(f"not a device: {device!r} (examples: 'cpu', 'cuda', 'cuda:1')") from exc
-    return "cuda" if parsed.type == "cuda" and parsed.index is None else str(parsed)
-
-
-def _probe_function(probe: bool | Probe) -> Probe | None:
-    if probe is True:
-        return _cached_probe
-    if probe is False or probe is None:
-        return None
-    if callable(probe):
-        return probe
-    raise UsageError(f"probe must be True, False or a callable, not {probe!r}")
-
-
-def _cached_probe(device: str) -> ProbeResult:
-    index = torch.device(device).index or 0
-    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None
-    return cached_probe(device, uuid)

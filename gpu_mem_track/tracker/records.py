@@ -443,13 +443,18 @@ class ProbeStage:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Stages measured on one device, and the framework cost of each step between them."""
+    """Stages measured on one device, and the framework cost of each step between them.
+
+    ``uuid`` is the GPU's UUID as torch reports it ("" when unknown, as in results saved
+    before it was recorded).
+    """
 
     device: str
     gpu_name: str
     driver_source: str
     torch_version: str
     stages: tuple[ProbeStage, ...]
+    uuid: str = ""
 
     def costs(self) -> dict[str, int]:
         """Bytes each stage added outside the caching allocator, keyed by stage name."""
