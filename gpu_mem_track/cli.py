@@ -39,10 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser(
         "show",
-        help="print a CSV report as the text report",
-        description="Render a CSV report written by MemTracker as the text report.",
+        help="print a report as text: a MemTracker CSV or a run",
+        description="Print a MemTracker CSV as the tracker's text log, or a run (its folder, lines.csv "
+        "or timeline.csv) as its report.txt. A last row cut mid-write (a killed process) is left out, "
+        "saying so on stderr.",
     )
-    show.add_argument("report", type=Path, help="CSV report (reports/<run>.csv)")
+    show.add_argument(
+        "report", type=Path, help="reports/<run>.csv, or reports/<run>/, its lines.csv or timeline.csv"
+    )
     show.add_argument("--totals-only", action="store_true", help="leave out the changed tensor groups")
     _add_compare(commands)
     _add_plot(commands)
@@ -171,18 +175,15 @@ def _probe(device: str, as_json: bool) -> int:
 
 
 def _show(report: Path, detail: bool) -> int:
-    from .tracker.csvlog import read_stamps
-    from .tracker.render import render_stamps
+    from .errors import UsageError
+    from .runs.show import show_report
 
     try:
-        stamps = read_stamps(report)
-    except FileNotFoundError:
-        return _fail(f"no such report: {report}", 2)
-    except (OSError, UnicodeDecodeError) as exc:
-        return _fail(f"cannot read {report}: {exc}", 2)
-    except (ValueError, KeyError) as exc:
-        return _fail(f"{report} is not a gpu_mem_track CSV report ({exc})", 2)
-    sys.stdout.write(render_stamps(stamps, detail))
+        shown = show_report(report, detail)
+    except UsageError as exc:
+        return _fail(str(exc), 2)
+    _notes(shown.notes)
+    sys.stdout.write(shown.text)
     return 0
 
 
@@ -209,7 +210,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         type=_count,
         default=20,
         metavar="N",
-        help="show the N largest differences (default: 20; 0: all)",
+        help="show the N largest differences (default: 20; 0: no limit, all of them)",
     )
 
 
@@ -233,7 +234,8 @@ def _add_plot(commands: argparse._SubParsersAction) -> None:
         "--output",
         type=Path,
         default=Path("timeline.png"),
-        help="image to write; the format follows the suffix: png, svg, pdf (default: timeline.png)",
+        help="image to write; the format follows the suffix: png, svg, pdf; without a suffix, .png "
+        "is appended (default: timeline.png)",
     )
     plot.add_argument("--title", help="chart title (default: the runs' names)")
 
@@ -246,6 +248,7 @@ def _compare(a: Path, b: Path, by: str | None, top: int) -> int:
         comparison = compare_files(a, b, by)
     except UsageError as exc:
         return _fail(str(exc), 2)
+    _notes(comparison.a.notes + comparison.b.notes)
     sys.stdout.write(render_comparison(comparison, top))
     return 0
 
@@ -255,12 +258,13 @@ def _plot(runs: list[Path], output: Path, title: str | None) -> int:
     from .runs.plot import PlotUnavailable, plot_files
 
     try:
-        written = plot_files(runs, output, title)
+        plotted = plot_files(runs, output, title)
     except PlotUnavailable as exc:
         return _fail(str(exc), 1)
     except UsageError as exc:
         return _fail(str(exc), 2)
-    print(f"wrote {written}")
+    _notes(plotted.notes)
+    print(f"wrote {plotted.path}")
     return 0
 
 
@@ -273,6 +277,12 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"not a count >= 0: {text!r}")
     return value
+
+
+def _notes(notes: Sequence[str]) -> None:
+    """What a reader had to do about missing or cut files: one line each, on stderr."""
+    for note in notes:
+        print(f"gpu_mem_track: note: {note}", file=sys.stderr)
 
 
 def _fail(message: str, code: int) -> int:

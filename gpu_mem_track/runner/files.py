@@ -4,8 +4,9 @@
 A run folder ``reports/<run name>/`` holds:
 
 - ``meta.json``: the ``lines.RunInfo`` (written when the run starts, rewritten at its end);
-- ``lines.csv``: one row per traced source line, columns ``LINE_COLUMNS`` (see
-  ``lines.LineRecord``), written at the end of the run;
+- ``lines.csv``: one row per traced source line, columns ``LINE_WRITTEN`` (see
+  ``records.LineRecord``), written at the end of the run; files written before ``rise``
+  existed lack that column and still read;
 - ``timeline.csv``: one row per event, columns ``TIMELINE_COLUMNS`` (see
   ``lines.TimelineRow``), streamed while the script runs;
 - ``report.txt``: the text report (``linereport``);
@@ -30,6 +31,7 @@ from .records import LineRecord, RunInfo, TimelineRow
 
 __all__ = [
     "LINE_COLUMNS",
+    "LINE_WRITTEN",
     "TIMELINE_COLUMNS",
     "RunFolder",
     "TimelineWriter",
@@ -41,6 +43,7 @@ __all__ = [
     "write_meta",
 ]
 
+#: The columns every ``lines.csv`` has (what identifies one).
 LINE_COLUMNS = (
     "file",
     "function",
@@ -53,6 +56,8 @@ LINE_COLUMNS = (
     "peak_exact",
     "seconds",
 )
+#: The columns written now, in order: ``LINE_COLUMNS`` and the later ``rise``.
+LINE_WRITTEN = (*LINE_COLUMNS[:7], "rise", *LINE_COLUMNS[7:])
 TIMELINE_COLUMNS = (
     "seq",
     "elapsed",
@@ -69,7 +74,19 @@ TIMELINE_COLUMNS = (
     "driver",
     "rss",
 )
-_INT = {"line", "hits", "memory", "increment", "peak", "seq", "allocated", "reserved", "driver", "rss"}
+_INT = {
+    "line",
+    "hits",
+    "memory",
+    "increment",
+    "rise",
+    "peak",
+    "seq",
+    "allocated",
+    "reserved",
+    "driver",
+    "rss",
+}
 
 
 class RunFolder:
@@ -139,14 +156,14 @@ def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
     """Write ``lines.csv`` (replacing it), one row per record, in file and line order."""
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(LINE_COLUMNS)
+        writer.writerow(LINE_WRITTEN)
         for record in sorted(records, key=lambda r: (r.file, r.line)):
-            writer.writerow([getattr(record, name) for name in LINE_COLUMNS])
+            writer.writerow([getattr(record, name) for name in LINE_WRITTEN])
 
 
 def read_lines(path: Path) -> list[LineRecord]:
     """The records of a ``lines.csv``; ``ValueError`` naming the file if it is not one."""
-    return [LineRecord.from_dict(row) for row in _typed_rows(path, LINE_COLUMNS)]
+    return [LineRecord.from_dict(row) for row in _typed_rows(path, LINE_COLUMNS, ("rise",))]
 
 
 def read_timeline(path: Path) -> Iterator[TimelineRow]:
@@ -173,12 +190,14 @@ def read_meta(path: Path) -> RunInfo:
     return RunInfo.from_dict(data)
 
 
-def _typed_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+def _typed_rows(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+    """Typed rows with ``columns`` (all required) and those of ``optional`` the file has."""
     with path.open(encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
+        columns = (*columns, *(c for c in optional if c in (reader.fieldnames or ())))
         for number, row in enumerate(reader, start=2):
             try:
                 yield {name: _value(name, row[name]) for name in columns}

@@ -10,14 +10,19 @@ Ctrl-C), and return the script's exit code.
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import platform
 import re
 import runpy
+import signal
 import sys
 import sysconfig
+import threading
 import time
 import traceback
+import types
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import CodeType, TracebackType
@@ -30,13 +35,15 @@ from . import active
 from .files import RunFolder, TimelineWriter, write_lines, write_meta
 from .profiler import LineProfiler
 from .records import RunInfo
-from .samplers import CudaSampler, RssSampler
+from .samplers import CudaSampler, HeapSampler, RssSampler, mallinfo2
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # gpu_mem_track/
 _OUR_FILES = (os.path.abspath(__file__),)
+_NEVER = "torch, the standard library and gpu_mem_track are never traced"
+_BUILT_IN = Path("<built-in>")  # a module compiled into Python (sys, os on 3.11): no source
 #: Automatic censuses per line and per run: enough to see what a line creates, bounded.
 _CENSUS_PER_LINE, _CENSUS_PER_RUN = 2, 50
 
@@ -48,7 +55,9 @@ class RunOptions:
     ``census_threshold``: bytes; a line execution that grows memory by at least this much
     is followed by a census of live tensors (None: never). ``device``: ``"auto"``,
     ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``engine``: ``"auto"``, ``"monitoring"`` or
-    ``"settrace"``. ``top``: lines in the printed summary. ``activations``: record the
+    ``"settrace"``. ``top``: lines in the printed summary (0: all). ``memory``: on the
+    CPU, ``"rss"`` (the default, ``"auto"``) or ``"heap"`` (the C heap in use, see
+    ``samplers.HeapSampler``); on CUDA only ``"auto"``. ``activations``: record the
     tensors autograd saves for backward while the script runs, so censuses count them as
     activations with the line that saved them (see ``saved.SavedTensorRecorder``).
     """
@@ -63,6 +72,7 @@ class RunOptions:
     engine: str = "auto"
     top: int = 5
     activations: bool = False
+    memory: str = "auto"
 
 
 @dataclass
@@ -88,6 +98,7 @@ def prepare(options: RunOptions) -> PreparedRun:
     script = _readable_script(options.script)
     files, dirs = _resolve_includes(options.include, script)
     device = _resolve_device(options.device)
+    _check_memory(options.memory, device)
     try:
         engine_class(options.engine)
     except ValueError as exc:
@@ -95,7 +106,10 @@ def prepare(options: RunOptions) -> PreparedRun:
     if options.activations and importlib.util.find_spec("torch") is None:
         raise UsageError("--activations needs torch, which is not installed here")
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    folder = RunFolder(_claim_folder(Path(options.out_dir), name))
+    # Absolute now: a script that calls os.chdir() must not move our reports.
+    out_dir = Path(options.out_dir).absolute()
+    _check_out_dir(out_dir, options.out_dir)
+    folder = RunFolder(_claim_folder(out_dir, name))
     return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
 
 
@@ -110,7 +124,7 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> int:
     from .render import render_line_report, render_summary
 
     options, folder = prepared.options, prepared.folder
-    sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
+    sampler = _sampler(prepared.device, options.memory)
     timeline = TimelineWriter(folder.timeline)
     session = _Session(prepared, timeline)
     profiler = LineProfiler(sampler, timeline, session.census, options.census_threshold)
@@ -206,15 +220,17 @@ class _Session:
 
 
 def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
-    script = str(prepared.script)
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    sys.argv[:] = [script, *prepared.options.args]
+    saved_cwd = os.getcwd()
+    # argv[0] as the user typed it, the rest verbatim: what ``python script ...`` gives.
+    sys.argv[:] = [prepared.options.script, *prepared.options.args]
     if sys.path:
         sys.path[0] = str(prepared.script.parent)
     else:
         sys.path.append(str(prepared.script.parent))
     active.current = session
     _Forks.watch(engine, session.timeline)
+    handlers = _Terminated.install()
     try:
         try:
             engine.start()
@@ -222,7 +238,7 @@ def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
             print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
             return 2
         try:
-            runpy.run_path(script, run_name="__main__")
+            _run_main(prepared.script)
         finally:
             engine.stop()
         return 0
@@ -231,15 +247,74 @@ def _run_script(prepared: PreparedRun, engine: Any, session: _Session) -> int:
     except KeyboardInterrupt:
         print("KeyboardInterrupt", file=sys.stderr)
         return 130
+    except _Terminated as exc:
+        print(
+            f"gpu_mem_track: {signal.Signals(exc.signum).name} received, writing the reports", file=sys.stderr
+        )
+        return 128 + exc.signum
     except BaseException as exc:  # the script's own error: its traceback, then exit 1
         traceback.print_exception(type(exc), exc, _user_traceback(exc.__traceback__), file=sys.stderr)
         return 1
     finally:
+        _Terminated.restore(handlers)
         _Forks.watch(None, None)
         active.current = None
         sys.argv[:] = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+        os.chdir(saved_cwd)
+
+
+def _run_main(script: Path) -> None:
+    """Run ``script`` as ``__main__`` as ``python script`` does: ``__file__`` absolute,
+    ``sys.argv`` left as set (``runpy.run_path`` would replace ``argv[0]`` with the path
+    it was given). A zip application goes through ``runpy``."""
+    if zipfile.is_zipfile(script):
+        runpy.run_path(str(script), run_name="__main__")
+        return
+    with io.open_code(str(script)) as handle:
+        code = compile(handle.read(), str(script), "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main  # pickle and friends find the script's classes here
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP while the script runs: unwinds it like Ctrl-C, so the reports are
+    written, and the run exits with 128 + the signal's number (the shell's convention)."""
+
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @classmethod
+    def install(cls) -> dict[int, Any]:
+        """Our handler for each signal still at its default (an ignored SIGHUP, as under
+        ``nohup``, stays ignored); returns the handlers replaced."""
+        replaced: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return replaced  # only the main thread may set handlers
+        for signum in cls.SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                replaced[signum] = signal.signal(signum, cls._raise)
+        return replaced
+
+    @staticmethod
+    def restore(replaced: dict[int, Any]) -> None:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
 
 
 class _Forks:
@@ -305,18 +380,22 @@ def _resolve_includes(names: tuple[str, ...], script: Path) -> tuple[set[str], t
     on the script's ``sys.path`` (a package means its folder)."""
     files: set[str] = set()
     dirs: list[str] = []
+    is_library = _library_dirs()
     for name in names:
         path = Path(name)
         if path.exists():
-            (dirs.append(str(path.resolve()) + os.sep) if path.is_dir() else files.add(str(path.resolve())))
-            continue
-        origin = _module_origin(name, script)
-        if origin is None:
-            raise UsageError(f"--include {name}: no such file, folder or module")
-        if origin.name == "__init__.py":
-            dirs.append(str(origin.parent) + os.sep)
+            folder, target = path.is_dir(), str(path.resolve())
         else:
-            files.add(str(origin))
+            origin = _module_origin(name, script)
+            if origin is None:
+                raise UsageError(f"--include {name}: no such file, folder or module")
+            if origin == _BUILT_IN:
+                raise UsageError(f"--include {name}: {_NEVER}")
+            folder = origin.name == "__init__.py"
+            target = str(origin.parent if folder else origin)
+        if is_library(target + os.sep if folder else target):
+            raise UsageError(f"--include {name}: {_NEVER}")
+        (dirs.append(target + os.sep) if folder else files.add(target))
     return files, tuple(dirs)
 
 
@@ -328,6 +407,8 @@ def _module_origin(name: str, script: Path) -> Path | None:
         spec = None
     finally:
         sys.path.pop(0)
+    if spec is not None and spec.origin in ("built-in", "frozen"):
+        return _BUILT_IN
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return None
     return Path(spec.origin).resolve()
@@ -348,6 +429,22 @@ def _resolve_device(device: str) -> str:
     if gpus == 0:
         raise UsageError(f"--device {device}: no NVIDIA GPU is visible here")
     return f"cuda:{match.group(1) or 0}"
+
+
+def _check_memory(memory: str, device: str) -> None:
+    """``UsageError`` for a ``--memory`` choice that cannot be measured here."""
+    if memory not in ("auto", "rss", "heap"):
+        raise UsageError(f"--memory takes auto, rss or heap, not {memory!r}")
+    if memory != "auto" and device != "cpu":
+        raise UsageError(f"--memory {memory} measures the CPU; on {device} the CUDA allocator is read")
+    if memory == "heap" and mallinfo2() is None:
+        raise UsageError("--memory heap needs glibc 2.33 or later (mallinfo2), which this system lacks")
+
+
+def _sampler(device: str, memory: str) -> Any:
+    if device.startswith("cuda"):
+        return CudaSampler(device)
+    return HeapSampler() if memory == "heap" else RssSampler()
 
 
 def _driver_gpu_count() -> int:
@@ -380,6 +477,17 @@ def _claim_folder(out_dir: Path, name: str) -> Path:
         return True
 
     return out_dir / claim_name(out_dir, name, claim)
+
+
+def _check_out_dir(out_dir: Path, given: str) -> None:
+    """``UsageError`` when ``out_dir`` or a folder above it is an existing file."""
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == out_dir else f" ({path} is a file)"
+                what = "is a file, not a folder" if path == out_dir else "cannot be created"
+                raise UsageError(f"cannot write reports to {given}: it {what}{where}")
+            return
 
 
 def _wants(prepared: PreparedRun) -> Any:
@@ -423,7 +531,7 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
     return RunInfo(
         run_name=prepared.folder.path.name,
         script=str(prepared.script),
-        argv=(str(prepared.script), *prepared.options.args),
+        argv=(prepared.options.script, *prepared.options.args),
         device=prepared.device,
         memory_source=source,
         engine=engine,
