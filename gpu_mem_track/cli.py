@@ -81,22 +81,24 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="run a script and profile its memory line by line",
-        description="Run SCRIPT as __main__ (with its own sys.argv) and record, for every line of it "
-        "(and of what --include names) that runs: memory after the line, increment, the peak while "
-        "it ran and hits. Writes reports/<run>/report.txt, lines.csv, timeline.csv and meta.json, "
-        "also when the script fails or is interrupted, and exits with the script's exit code "
-        "(1 after an uncaught exception, 130 after Ctrl-C, 2 when it could not start). Memory is "
-        "the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the CPU.",
+        description="Run SCRIPT as __main__ (with the sys.argv `python SCRIPT ARGS` gives it) and "
+        "record, for every line of it (and of what --include names) that runs: memory after the line, "
+        "net increment, rise (its peak above its start), the peak while it ran and hits. Writes "
+        "reports/<run>/report.txt, lines.csv, timeline.csv and meta.json, also when the script fails, "
+        "is interrupted or receives SIGTERM/SIGHUP, and exits with the script's exit code (1 after an "
+        "uncaught exception, 130 after Ctrl-C, 128+N after signal N, 2 when it could not start). "
+        "Memory is the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the "
+        "CPU (see --memory).",
     )
-    run.add_argument("script", help="the Python script to run")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    run.add_argument("script", help="the Python script to run (our options go before it)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim")
     run.add_argument(
         "--include",
         action="append",
         default=[],
         metavar="PATH_OR_MODULE",
         help="also trace the lines of this file, folder, module or package (repeatable); "
-        "torch and the standard library are never traced",
+        "torch, the standard library and gpu_mem_track are never traced (naming them is an error)",
     )
     run.add_argument("--out-dir", default="reports", help="folder of run folders (default: reports)")
     run.add_argument("--run-name", help="name of the run folder (default: <script>-<date>-<time>)")
