@@ -40,8 +40,14 @@ def test_show_renders_the_csv_as_the_text_log(tmp_path):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (("show", "missing.csv"), 2, "gpu_mem_track: no such report: missing.csv\n"),
-        (("show", "notes.txt"), 2, "is not a gpu_mem_track CSV report"),
+        (("show", "missing.csv"), 2, "gpu_mem_track: no such run or report: missing.csv\n"),
+        (("show", "notes.txt"), 2, "gpu_mem_track: notes.txt is not a gpu_mem_track report (a run folder"),
+        (
+            ("show", "empty.csv"),
+            2,
+            "gpu_mem_track: empty.csv is empty (no CSV header): not a gpu_mem_track report\n",
+        ),
+        (("show", "."), 2, "gpu_mem_track: . is not a gpu_mem_track run folder (no meta.json"),
         (("probe", "--device", "cpu"), 2, "the probe measures CUDA devices, not 'cpu'"),
         (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
         ((), 2, "the following arguments are required: COMMAND"),
@@ -49,9 +55,12 @@ def test_show_renders_the_csv_as_the_text_log(tmp_path):
 )
 def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, args, code, message):
     (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "empty.csv").write_text("")
     done = run("-m", "gpu_mem_track", *args, cwd=tmp_path)
     assert done.returncode == code
     assert message in done.stderr
+    if message.startswith("gpu_mem_track: "):  # ours, not argparse's (which adds its usage line)
+        assert done.stderr.count("\n") == 1
     assert "Traceback" not in done.stderr
 
 
@@ -128,3 +137,64 @@ def test_show_rejects_a_truncated_report_in_one_line(tmp_path):
     assert done.returncode == 2
     assert "cut.csv, line 2: not a valid report row" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+SCRIPT = """\
+data = [0] * 200_000
+more = [1] * 400_000
+del data
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A real run of a small script: its folder, as the runner left it."""
+    root = tmp_path_factory.mktemp("show")
+    (root / "grow.py").write_text(SCRIPT)
+    done = run("-m", "gpu_mem_track", "run", "--device", "cpu", "--run-name", "grow", "grow.py", cwd=root)
+    assert done.returncode == 0, done.stderr
+    return root / "reports" / "grow"
+
+
+@pytest.mark.parametrize("given", ["", "lines.csv"])
+def test_show_prints_a_runs_report_from_its_folder_or_lines_csv(finished_run, given):
+    # From the folder the run was started in: the report names files relative to it.
+    done = run("-m", "gpu_mem_track", "show", str(finished_run / given), cwd=finished_run.parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (finished_run / "report.txt").read_text() and done.stderr == ""
+
+
+def test_show_summarises_a_timeline_and_a_run_killed_before_lines_csv(finished_run, tmp_path):
+    timeline = run("-m", "gpu_mem_track", "show", str(finished_run / "timeline.csv"))
+    assert timeline.returncode == 0, timeline.stderr
+    assert timeline.stderr == (
+        f"gpu_mem_track: note: {finished_run / 'timeline.csv'}: per-line figures rebuilt from this "
+        "timeline (peaks as lower bounds, code text read from the sources now)\n"
+    )
+    assert "more = [1] * 400_000" in timeline.stdout and "gpu_mem_track run grow" in timeline.stdout
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    for name in ("meta.json", "timeline.csv"):
+        (killed / name).write_bytes((finished_run / name).read_bytes())
+    done = run("-m", "gpu_mem_track", "show", str(killed), cwd=finished_run.parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"gpu_mem_track: note: {killed} has no lines.csv")
+    report = (finished_run / "report.txt").read_text()
+    assert done.stdout.splitlines()[:3] == report.splitlines()[:3]  # the run's header
+    assert "more = [1] * 400_000" in done.stdout
+
+
+def test_show_keeps_the_complete_stamps_of_a_report_cut_mid_row(tmp_path):
+    tracker = MemTracker(device="cpu", out_dir=tmp_path, run_name="r", verbosity=0, probe=False)
+    tracker.track("a")
+    tracker.track("b")
+    text = tracker.files.csv.read_text()
+    cut = tmp_path / "cut.csv"
+    cut.write_text(text[: len(text) - 20])  # a process killed while writing stamp "b"
+    done = run("-m", "gpu_mem_track", "show", str(cut))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"gpu_mem_track: note: {cut}, line 3: the last row is incomplete (the writing process "
+        "stopped mid-row); read the complete rows before it\n"
+    )
+    assert done.stdout.count("At ") == 1 and "[a]" in done.stdout

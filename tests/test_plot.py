@@ -130,6 +130,34 @@ def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path):
     assert (tmp_path / "timeline.png").stat().st_size > 20_000
 
 
+def test_cli_plot_without_a_suffix_writes_png_and_says_where(tmp_path):
+    from gpu_mem_track.runs.plot import image_path
+
+    assert image_path("out") == Path("out.png") and image_path("a.b/out") == Path("a.b/out.png")
+    assert image_path("out.svg") == Path("out.svg")
+    run = runner_folder(tmp_path, "fp32", timeline=training(steps=2))
+    done = cli("plot", str(run), "-o", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "wrote out.png\n" and png_size(tmp_path / "out.png") == (1210, 638)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_plot_of_a_killed_run_uses_its_timeline_and_names_what_is_missing(tmp_path):
+    run = runner_folder(tmp_path, "killed", timeline=training(steps=2))
+    done = cli("plot", str(run), str(runner_folder(tmp_path, "empty")), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"gpu_mem_track: {tmp_path / 'empty'} has no memory over time to plot (it has no timeline.csv: "
+        "the run stopped before it recorded anything)\n"
+    )
+    timeline = run / "timeline.csv"
+    timeline.write_text(timeline.read_text()[:-9])  # killed mid-row
+    done = cli("plot", str(run), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"gpu_mem_track: note: {timeline}, line ")
+    assert "the last row is incomplete" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_cli_plot_writes_svg_by_suffix(tmp_path):
     tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, 300 * MIB), ("step", 0.4, 900 * MIB)])
     done = cli("plot", str(tracker), "-o", str(tmp_path / "t.svg"))

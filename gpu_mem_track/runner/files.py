@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..csvrows import CompleteRows, cut_note
 from .records import LineRecord, RunInfo, TimelineRow
 
 __all__ = [
@@ -161,14 +162,16 @@ def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
             writer.writerow([getattr(record, name) for name in LINE_WRITTEN])
 
 
-def read_lines(path: Path) -> list[LineRecord]:
-    """The records of a ``lines.csv``; ``ValueError`` naming the file if it is not one."""
-    return [LineRecord.from_dict(row) for row in _typed_rows(path, LINE_COLUMNS, ("rise",))]
+def read_lines(path: Path, notes: list[str] | None = None) -> list[LineRecord]:
+    """The records of a ``lines.csv``; ``ValueError`` naming the file if it is not one.
+    A last row cut mid-write is left out (``notes``, when given, receives one line)."""
+    return [LineRecord.from_dict(row) for row in _typed_rows(path, LINE_COLUMNS, notes, ("rise",))]
 
 
-def read_timeline(path: Path) -> Iterator[TimelineRow]:
-    """The rows of a ``timeline.csv``, one at a time (``ValueError`` if it is not one)."""
-    for row in _typed_rows(path, TIMELINE_COLUMNS):
+def read_timeline(path: Path, notes: list[str] | None = None) -> Iterator[TimelineRow]:
+    """The rows of a ``timeline.csv``, one at a time (``ValueError`` if it is not one).
+    A last row cut mid-write is left out (``notes``, when given, receives one line)."""
+    for row in _typed_rows(path, TIMELINE_COLUMNS, notes):
         yield TimelineRow.from_dict(row)
 
 
@@ -190,10 +193,13 @@ def read_meta(path: Path) -> RunInfo:
     return RunInfo.from_dict(data)
 
 
-def _typed_rows(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+def _typed_rows(
+    path: Path, columns: Sequence[str], notes: list[str] | None = None, optional: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
     """Typed rows with ``columns`` (all required) and those of ``optional`` the file has."""
     with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
+        complete = CompleteRows(handle)
+        reader = csv.DictReader(complete)
         missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
@@ -203,6 +209,9 @@ def _typed_rows(path: Path, columns: Sequence[str], optional: Sequence[str] = ()
                 yield {name: _value(name, row[name]) for name in columns}
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}, line {number}: {exc}") from exc
+    note = cut_note(path, complete)
+    if note is not None and notes is not None:
+        notes.append(note)
 
 
 def _value(name: str, text: str | None) -> Any:

@@ -17,14 +17,24 @@ backend directly, so ``pyplot`` and the user's backend choice are left alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ..units import format_bytes
-from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, load_run
+from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, detect, load_run
 
-__all__ = ["MAX_LABELS", "PlotUnavailable", "pick_labels", "plot_files", "timeline_figure", "write_plot"]
+__all__ = [
+    "MAX_LABELS",
+    "PlotUnavailable",
+    "Plotted",
+    "image_path",
+    "pick_labels",
+    "plot_files",
+    "timeline_figure",
+    "write_plot",
+]
 
 #: At most this many ``track()`` labels are annotated per run (evenly picked).
 MAX_LABELS = 20
@@ -38,21 +48,38 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is not installed; the message says how to install it."""
 
 
+@dataclass(frozen=True)
+class Plotted:
+    """What ``plot_files`` did: ``path``, the image written; ``notes``, one line each on
+    what loading the runs had to do (see ``load.Run.notes``), for the caller to show."""
+
+    path: Path
+    notes: tuple[str, ...] = ()
+
+
 def plot_files(
     paths: Sequence[str | Path], output: str | Path, title: str | None = None, points: int = DEFAULT_POINTS
-) -> Path:
+) -> Plotted:
     """Load each run (see ``runs``), draw them on one chart and write it to ``output``
-    (format from its suffix: png, svg, pdf...). Returns ``output``. ``UsageError`` for
-    a path that cannot be loaded or has no timeline, or an output that cannot be
-    written; ``PlotUnavailable`` without matplotlib (checked before loading)."""
+    (``image_path``: the format follows its suffix, png, svg, pdf...; none means PNG and
+    ``.png`` is appended). ``UsageError`` for a path that cannot be loaded or has no
+    timeline, or an output that cannot be written; ``PlotUnavailable`` without
+    matplotlib (checked before loading)."""
     _matplotlib()
     runs = [load_run(path, lines=False, points=points) for path in paths]
     for run in runs:
         if not run.samples:
             raise UsageError(f"{run.path} has no memory over time to plot ({_why_empty(run)})")
+    path = image_path(output)
+    write_plot(runs, path, title)
+    return Plotted(path, tuple(note for run in runs for note in run.notes))
+
+
+def image_path(output: str | Path) -> Path:
+    """Where ``plot_files`` writes for ``-o output``: ``output`` itself when it has a
+    suffix (the format), else ``output`` with ``.png`` appended."""
     output = Path(output)
-    write_plot(runs, output, title)
-    return output
+    return output if output.suffix else output.with_name(output.name + ".png")
 
 
 def write_plot(runs: Sequence[Run], output: Path | Any, title: str | None = None, dpi: int = 110) -> None:
@@ -109,11 +136,15 @@ def _matplotlib() -> Any:
 
 
 def _why_empty(run: Run) -> str:
-    if run.path.name == "lines.csv":
-        return "lines.csv holds per-line totals; plot the run folder or its timeline.csv"
     if run.kind == "tracker":
         return "no track() stamps yet"
-    return "no timeline.csv or no rows with memory in it"
+    if run.path.is_file() and detect(run.path).kind == "lines":
+        return f"{run.path.name} holds per-line totals; plot the run folder or its timeline.csv"
+    if run.path.is_file():
+        return "its rows hold no memory figure"
+    if not (run.path / "timeline.csv").is_file():
+        return "it has no timeline.csv: the run stopped before it recorded anything"
+    return "its timeline.csv holds no memory figure"
 
 
 def _unit(runs: Sequence[Run]) -> tuple[float, str]:
