@@ -305,3 +305,48 @@ def test_track_reads_a_cached_probe_and_never_measures(quiet_tracker, probe_resu
     monkeypatch.setattr(probe, "_MEMORY_CACHE", {})  # as in a later process: only the disk cache
     measured = quiet_tracker(device="cuda:0", reader=reader, probe=True)
     assert measured.track().ledger.context == 500 * MiB
+
+
+def _census_from_a_callee(tracker):
+    return tracker.track()
+
+
+def _train_locally(tracker, collect_before_track):
+    """The usual ``def train():``: model and Adam are locals, nothing is watched."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    if collect_before_track:
+        gc.collect()  # the objects move to the oldest generation: the census walks the heap
+    stamp = _census_from_a_callee(tracker)
+    refs = [weakref.ref(model), weakref.ref(optimizer), weakref.ref(model[0].weight)]
+    refs += [weakref.ref(t) for t in optimizer.state[model[0].weight].values()]
+    return stamp, refs
+
+
+@pytest.mark.parametrize("when", ["young", "after-collection", "first-census"])
+def test_function_local_model_and_adam_are_named_and_classified_without_watch(quiet_tracker, when):
+    tracker = quiet_tracker()
+    if when != "first-census":
+        tracker.track()
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection between the calls: the path taken is the one asked for
+    try:
+        stamp, refs = _train_locally(tracker, collect_before_track=when == "after-collection")
+        assert tracker.last_scan == ("young" if when == "young" else "full")
+    finally:
+        if was_enabled:
+            gc.enable()
+    names = {kind: set() for kind in ("Parameter", "Gradient", "Optimizer state")}
+    for change in stamp.changes:
+        names.setdefault(change.kind, set()).update(change.names)
+    assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= names["Parameter"]
+    assert {"0.weight.grad", "2.bias.grad"} <= names["Gradient"]
+    assert {"exp_avg of 0.weight", "exp_avg_sq of 2.bias", "step of 0.weight"} <= names["Optimizer state"]
+    state = sum(c.bytes_delta for c in stamp.changes if c.kind == "Optimizer state")
+    params = (8 * 16 + 16 + 16 * 4 + 4) * 4
+    assert state == 2 * params + 4 * 4  # exp_avg, exp_avg_sq and a float32 step per parameter
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)  # found, named, and kept alive by nothing
+    tracker.track()

@@ -26,10 +26,10 @@ from .. import __version__
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
 from ..runner import active
-from .census import LiveTensorFinder, TensorSource, full_scan, take_census
+from .census import FullScan, LiveTensorFinder, TensorSource, take_census
 from .classic import ClassicMethods
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
-from .naming import Registry, frame_roots
+from .naming import Registry, frame_roots, merge_roots
 from .options import (
     PROBE_HINT,
     Probe,
@@ -115,7 +115,7 @@ class MemTracker(ClassicMethods):
         self._device = parse_device(device)
         self._stream = stream
         self._probe: Probe | None = probe_function(probe)
-        self._source = source or (full_scan if census == "full" else LiveTensorFinder())
+        self._source = source or (FullScan() if census == "full" else LiveTensorFinder())
         self._reader = reader
         self._reader_given = reader is not None
         self._clock = clock
@@ -247,10 +247,12 @@ class MemTracker(ClassicMethods):
         collecting = gc.isenabled()
         gc.disable()
         try:
-            roots = self._registry.roots() + frame_roots(frame)
+            objects = list(self._source())  # first: the finder meets new models and optimizers
+            found = getattr(self._source, "roots", None)
+            roots = merge_roots(self._registry.roots(), frame_roots(frame), found() if found else [])
             frame = None
-            census = take_census(device, self._source, roots, saved=self._recorder)
-            del roots
+            census = take_census(device, lambda given=objects: given, roots, saved=self._recorder)
+            del roots, objects
         finally:
             if collecting:
                 gc.enable()
