@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
 def _probe(device: str, as_json: bool) -> int:
     import torch
 
-    from .tracker.probe import ProbeError, run_probe
+    from .tracker.probe import ProbeError, run_probe, store_probe
     from .tracker.render import render_probe
 
     try:
@@ -173,6 +173,8 @@ def _probe(device: str, as_json: bool) -> int:
     except ProbeError as exc:
         return _fail(str(exc), 1)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n" if as_json else render_probe(result))
+    saved = store_probe(result)  # MemTracker.track() reads it from here, never measuring itself
+    print(f"saved for MemTracker: {saved}" if saved else "could not save it to the probe cache", file=sys.stderr)
     return 0
 
 
