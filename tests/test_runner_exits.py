@@ -192,3 +192,25 @@ def test_memory_choice_that_cannot_be_measured_is_exit_2(tmp_path):
     script = write(tmp_path / "ok.py", "x = 1\n")
     done = run(tmp_path, "--memory", "tensors", str(script))
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_dies_of_sigterm_as_without_the_runner(tmp_path):
+    script = write(
+        tmp_path / "forks.py",
+        """
+        import os, signal, time
+        child = os.fork()
+        if child == 0:
+            while True:
+                time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(child, signal.SIGTERM)
+        _, status = os.waitpid(child, 0)
+        print("child killed by", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+        """,
+    )
+    done = run(tmp_path, str(script))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"child killed by {int(signal.SIGTERM)}\n"
+    assert "SIGTERM received" not in done.stderr

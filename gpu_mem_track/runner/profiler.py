@@ -87,8 +87,8 @@ class LineProfiler:
         self.peak = 0
         self._floor = 0  # executions peaking at or above this may hold the run's peak
         self._candidates: list[tuple[int, int, tuple[str, int] | None]] = []  # peak, rise, where
+        self._top = (-1, -1)  # (peak, rise) of the highest candidate: what it beats is skipped
         self.first_reading = self._sample()[0]
-        self._offer(self.first_reading, 0, None)
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 
@@ -100,7 +100,7 @@ class LineProfiler:
         starts = self._starts.get(code)
         if starts is None:
             starts = self._starts[code] = statement_starts(code.co_filename)
-        first = starts.get(lineno, lineno)
+        first = starts.get(lineno, lineno) if starts else lineno
         stack = self._stack
         frame = stack[-1] if stack and stack[-1][0] is code else None
         # Inside the statement already running: the same execution goes on. Its first line
@@ -192,7 +192,7 @@ class LineProfiler:
         if rise > stats[_RISE]:
             stats[_RISE] = rise
         stats[_SECONDS] += now - frame[4]
-        if peak >= self._floor:
+        if peak >= self._floor and (peak > self._top[0] or rise > self._top[1]):
             self._offer(peak, rise, (code.co_filename, lineno))
         if self._write_text is not None:
             self._line_row(code, lineno, current, increment, peak, now)
@@ -215,6 +215,7 @@ class LineProfiler:
         candidates = [c for c in candidates if not (c[0] <= peak and c[1] <= rise)]
         candidates.append((peak, rise, where))
         self._candidates = candidates
+        self._top = max((c[0], c[1]) for c in candidates)
 
     def _line_row(
         self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float

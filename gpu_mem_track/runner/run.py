@@ -312,13 +312,21 @@ class _Terminated(BaseException):
         for signum, handler in replaced.items():
             signal.signal(signum, handler)
 
+    @classmethod
+    def default_in_child(cls) -> None:
+        """A forked child (a DataLoader worker) dies of SIGTERM as it would without us."""
+        for signum in cls.SIGNALS:
+            if signal.getsignal(signum) is cls._raise:
+                signal.signal(signum, signal.SIG_DFL)
+
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
         raise _Terminated(signum)
 
 
 class _Forks:
-    """A forked child (a DataLoader worker) stops tracing and never writes our timeline."""
+    """A forked child (a DataLoader worker) stops tracing, never writes our timeline and
+    gets the default SIGTERM and SIGHUP back."""
 
     engine: Any = None
     timeline: TimelineWriter | None = None
@@ -339,6 +347,7 @@ class _Forks:
             cls.engine.stop()
         cls.engine = cls.timeline = None
         active.current = None
+        _Terminated.default_in_child()
 
 
 def _exit_code(code: Any) -> int:
