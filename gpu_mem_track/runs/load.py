@@ -30,7 +30,7 @@ from ..runner.records import LineRecord, RunInfo, TimelineRow
 from ..tracker.csvlog import stamps_from_rows
 from ..tracker.records import Stamp
 from ..units import counted
-from .rebuild import LineTotals
+from .rebuild import LineTotals, rebuilt_note
 
 __all__ = [
     "DEFAULT_POINTS",
@@ -280,7 +280,7 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
         labels, samples, events = _read_timeline(read_timeline(timeline_path, notes), points, totals)
     if totals is not None:
         records = tuple(totals.records())
-        notes.insert(0, _rebuilt_note(source))
+        notes.insert(0, rebuilt_note(source.path, source.kind == "folder"))
     peak = info.peak if info is not None else None
     if peak is None:
         peak = _highest([s.memory for s in samples or ()] + [r.peak for r in records or ()])
@@ -303,16 +303,6 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
         tuple(notes),
         info,
     )
-
-
-def _rebuilt_note(source: Source) -> str:
-    rebuilt = "per-line figures rebuilt from {} (peaks as lower bounds, code text read from the sources now)"
-    if source.kind == "folder":
-        return (
-            f"{source.path} has no lines.csv (written when a run ends: this one was stopped or is "
-            f"still running); " + rebuilt.format("its timeline.csv")
-        )
-    return f"{source.path}: " + rebuilt.format("this timeline")
 
 
 def _meta(path: Path) -> RunInfo | None:

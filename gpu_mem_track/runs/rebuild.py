@@ -7,10 +7,11 @@ from __future__ import annotations
 import linecache
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from ..runner.records import LineRecord, TimelineRow
 
-__all__ = ["LineTotals"]
+__all__ = ["LineTotals", "rebuilt_note"]
 
 
 class LineTotals:
@@ -64,3 +65,15 @@ class LineTotals:
             )
             for (file, line), (function, hits, memory, increment, peak, rise) in sorted(self._stats.items())
         ]
+
+
+def rebuilt_note(path: Path, folder: bool) -> str:
+    """The one line that says a run's per-line figures were rebuilt from its timeline:
+    ``path`` is the run folder (``folder``) or the ``timeline.csv`` given."""
+    rebuilt = "per-line figures rebuilt from {} (peaks as lower bounds, code text read from the sources now)"
+    if folder:
+        return (
+            f"{path} has no lines.csv (written when a run ends: this one was stopped or is "
+            "still running); " + rebuilt.format("its timeline.csv")
+        )
+    return f"{path}: " + rebuilt.format("this timeline")
