@@ -151,7 +151,8 @@ def finished_run(tmp_path_factory):
     """A real run of a small script: its folder, as the runner left it."""
     root = tmp_path_factory.mktemp("show")
     (root / "grow.py").write_text(SCRIPT)
-    done = run("-m", "gpu_mem_track", "run", "--device", "cpu", "--run-name", "grow", "grow.py", cwd=root)
+    options = ("--device", "cpu", "--run-name", "grow", "--census-threshold", "1MiB")
+    done = run("-m", "gpu_mem_track", "run", *options, "grow.py", cwd=root)
     assert done.returncode == 0, done.stderr
     return root / "reports" / "grow"
 
@@ -162,6 +163,7 @@ def test_show_prints_a_runs_report_from_its_folder_or_lines_csv(finished_run, gi
     done = run("-m", "gpu_mem_track", "show", str(finished_run / given), cwd=finished_run.parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout == (finished_run / "report.txt").read_text() and done.stderr == ""
+    assert "Automatic censuses" in done.stdout  # read back from census.csv
 
 
 def test_show_summarises_a_timeline_and_a_run_killed_before_lines_csv(finished_run, tmp_path):

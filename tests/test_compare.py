@@ -443,3 +443,31 @@ def test_a_run_that_left_only_meta_json_is_named_with_what_is_missing(tmp_path, 
     for by in (None, "label"):
         with pytest.raises(UsageError, match="empty has neither lines.csv nor timeline.csv"):
             compare_files(two_runs[0], empty, by=by)
+
+
+def test_show_report_of_a_killed_run_names_its_peak_and_what_it_rebuilt(tmp_path):
+    from gpu_mem_track.runs.show import show_report
+
+    killed = killed_run(tmp_path)
+    shown = show_report(killed)
+    header = shown.text.splitlines()[:3]
+    assert header[1].startswith("train.py still running | device cuda:0")
+    assert header[2].startswith(f"peak 950.00 MiB at {tmp_path / 'train.py'}:3 |")  # the line that allocated
+    assert "out = model(x)" in shown.text and shown.notes[0].startswith(f"{killed} has no lines.csv")
+
+
+def test_show_report_names_what_a_run_folder_lacks(tmp_path, two_runs):
+    from gpu_mem_track.runs.show import show_report
+
+    with pytest.raises(UsageError, match="empty has neither lines.csv nor timeline.csv: the run stopped"):
+        show_report(runner_folder(tmp_path, "empty"))
+    (two_runs[0] / "meta.json").unlink()
+    with pytest.raises(
+        UsageError, match="meta.json is missing, and show prints the run's description from it"
+    ):
+        show_report(two_runs[0] / "lines.csv")
+    runs = tmp_path / "many"
+    runner_folder(runs, "b")
+    runner_folder(runs, "a")
+    with pytest.raises(UsageError, match=f"^{runs} is a folder of 2 runs: give one, e.g. {runs / 'a'}$"):
+        show_report(runs)
