@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..units import format_bytes
-from .records import BatchProbe, BatchSizeResult, Estimate
+from .records import BatchProbe, BatchSizeResult, Estimate, ValueRead
 
 __all__ = ["render_batch_size", "render_estimate"]
 
@@ -42,17 +42,37 @@ def render_estimate(estimate: Estimate) -> str:
         disable_numparse=True,
         colalign=("left", "left", "right", "right", "right", "right"),
     )
-    return "\n".join([_title(estimate), "", table, "", *_totals(estimate), ""])
+    return "\n".join([_title(estimate), "", table, "", *_totals(estimate), *_value_reads(estimate), ""])
 
 
 def _title(estimate: Estimate) -> str:
     kind = "training step" if estimate.training else "inference (forward under no_grad)"
     optimizer = f", optimizer {estimate.optimizer}" if estimate.training else ""
     amp = ", autocast (simulated)" if estimate.amp else ""
+    loss = f", loss {estimate.loss}" if estimate.training and estimate.loss != "default" else ""
     return (
         f"Estimated {kind} of {estimate.model} on {estimate.device}: inputs {', '.join(estimate.inputs)}, "
-        f"dtype {estimate.dtype}{optimizer}{amp}; rounding: {estimate.rounding}"
+        f"dtype {estimate.dtype}{optimizer}{loss}{amp}; rounding: {estimate.rounding}"
     )
+
+
+def _value_reads(estimate: Estimate) -> list[str]:
+    """What the model's code read from data-less meta tensors, and which reads got placeholders."""
+
+    def read(r: ValueRead) -> str:
+        where = f" in {r.module}" if r.module else ""
+        return f"{r.op} x{r.count}{where}" + (f" returned {r.placeholder}" if r.placeholder else "")
+
+    real = [read(r) for r in estimate.value_reads if not r.placeholder]
+    fake = [read(r) for r in estimate.value_reads if r.placeholder]
+    lines = []
+    if real:
+        lines.append(f"values read by the model: {', '.join(real)} (computed for real on the CPU)")
+    if fake:
+        lines.append(
+            f"placeholders (values unknown without data; the model ran on these instead): {', '.join(fake)}"
+        )
+    return lines
 
 
 def _totals(estimate: Estimate) -> list[str]:

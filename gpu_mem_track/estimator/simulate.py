@@ -40,6 +40,7 @@ from .step import (
     run_steps,
     split_named,
 )
+from .values import KnownValues
 
 __all__ = ["estimate", "trace_cpu_step"]
 
@@ -123,11 +124,14 @@ def _trace(
     tracker = Lifetimes({sim} if target == "cuda" else {sim, "cpu"}, size_of)
     was_training = module.training
     module.train(training)
+    # Under the tracker: the values' own CPU ops are never counted.
+    values = KnownValues(tracker.module) if sim == "meta" else contextlib.nullcontext()
     try:
         # Made before tracking starts, then adopted: copying must not count the originals.
         state = _state(module, sim, cast, private=isinstance(model, nn.Module))
-        tensors = make_inputs(specs, sim, cast)
-        with tracker:
+        with values:
+            tensors = make_inputs(specs, sim, cast)
+        with values, tracker:
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
             opt = make_optimizer(optimizer, params, target) if training else None
             watch = _Watch(tracker, module, state, tensors, opt)
@@ -154,6 +158,8 @@ def _trace(
                 dtype=dtype_name(cast) if cast else "as built",
                 amp=amp_dtype is not None,
                 inputs=tuple(describe(t, getattr(s, "name", "")) for s, t in zip(specs, tensors)),
+                loss="default" if loss_fn is default_loss else callable_name(loss_fn),
+                value_reads=values.reads() if isinstance(values, KnownValues) else (),
             )
             return watch.result(header)
     finally:

@@ -80,8 +80,10 @@ def make_inputs(
 ) -> list[torch.Tensor]:
     """Input tensors on ``device``; floating ones cast to ``dtype`` when given.
 
-    Shapes become random floats or zero integers (valid embedding indices); on the meta
-    device they hold no data at all.
+    Shapes become random floats, and integer or bool tensors of ones: token id 1 (valid
+    in any vocabulary of two or more), labels 1, an attention mask with no padding, True.
+    On the meta device the estimator's :class:`~gpu_mem_track.estimator.values.KnownValues`
+    keeps these values beside the data-less tensors.
     """
     tensors = []
     for spec in specs:
@@ -90,7 +92,7 @@ def make_inputs(
         elif spec.dtype.is_floating_point:
             tensor = torch.randn(spec.shape, dtype=spec.dtype, device=device)
         else:
-            tensor = torch.zeros(spec.shape, dtype=spec.dtype, device=device)
+            tensor = torch.ones(spec.shape, dtype=spec.dtype, device=device)
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         tensors.append(tensor)
