@@ -13,6 +13,7 @@ from gpu_mem_track.runner.profiler import LineProfiler
 from gpu_mem_track.runner.records import LineRecord, hottest
 from gpu_mem_track.runner.render import render_line_report, render_summary
 from gpu_mem_track.runner.samplers import FakeSampler
+from gpu_mem_track.runner.tracer import SettraceEngine
 from gpu_mem_track.runs.load import load_run
 
 MIB = 2**20
@@ -33,6 +34,31 @@ def test_the_peak_is_named_at_the_line_that_allocated_it_not_a_bystander():
     first = work.__code__.co_firstlineno
     assert profiler.peak == 100 * MIB + 8192
     assert profiler.peak_at == (__file__, first + 1)
+
+
+def test_the_innermost_line_that_allocated_is_named_not_the_call_around_it():
+    sampler = FakeSampler()
+    profiler = LineProfiler(sampler)
+
+    def allocate():
+        sampler.allocate(100 * MIB)
+        sampler.allocate(MIB // 2)  # so the call around it rises more than this line
+
+    def main():
+        allocate()
+        sampler.allocate(4096)
+
+    engine = SettraceEngine(profiler, lambda code: code in (main.__code__, allocate.__code__))
+    engine.start()
+    try:
+        main()
+    finally:
+        engine.stop()
+    profiler.finish()
+    records = {(r.function.rsplit(".", 1)[-1], r.line): r for r in profiler.records()}
+    call = records[("main", main.__code__.co_firstlineno + 1)]
+    assert call.rise == 100 * MIB + MIB // 2  # the call rose more, but it ended later
+    assert profiler.peak_at == (__file__, allocate.__code__.co_firstlineno + 1)
 
 
 def test_a_later_and_higher_peak_takes_over():
@@ -94,8 +120,8 @@ def test_end_to_end_peak_line_rise_and_hits(tmp_path):
     assert done.returncode == 0, done.stderr
     out = folder(tmp_path)
     meta = read_meta(out / "meta.json")
-    # the call (line 5) or the callee's line that made the bytes (4), never a later bystander
-    assert meta.peak_at in (f"{script}:4", f"{script}:5")
+    # the callee's line that made the bytes, not the call (5) nor a later bystander
+    assert meta.peak_at == f"{script}:4"
     lines = {(r.function, r.line): r for r in read_lines(out / "lines.csv")}
     assert lines[("<module>", 5)].rise >= 150 * MIB and lines[("<module>", 5)].hits == 1
     assert lines[("<module>", 12)].hits == 3 and ("<module>", 13) not in lines

@@ -10,11 +10,13 @@ so a line's figures include the functions it calls; a statement spread over seve
 is one execution of its first line (``statements``).
 
 The run's peak is the highest reading of the run, line or not (the ``start`` and ``end``
-rows of the timeline included). The line it is attributed to (``peak_at``) is the one
-that raised memory to it: among the line executions whose peak came within the sampler's
-tolerance (``peak_tolerance``, 1% of the peak by default) of the run's peak, the one whose
-own rise (its peak above its start) was largest. A line that merely touched one more page
-at the high-water mark does not take the peak from the line that allocated it.
+rows of the timeline included). The line it is attributed to (``peak_at``) is one that
+allocated it: the first line execution to end that came within the sampler's tolerance
+(``peak_tolerance``, 1% of the peak by default) of the run's peak with a rise (its peak
+above its own start) larger than that tolerance. A line that merely touched one more page
+at the high-water mark does not qualify, and a callee's line that allocated ends before
+the call that ran it, so the innermost traced line is named. When no execution qualifies,
+the first to reach the peak is named (or none, when the peak was read outside any line).
 """
 
 from __future__ import annotations
@@ -85,9 +87,13 @@ class LineProfiler:
         self._tolerance = getattr(sampler, "peak_tolerance", _one_percent)
         #: the highest reading of the run so far (bytes)
         self.peak = 0
-        self._floor = 0  # executions peaking at or above this may hold the run's peak
-        self._candidates: list[tuple[int, int, tuple[str, int] | None]] = []  # peak, rise, where
-        self._top = (-1, -1)  # (peak, rise) of the highest candidate: what it beats is skipped
+        self._floor = 0  # executions peaking at or above this are near the run's peak
+        self._significant = 0  # a rise above this allocated, not touched a page
+        # (peak, rise, where) of executions near the peak with a significant rise, in the
+        # order they ended, each peaking higher than the one before (a later one at or
+        # below an earlier one's peak could never be named)
+        self._candidates: list[tuple[int, int, tuple[str, int] | None]] = []
+        self._peak_where: tuple[str, int] | None = None  # the first to reach the peak
         self.first_reading = self._sample()[0]
 
     # -- tracer.LineSink ----------------------------------------------------------------------
@@ -160,9 +166,10 @@ class LineProfiler:
     def peak_at(self) -> tuple[str, int] | None:
         """``(file, line)`` of the line that raised memory to the run's peak (see the module
         docstring), or None when no line came near it (it was read outside any line)."""
-        if not self._candidates:
-            return None
-        return max(self._candidates, key=lambda c: (c[1], c[0], c[2] is not None))[2]
+        for peak, rise, where in self._candidates:
+            if peak >= self._floor and rise > self._significant:
+                return where
+        return self._peak_where
 
     def elapsed(self) -> float:
         """Seconds since the profiler was created, by its clock."""
@@ -192,7 +199,7 @@ class LineProfiler:
         if rise > stats[_RISE]:
             stats[_RISE] = rise
         stats[_SECONDS] += now - frame[4]
-        if peak >= self._floor and (peak > self._top[0] or rise > self._top[1]):
+        if peak > self.peak or (rise > self._significant and peak >= self._floor):
             self._offer(peak, rise, (code.co_filename, lineno))
         if self._write_text is not None:
             self._line_row(code, lineno, current, increment, peak, now)
@@ -202,20 +209,16 @@ class LineProfiler:
         return False
 
     def _offer(self, peak: int, rise: int, where: tuple[str, int] | None) -> None:
-        """A reading that may be (near) the run's peak: keep the candidates that are not
-        beaten on both peak and rise, within the tolerance of the highest peak."""
-        candidates = self._candidates
+        """An execution (``where``; None for an event row) that reached the run's peak or
+        came near it with a significant rise; see the module docstring."""
         if peak > self.peak:
-            self.peak = peak
-            self._floor = peak - self._tolerance(peak)
-            candidates = [c for c in candidates if c[0] >= self._floor]
-        if any(c[0] >= peak and c[1] >= rise for c in candidates):  # the earlier one stays
-            self._candidates = candidates
-            return
-        candidates = [c for c in candidates if not (c[0] <= peak and c[1] <= rise)]
-        candidates.append((peak, rise, where))
-        self._candidates = candidates
-        self._top = max((c[0], c[1]) for c in candidates)
+            self.peak, self._peak_where = peak, where
+            self._significant = self._tolerance(peak)
+            self._floor = peak - self._significant
+            self._candidates = [c for c in self._candidates if c[0] >= self._floor]
+        candidates = self._candidates
+        if rise > self._significant and (not candidates or peak > candidates[-1][0]) and len(candidates) < 64:
+            candidates.append((peak, rise, where))
 
     def _line_row(
         self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float
@@ -247,7 +250,7 @@ class LineProfiler:
             return
         current, _ = self._sample()
         driver, rss = self._sampler.extras()
-        if current >= self._floor:
+        if current > self.peak:
             self._offer(current, 0, None)
         allocated = current if self._on_cuda else None
         self._seq += 1

@@ -77,8 +77,8 @@ def _run_header(info: RunInfo) -> str:
         "Rise: the most one run\nraised memory above its start (what it allocated, even when it "
         "freed more). Peak: highest while it ran;\n'>=' marks a lower bound (the high-water mark "
         "did not move during the line). Hits: executions of the\nstatement starting on the line. "
-        "The run's peak is named at the line that raised memory most on the way\nto it.\n"
-        + (_note(info) + "\n" if _note(info) else "")
+        "The run's peak is named at the first line that allocated it (rose by more than\n1% of it, "
+        "ending within 1% of it).\n" + (_note(info) + "\n" if _note(info) else "")
     )
 
 

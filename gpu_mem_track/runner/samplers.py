@@ -75,9 +75,10 @@ class RssSampler:
 
     @staticmethod
     def peak_tolerance(peak: int) -> int:
-        """How far below the run's peak a line may peak and still be named for it (see
-        ``profiler``): 1% of the peak and at least 1 MiB, since RSS moves by whole pages
-        and freed memory is reused without returning to the system."""
+        """How far below the run's peak a line may peak, and by how much more than that
+        it must rise, to be named for the peak (see ``profiler``): 1% of the peak and at
+        least 1 MiB, since RSS moves by whole pages and freed memory is reused without
+        returning to the system."""
         return max(2**20, peak // 100)
 
     def close(self) -> None:
