@@ -214,3 +214,29 @@ def test_a_forked_child_dies_of_sigterm_as_without_the_runner(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"child killed by {int(signal.SIGTERM)}\n"
     assert "SIGTERM received" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "head", "rest"),
+    [
+        (["run", "t.py", "--", "-x"], ["run", "t.py"], ["--", "-x"]),
+        (
+            ["run", "--out", "o", "--top=3", "t.py", "--top", "1"],
+            ["run", "--out", "o", "--top=3", "t.py"],
+            ["--top", "1"],
+        ),
+        (
+            ["run", "--activations", "--include", "m", "t.py"],
+            ["run", "--activations", "--include", "m", "t.py"],
+            [],
+        ),
+        (["run", "--", "-t.py", "a"], ["run", "--", "-t.py"], ["a"]),
+        (["run", "--top", "3"], ["run", "--top", "3"], None),
+        (["compare", "a", "b"], ["compare", "a", "b"], None),
+    ],
+)
+def test_run_options_end_at_the_script_name(argv, head, rest):
+    from gpu_mem_track.cli import build_parser
+    from gpu_mem_track.runner.cmdline import split_run_argv
+
+    assert split_run_argv(build_parser(), argv) == (head, rest)

@@ -63,7 +63,7 @@ def render_summary(info: RunInfo, records: Sequence[LineRecord], folder: Path, t
     note = _SHORT_NOTES.get(info.memory_source)
     if note:
         lines.append(note)
-    lines.append(f"Reports: {folder}{os.sep} (report.txt, lines.csv, timeline.csv)")
+    lines.append(f"Reports: {_short(str(folder))}{os.sep} (report.txt, lines.csv, timeline.csv)")
     return "\n".join(lines) + "\n"
 
 
