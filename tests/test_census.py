@@ -336,3 +336,22 @@ def test_a_base_owns_its_storage_before_a_larger_expanded_view():
     census = take_census("cpu", lambda: [b.expand(1000, 1000), b], [("b", b)])
     assert [(g.shape, g.nbytes, g.names) for g in census.groups] == [((1,), 4, ("b",))]
     assert census.views == 1
+
+
+def test_owners_give_top_level_models_and_optimizers_held_weakly():
+    from gpu_mem_track.tracker.finder import FullScan, Owners
+
+    owners = Owners()
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for obj in (model[1][0], model, model[0], optimizer, model[1]):
+        owners.add(obj)
+    assert sorted(type(o).__name__ for _, o in owners.roots()) == ["SGD", "Sequential"]
+    assert all(prefix == "" for prefix, _ in owners.roots())
+    ref = weakref.ref(model)
+    del model, optimizer, obj
+    gc.collect()
+    assert ref() is None and owners.roots() == [] and len(owners) == 0
+    scan = FullScan()
+    local = nn.Linear(3, 3)
+    assert any(t is local.weight for t in scan()) and any(o is local for _, o in scan.roots())

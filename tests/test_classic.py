@@ -80,6 +80,7 @@ def test_the_classic_readme_example_runs_unchanged(tmp_path):
     # features' parameters (20,024,384 floats) and tensors 1, 3 and 5 stay on the device
     assert tensor_mib * MiB >= 20_024_384 * 4 + (30 + 60 + 80) * image
     assert f"Size:(80, 3, 64, 64) | float32 | {80 * image / MiB:.2f} MiB" in done.stdout
+    assert "| Parameter | float32 | cnn.21.weight, cnn.23.weight, cnn.25.weight, ... (+4 more)" in done.stdout
     assert len(list((tmp_path / "reports").glob("main-*.csv"))) == 1
 
 

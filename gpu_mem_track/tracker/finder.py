@@ -77,7 +77,8 @@ class Owners:
     """
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}  # id(object) -> ref
+        self._keys: dict[int, int] = {}  # id(ref) -> id(object), for the death callback
         self._roots: list[weakref.ref[Any]] | None = None
 
     def add(self, obj: Any) -> None:
@@ -86,16 +87,18 @@ class Owners:
         if ref is not None and ref() is obj:
             return
         try:
-            self._refs[key] = weakref.ref(obj, self._forget)
+            ref = weakref.ref(obj, self._forget)
         except TypeError:  # a subclass with __slots__ and no __weakref__: not held
             return
+        self._refs[key] = ref
+        self._keys[id(ref)] = key
         self._roots = None
 
     def _forget(self, ref: weakref.ref[Any]) -> None:
-        for key, held in list(self._refs.items()):
-            if held is ref:
-                del self._refs[key]
-                self._roots = None
+        key = self._keys.pop(id(ref), None)
+        if key is not None and self._refs.get(key) is ref:
+            del self._refs[key]
+            self._roots = None
 
     def __len__(self) -> int:
         return len(self._refs)

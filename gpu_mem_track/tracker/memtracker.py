@@ -80,7 +80,10 @@ class MemTracker(ClassicMethods):
             that moved objects into the oldest generation, else a scan of the young ones) or
             ``"full"`` (filter all of ``gc.get_objects()``; slower, to check the fast one).
         reader: the memory reader (default: CUDA allocator + NVML, or process RSS on CPU).
-        source: the object source for the census (default: per ``census``).
+        source: the object source for the census (default: per ``census``). A source with
+            a ``roots()`` method (``finder.LiveTensorFinder``, ``finder.FullScan``) also
+            gives the live models and optimizers it met, which name parameters and
+            optimizer state without ``watch()``.
         clock: the wall clock, seconds since the epoch.
         activations: record the tensors autograd saves for backward (category
             ``Activation``, named ``saved at file:line (module)``) and the inputs of watched
