@@ -103,3 +103,18 @@ def test_default_run_names_never_start_with_a_dash(monkeypatch, argv0, stem):
 
 def test_safe_names_never_start_with_a_dash():
     assert safe_name("--x") == "x" and safe_name("-") == "run"
+
+
+def test_a_probe_measured_by_device_name_is_found_by_uuid_and_by_name(monkeypatch, tmp_path, probe_result):
+    import dataclasses
+
+    measured = dataclasses.replace(probe_result, uuid="abcd-1234")
+    calls = []
+    monkeypatch.setattr(probe, "run_probe", lambda device, uuid=None: calls.append(device) or measured)
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    probe.cached_probe("cuda:0", cache_dir=tmp_path)  # before CUDA starts: no UUID known
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    assert probe.load_probe("cuda:0", "abcd-1234", cache_dir=tmp_path).context == 500 * MiB  # track()
+    assert probe.cached_probe("cuda:0", cache_dir=tmp_path).context == 500 * MiB  # the next demo
+    assert calls == ["cuda:0"]
+    assert probe.load_probe("cuda:1", "other-gpu", cache_dir=tmp_path) is None

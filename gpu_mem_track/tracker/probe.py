@@ -106,7 +106,9 @@ def cached_probe(device: str, uuid: str | None = None, cache_dir: Path | None = 
     result = load_probe(device, uuid, cache_dir)
     if result is None:
         result = run_probe(device, uuid)
-        store_probe(result, cache_dir, uuid)
+        store_probe(result, cache_dir, uuid)  # under the GPU's UUID: what track() looks up
+        if uuid is None:  # and under the device name, for the next call that knows only it
+            store_probe(result, cache_dir, device)
     return result
 
 
