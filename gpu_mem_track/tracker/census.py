@@ -55,7 +55,8 @@ def take_census(
     tensors and give their kind. ``saved`` adds the inputs and saved activations it
     recorded, kinds ``Input`` and ``Activation``. Each storage is counted once, for the
     tensor that owns it most plausibly: by kind in ``KINDS`` order (a parameter before a
-    saved activation before a plain tensor), then a base before its views. A saved
+    saved activation before a plain tensor), then a base before its views; but a storage
+    a plain tensor with a program name uses (``roots``) is never an Activation. A saved
     tensor's alias sharing a visible tensor's storage is not counted as a view.
     CUDA storages count as the allocator's 512 B-rounded blocks. Meta and fake tensors,
     and tensors without an accessible storage, are reported in ``skipped`` instead.

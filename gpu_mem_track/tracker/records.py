@@ -32,7 +32,8 @@ __all__ = [
 #: several tensors share counts once, in the first kind any of them has. So a weight
 #: autograd saves for backward stays a Parameter, and a model input it saves stays an
 #: Input; an Activation is a tensor autograd saves (``saved.SavedTensorRecorder``) that is
-#: nothing above; a Tensor ("other") is any other visible tensor.
+#: nothing above and whose storage the program holds under no name (a named tensor stays
+#: a Tensor); a Tensor ("other") is any other visible tensor.
 KINDS = ("Parameter", "Buffer", "Optimizer state", "Gradient", "Input", "Activation", "Tensor")
 
 #: How each kind is spelled in the categories line of the text report (and, with
