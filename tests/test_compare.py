@@ -417,6 +417,14 @@ def test_a_run_without_lines_csv_is_compared_from_its_timeline(tmp_path, two_run
     assert "per-line figures rebuilt from its timeline.csv" in note
 
 
+def test_an_empty_lines_csv_counts_as_missing(tmp_path):
+    killed = killed_run(tmp_path)
+    (killed / "lines.csv").write_text("")  # stopped right after opening it
+    run = load_run(killed)
+    assert [r.line for r in run.lines] == [1, 2, 3]
+    assert run.notes[0].startswith(f"{killed} has an empty lines.csv (the run was stopped while writing it);")
+
+
 def test_cli_compare_on_a_killed_run_says_what_it_used(tmp_path, two_runs):
     killed = killed_run(tmp_path)
     done = cli("compare", str(two_runs[0]), str(killed), "--by", "function")

@@ -269,7 +269,8 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
     notes: list[str] = []
     lines_path = folder.lines if source.kind == "folder" else source.path
     timeline_path = folder.timeline if source.kind == "folder" else source.path
-    lines_file = source.kind in ("folder", "lines") and lines_path.is_file()
+    # An empty lines.csv: the run was stopped while it was being written.
+    lines_file = source.kind in ("folder", "lines") and lines_path.is_file() and lines_path.stat().st_size > 0
     timeline_file = source.kind in ("folder", "timeline") and timeline_path.is_file()
     records = labels = samples = None
     if lines and lines_file:
@@ -280,7 +281,8 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
         labels, samples, events = _read_timeline(read_timeline(timeline_path, notes), points, totals)
     if totals is not None:
         records = tuple(totals.records())
-        notes.insert(0, rebuilt_note(source.path, source.kind == "folder"))
+        folder_given = source.kind == "folder"
+        notes.insert(0, rebuilt_note(source.path, folder_given, folder_given and lines_path.is_file()))
     peak = info.peak if info is not None else None
     if peak is None:
         peak = _highest([s.memory for s in samples or ()] + [r.peak for r in records or ()])

@@ -67,13 +67,15 @@ class LineTotals:
         ]
 
 
-def rebuilt_note(path: Path, folder: bool) -> str:
+def rebuilt_note(path: Path, folder: bool, empty: bool = False) -> str:
     """The one line that says a run's per-line figures were rebuilt from its timeline:
-    ``path`` is the run folder (``folder``) or the ``timeline.csv`` given."""
+    ``path`` is the run folder (``folder``) or the ``timeline.csv`` given; ``empty``: the
+    folder's ``lines.csv`` is there but empty."""
     rebuilt = "per-line figures rebuilt from {} (peaks as lower bounds, code text read from the sources now)"
-    if folder:
-        return (
-            f"{path} has no lines.csv (written when a run ends: this one was stopped or is "
-            "still running); " + rebuilt.format("its timeline.csv")
-        )
-    return f"{path}: " + rebuilt.format("this timeline")
+    if not folder:
+        return f"{path}: " + rebuilt.format("this timeline")
+    if empty:
+        why = "an empty lines.csv (the run was stopped while writing it)"
+    else:
+        why = "no lines.csv (written when a run ends: this one was stopped or is still running)"
+    return f"{path} has {why}; " + rebuilt.format("its timeline.csv")
