@@ -286,25 +286,19 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
     peak = info.peak if info is not None else None
     if peak is None:
         peak = _highest([s.memory for s in samples or ()] + [r.peak for r in records or ()])
+    name, device, memory_source = _identity(source, info, samples)
+    parts = (records, labels, samples, events, tuple(notes), info)
+    return Run(name, source.path, "runner", device, memory_source, peak, *parts)
+
+
+def _identity(
+    source: Source, info: RunInfo | None, samples: tuple[Sample, ...] | None
+) -> tuple[str, str, str]:
+    """The run's name, device and memory source: meta.json's, else from the path and samples."""
     if info is not None:
-        name, device, memory_source = info.run_name, info.device, info.memory_source
-    else:
-        name = source.path.name if source.kind == "folder" else source.path.stem
-        device, memory_source = "", _guess_source(samples)
-    return Run(
-        name,
-        source.path,
-        "runner",
-        device,
-        memory_source,
-        peak,
-        records,
-        labels,
-        samples,
-        events,
-        tuple(notes),
-        info,
-    )
+        return info.run_name, info.device, info.memory_source
+    name = source.path.name if source.kind == "folder" else source.path.stem
+    return name, "", _guess_source(samples)
 
 
 def _meta(path: Path) -> RunInfo | None:

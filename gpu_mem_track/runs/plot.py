@@ -150,12 +150,7 @@ def _place_labels(figure: Any, axes: Any, texts: list[Any]) -> list[Box]:
     from matplotlib.transforms import blended_transform_factory
 
     renderer = figure.canvas.get_renderer()
-    figure.tight_layout()
-    longest = max((t.get_window_extent(renderer).height for t in texts), default=0.0)
-    height = axes.get_window_extent(renderer).height
-    room = min((longest + 8) / height, _LABEL_ROOM) if texts else 0.0
-    axes.set_ylim(top=axes.get_ylim()[1] * 1.04 / (1 - room))
-    figure.tight_layout()
+    _make_room(figure, axes, texts)
     if not texts:
         return []
     frame = axes.get_window_extent(renderer)
@@ -187,22 +182,27 @@ def _place_labels(figure: Any, axes: Any, texts: list[Any]) -> list[Box]:
     return [tuple(t.get_window_extent(renderer).extents) for t in texts]
 
 
+def _make_room(figure: Any, axes: Any, texts: list[Any]) -> None:
+    """Raise the y limit so the curves stay below the longest label (at most
+    ``_LABEL_ROOM`` of the height), then lay the figure out for the final tick labels."""
+    renderer = figure.canvas.get_renderer()
+    figure.tight_layout()
+    longest = max((t.get_window_extent(renderer).height for t in texts), default=0.0)
+    height = axes.get_window_extent(renderer).height
+    room = min((longest + 8) / height, _LABEL_ROOM) if texts else 0.0
+    axes.set_ylim(top=axes.get_ylim()[1] * 1.04 / (1 - room))
+    figure.tight_layout()
+
+
 def _annotate_peaks(
     figure: Any, axes: Any, runs: Sequence[Run], scale: float, curves: list, taken: list
 ) -> None:
     """Each run's peak value, in the free spot nearest its marker that no curve crosses
     and no other text covers, with an arrow to the marker."""
-    import numpy as np
-
     renderer = figure.canvas.get_renderer()
     frame = axes.get_window_extent(renderer)
     bounds = (frame.x0 + 2, frame.y0 + 2, frame.x1 - 2, frame.y1 - 2)
-    segments = [
-        np.hstack([points[:-1], points[1:]])
-        for points in (line.get_transform().transform(line.get_xydata()) for line in curves)
-        if len(points) > 1
-    ]
-    grid = occupancy(np.vstack(segments) if segments else np.zeros((0, 4)), bounds)
+    grid = occupancy(_segments(curves), bounds)
     for index, run in enumerate(runs):
         top = _highest(run.samples or ())
         if top is None:
@@ -228,6 +228,18 @@ def _annotate_peaks(
             zorder=6,
             **style,
         )
+
+
+def _segments(lines: list[Any]) -> Any:
+    """The straight pieces of ``lines`` in pixels, an ``(n, 4)`` array."""
+    import numpy as np
+
+    pieces = [
+        np.hstack([points[:-1], points[1:]])
+        for points in (line.get_transform().transform(line.get_xydata()) for line in lines)
+        if len(points) > 1
+    ]
+    return np.vstack(pieces) if pieces else np.zeros((0, 4))
 
 
 def _around(axes: Any, point: tuple[float, float], radius: float) -> Box:
