@@ -14,6 +14,7 @@ estimator's parameter, gradient and optimizer-state bytes against the census
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import subprocess
 import sys
@@ -40,8 +41,9 @@ CASES = {
     "lstm": (16, 32, 64),
 }
 
-#: Token ids and labels, batch 8 of 128 tokens (gpu_mem_track.examples.hf).
-HF_CASES = ("tiny_gpt2", "tiny_llama", "tiny_bert")
+#: Token ids and labels, batch 8 of 128 tokens (gpu_mem_track.examples.hf); the last two
+#: with gradient checkpointing.
+HF_CASES = ("tiny_gpt2", "tiny_llama", "tiny_bert", "tiny_gpt2 checkpointing", "tiny_llama checkpointing")
 HF_INPUTS = [InputSpec((8, 128), torch.int64), InputSpec((8, 128), torch.int64, "labels")]
 
 
@@ -91,7 +93,9 @@ def check_hf(name: str) -> dict:
     """The estimate of a tiny Hugging Face model against its real CPU step (no census)."""
     from gpu_mem_track.examples import hf
 
-    factory = getattr(hf, name)
+    function, _, option = name.partition(" ")
+    factory = getattr(hf, function)
+    factory = functools.partial(factory, checkpointing=True) if option else factory
     est = estimate(factory, HF_INPUTS, device="cpu")
     with sdpa_kernel(SDPBackend.MATH):
         same = trace_cpu_step(factory, HF_INPUTS)

@@ -27,7 +27,11 @@ def add_commands(commands: Any) -> None:
         "tensors and print per-layer parameters and activations, the totals and the peak. "
         "Example: estimate gpu_mem_track.examples:convnet --input 64x3x32x32",
     )
-    _common(estimate, "input shape, e.g. 64x3x32x32 or 32x128:int64 (repeat for several inputs)")
+    _common(
+        estimate,
+        "input shape, e.g. 64x3x32x32 or 32x128:int64 (repeat for several inputs; "
+        "name=SHAPE passes one by keyword, e.g. labels=32x128:int64)",
+    )
     finder = commands.add_parser(
         "batch-size",
         help="find the largest batch whose step fits a memory budget",

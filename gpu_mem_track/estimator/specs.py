@@ -6,6 +6,7 @@ which the CLI prints before exiting 2.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -155,7 +156,9 @@ def load_callable(spec: str, what: str = "factory") -> Callable[..., Any]:
 
 def callable_name(obj: Any) -> str:
     """``"module:qualname"``; for a callable loaded from a file, ``"path.py:qualname"`` with the
-    path as the user wrote it."""
+    path as the user wrote it; a ``functools.partial`` by its function."""
+    if isinstance(obj, functools.partial):
+        return callable_name(obj.func)
     module = getattr(obj, "__module__", None) or "?"
     module = _FILE_MODULES.get(module, module)
     return f"{module}:{getattr(obj, '__qualname__', None) or type(obj).__name__}"

@@ -10,7 +10,9 @@ only from such tensors, up to :data:`LIMIT` bytes of storage each. Reading a val
 the twin; data-dependent ops (``nonzero``, ``equal``, copies to the CPU) run on the
 twins and their results go back to meta. Reading a tensor with no twin (one computed
 from parameters, activations or large tensors) returns a placeholder: ``item()`` gives
-0 (``False`` for bool), a copy to the CPU gives zeros. Every read is recorded as a
+0 (``False`` for bool), a copy to the CPU gives zeros. An op that writes unknown values
+into a tensor drops its twin (not the twins of other views of the same storage). Every
+read is recorded as a
 :class:`~gpu_mem_track.estimator.records.ValueRead` for the estimate's notes.
 
 The twins live on the CPU, outside the tracked device, and are never counted.
@@ -71,7 +73,7 @@ class KnownValues(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):
             if known and metas:
                 return self._data_dependent(func, args, kwargs)
-            if func is _COPY and metas and kwargs.get("device", _META) != _META:
+            if func is _COPY and metas and (kwargs.get("device") or _META) != _META:
                 return self._placeholder_copy(args[0], kwargs)
             raise
         if known and _small(out):
@@ -92,7 +94,7 @@ class KnownValues(TorchDispatchMode):
     def _data_dependent(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op meta cannot run (its output depends on data), run on the twins."""
         real = self._real(func, args, kwargs)
-        device = kwargs.get("device", _META)
+        device = kwargs.get("device") or _META
         name = f"copy to {device}" if func is _COPY else func.overloadpacket.__name__
         self._reads[(name, self.where(), "")] += 1
         if device != _META:

@@ -23,8 +23,11 @@ __all__ = ["tiny_bert", "tiny_gpt2", "tiny_llama"]
 VOCAB = 1000
 
 
-def tiny_gpt2(layers: int = 2, width: int = 64, positions: int = 128) -> nn.Module:
-    """``GPT2LMHeadModel``: ``layers`` blocks of width ``width``, 4 heads, no cache."""
+def tiny_gpt2(
+    layers: int = 2, width: int = 64, positions: int = 128, checkpointing: bool = False
+) -> nn.Module:
+    """``GPT2LMHeadModel``: ``layers`` blocks of width ``width``, 4 heads, no cache; with
+    ``checkpointing``, activations are recomputed in backward (gradient checkpointing)."""
     transformers = _transformers()
     config = transformers.GPT2Config(
         n_layer=layers,
@@ -36,12 +39,14 @@ def tiny_gpt2(layers: int = 2, width: int = 64, positions: int = 128) -> nn.Modu
         eos_token_id=0,
         use_cache=False,
     )
-    return transformers.GPT2LMHeadModel(config)
+    return _checkpointed(transformers.GPT2LMHeadModel(config), checkpointing)
 
 
-def tiny_llama(layers: int = 2, width: int = 64, positions: int = 128) -> nn.Module:
+def tiny_llama(
+    layers: int = 2, width: int = 64, positions: int = 128, checkpointing: bool = False
+) -> nn.Module:
     """``LlamaForCausalLM``: RMSNorm, rotary positions, SwiGLU, grouped-query attention
-    (4 heads sharing 2 key/value heads), no cache."""
+    (4 heads sharing 2 key/value heads), no cache; ``checkpointing`` as for :func:`tiny_gpt2`."""
     transformers = _transformers()
     config = transformers.LlamaConfig(
         hidden_size=width,
@@ -55,7 +60,7 @@ def tiny_llama(layers: int = 2, width: int = 64, positions: int = 128) -> nn.Mod
         eos_token_id=0,
         use_cache=False,
     )
-    return transformers.LlamaForCausalLM(config)
+    return _checkpointed(transformers.LlamaForCausalLM(config), checkpointing)
 
 
 def tiny_bert(layers: int = 2, width: int = 64, positions: int = 128) -> nn.Module:
@@ -70,6 +75,13 @@ def tiny_bert(layers: int = 2, width: int = 64, positions: int = 128) -> nn.Modu
         vocab_size=VOCAB,
     )
     return transformers.BertForMaskedLM(config)
+
+
+def _checkpointed(model: Any, checkpointing: bool) -> nn.Module:
+    if checkpointing:  # the newer name first: the older one warns in transformers 5
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
+    return model
 
 
 def _transformers() -> Any:
