@@ -154,8 +154,11 @@ class MemTracker(ClassicMethods):
     def watch(self, *objects: Any, **named: Any) -> MemTracker:
         """Name and classify the tensors of models, optimizers and tensors.
 
-        Positional objects are named from their own structure (``features.0.weight``,
-        ``exp_avg of features.0.weight``); keyword objects get the keyword as prefix
+        Optional for models and optimizers: the census finds them wherever the program
+        keeps them. Watching chooses their names, names plain tensors, and lets
+        ``saved_activations`` name modules and mark a model's inputs. Positional objects
+        are named from their own structure (``features.0.weight``, ``exp_avg of
+        features.0.weight``); keyword objects get the keyword as prefix
         (``watch(teacher=t)`` names ``teacher.fc.weight``). Held by weak reference.
         Returns the tracker.
         """
