@@ -58,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command in ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    args = build_parser().parse_args(argv)
+    from .runner.cmdline import split_run_argv
+
+    parser = build_parser()
+    head, script_args = split_run_argv(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(head)
+    if script_args is not None:  # everything after the script, verbatim (a literal -- too)
+        args.args = script_args
     try:
         if args.command == "run":
             return _run(args)
@@ -121,7 +127,15 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         "the first where available)",
     )
     run.add_argument(
-        "--top", type=_count, default=5, metavar="N", help="lines in the final summary (default: 5)"
+        "--top", type=_count, default=5, metavar="N", help="lines in the final summary (default: 5; 0: all)"
+    )
+    run.add_argument(
+        "--memory",
+        choices=("auto", "rss", "heap"),
+        default="auto",
+        help="what to measure on the CPU: rss, the process's resident set size (auto), or heap, "
+        "the C heap in use (tensors included; freed tensors subtract at once; glibc only; each read "
+        "walks malloc's free lists, slow in a fragmented heap)",
     )
     run.add_argument(
         "--activations",
@@ -149,6 +163,7 @@ def _run(args: argparse.Namespace) -> int:
             engine=args.engine,
             top=args.top,
             activations=args.activations,
+            memory=args.memory,
         )
         prepared = prepare(options)
     except (UsageError, ValueError) as exc:

@@ -89,7 +89,9 @@ class RssSampler:
 
 class HeapSampler:
     """The C heap in use (glibc's ``mallinfo2()``: bytes in chunks malloc handed out,
-    ``uordblks``, plus its separately mapped large chunks, ``hblkhd``), about 1 us a read.
+    ``uordblks``, plus its separately mapped large chunks, ``hblkhd``). A read walks
+    malloc's free lists: a few microseconds in a training loop (5.4 us with 232 free
+    chunks), milliseconds in a heavily fragmented heap (3.4 ms with 15,600).
     On the CPU that is tensor storage (PyTorch's CPU allocator calls malloc) plus other
     C/C++ data, but not Python objects (their own arenas); a freed tensor subtracts at
     once, where RSS would not move. There is no high-water mark, so ``sample()`` returns
