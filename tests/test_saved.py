@@ -295,3 +295,15 @@ def test_activations_option_records_until_close():
     out, loss = forward(model, x, target)  # after close: nothing recorded
     assert tracker.track().ledger.categories.activation == 0
     del out, loss
+
+
+def test_saved_tensors_name_the_modules_the_census_found_without_watch():
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    with MemTracker(device="cpu", out_dir=None, verbosity=0, probe=False, activations=True) as tracker:
+        tracker.track()  # the census meets the model: later saved tensors name its modules
+        out = model(x)
+        stamp = tracker.track()
+    names = {n for c in stamp.changes if c.kind == "Activation" for n in c.names}
+    assert any(n.endswith("(1)") for n in names) and any(n.endswith("(2)") for n in names), names
+    del out

@@ -257,6 +257,10 @@ class MemTracker(ClassicMethods):
             found = getattr(self._source, "roots", None)
             roots = merge_roots(self._registry.roots(), frame_roots(frame), found() if found else [])
             frame = None
+            if self._recorder.installed:  # later saved tensors name the modules running
+                for prefix, obj in roots:
+                    if isinstance(obj, torch.nn.Module):
+                        self._recorder.name(obj, prefix)
             census = take_census(device, lambda given=objects: given, roots, saved=self._recorder)
             del roots, objects
         finally:
