@@ -110,7 +110,7 @@ def test_end_to_end_peak_line_rise_and_hits(tmp_path):
             b"x",
         )
         small = [make(8192, b"y") for _ in range(4)]
-        more = bytearray(16384)
+        more = [bytearray(256 * 2**10) for _ in range(3)]  # new pages above the high
         for i in range(3):
             tail = make(
                 4096, b"z")
