@@ -26,9 +26,10 @@ from .. import __version__
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
 from ..runner import active
-from .census import FullScan, LiveTensorFinder, TensorSource, take_census
+from .census import TensorSource, take_census
 from .classic import ClassicMethods
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
+from .finder import FullScan, LiveTensorFinder
 from .naming import Registry, frame_roots, merge_roots
 from .options import (
     PROBE_HINT,
@@ -253,16 +254,8 @@ class MemTracker(ClassicMethods):
         collecting = gc.isenabled()
         gc.disable()
         try:
-            objects = list(self._source())  # first: the finder meets new models and optimizers
-            found = getattr(self._source, "roots", None)
-            roots = merge_roots(self._registry.roots(), frame_roots(frame), found() if found else [])
+            census = self._census(device, frame)
             frame = None
-            if self._recorder.installed:  # later saved tensors name the modules running
-                for prefix, obj in roots:
-                    if isinstance(obj, torch.nn.Module):
-                        self._recorder.name(obj, prefix)
-            census = take_census(device, lambda given=objects: given, roots, saved=self._recorder)
-            del roots, objects
         finally:
             if collecting:
                 gc.enable()
@@ -284,6 +277,19 @@ class MemTracker(ClassicMethods):
         self._previous = census
         self._emit(stamp, census)
         return stamp
+
+    def _census(self, device: str, frame: types.FrameType | None) -> Census:
+        """The census, with the roots that name tensors: watched, then bound to a name in
+        ``frame`` and its callers, then found by the object source (``merge_roots``)."""
+        objects = list(self._source())  # first: a finder meets new models and optimizers
+        found = getattr(self._source, "roots", None)
+        roots = merge_roots(self._registry.roots(), frame_roots(frame), found() if found else [])
+        del frame
+        if self._recorder.installed:  # saved tensors from now on name the modules running
+            for prefix, obj in roots:
+                if isinstance(obj, torch.nn.Module):
+                    self._recorder.name(obj, prefix)
+        return take_census(device, lambda given=objects: given, roots, saved=self._recorder)
 
     def _ledger(self, device: str, census: Census) -> Ledger:
         reader = self._reader or reader_for(device)
