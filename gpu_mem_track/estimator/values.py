@@ -65,20 +65,29 @@ class KnownValues(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         metas = [t for t in tree_flatten((args, kwargs))[0] if _is_meta(t)]
-        known = all(t in self.twins for t in metas)
         if func is _SCALAR and metas:
             return self._scalar(args[0])
+        if not all(t in self.twins for t in metas):
+            return self._unknown(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except (RuntimeError, NotImplementedError):
-            if known and metas:
+            if metas:
                 return self._data_dependent(func, args, kwargs)
-            if func is _COPY and metas and (kwargs.get("device") or _META) != _META:
+            raise
+        if _small(out):
+            self._twin(out, self._real(func, args, kwargs))
+        return out
+
+    def _unknown(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """An op on a tensor without a value (the usual case): meta runs it alone."""
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError):
+            if func is _COPY and (kwargs.get("device") or _META) != _META:
                 return self._placeholder_copy(args[0], kwargs)
             raise
-        if known and _small(out):
-            self._twin(out, self._real(func, args, kwargs))
-        elif not known:
+        if func._schema.is_mutable:
             self._forget_written(func, args, kwargs)
         return out
 
