@@ -60,10 +60,12 @@ def test_nothing_fits():
     assert (result.batch, result.peak, result.margin) == (0, None, None)
     assert [p.batch for p in result.probes] == [1]
     assert render_batch_size(result) == (
-        "not even batch 1 fits the 50 B (50 B) budget: its step peaks at 100 B (100 B)\n"
+        "not even batch 1 fits the 50 B budget: its step peaks at 100 B\n"
         "peaks from: custom; budget from: given\n"
         "probes (1): 1: 100 B (over budget)\n"
     )  # no line fitted to a single probe
+    failed = render_batch_size(search_batch_size(lambda b: None, 50))
+    assert failed.startswith("not even batch 1 fits the 50 B budget: its step did not run (out of memory)\n")
 
 
 def test_without_confirming_above_the_slope_must_predict_the_next_batch_overflows():

@@ -116,14 +116,11 @@ def render_batch_size(result: BatchSizeResult) -> str:
     if not result.batch:
         first = result.probes[0]
         peak = (
-            f"its step peaks at {format_bytes(first.peak)} ({first.peak:,} B)"
+            f"its step peaks at {_with_bytes(first.peak)}"
             if first.peak is not None
-            else "its step did not run"
+            else "its step did not run (out of memory)"
         )
-        answer = (
-            f"not even batch {first.batch} fits the {format_bytes(result.budget)} "
-            f"({result.budget:,} B) budget: {peak}"
-        )
+        answer = f"not even batch {first.batch} fits the {_with_bytes(result.budget)} budget: {peak}"
         return "\n".join([answer, source, probes, ""])
     answer = (
         f"largest batch that fits: {result.batch} (peak {format_bytes(result.peak)} of "
@@ -133,6 +130,11 @@ def render_batch_size(result: BatchSizeResult) -> str:
         f"peak(batch) ~ {format_bytes(round(result.intercept))} + {format_bytes(round(result.slope))} x batch"
     )
     return "\n".join([answer, f"fit near the answer: {fit}", source, probes, ""])
+
+
+def _with_bytes(nbytes: int) -> str:
+    """``"1.00 KiB (1,024 B)"``; below 1 KiB the short form is exact already."""
+    return format_bytes(nbytes) if nbytes < 1024 else f"{format_bytes(nbytes)} ({nbytes:,} B)"
 
 
 def _probe(probe: BatchProbe, budget: int) -> str:
