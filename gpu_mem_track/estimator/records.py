@@ -84,7 +84,8 @@ class LayerEstimate:
 
 @dataclass(frozen=True)
 class ValueRead:
-    """Model code read a value from a meta tensor (which has no data), ``count`` times.
+    """Model code read a value from a meta tensor (which has no data), ``count`` times in
+    the measured step.
 
     ``op`` is what read it (``item`` for ``item()``, ``bool()``, ``tolist()``; a
     data-dependent op such as ``nonzero``), ``module`` the innermost module running.

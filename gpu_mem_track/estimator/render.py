@@ -61,7 +61,8 @@ def _value_reads(estimate: Estimate) -> list[str]:
 
     def read(r: ValueRead) -> str:
         where = f" in {r.module}" if r.module else ""
-        return f"{r.op} x{r.count}{where}" + (f" returned {r.placeholder}" if r.placeholder else "")
+        times = f" x{r.count}" if r.count > 1 else ""
+        return f"{r.op}{times}{where}" + (f" returned {r.placeholder}" if r.placeholder else "")
 
     real = [read(r) for r in estimate.value_reads if not r.placeholder]
     fake = [read(r) for r in estimate.value_reads if r.placeholder]

@@ -134,7 +134,8 @@ def _trace(
         with values, tracker:
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
             opt = make_optimizer(optimizer, params, target) if training else None
-            watch = _Watch(tracker, module, state, tensors, opt)
+            restart = values.restart if isinstance(values, KnownValues) else (lambda: None)
+            watch = _Watch(tracker, module, state, tensors, opt, on_measure=restart)
             with watch.hooks():
                 args, kwargs = split_named(specs, tensors)
                 run_steps(
@@ -224,8 +225,10 @@ class _Watch:
         state: dict[str, torch.Tensor],
         inputs: list[torch.Tensor],
         optimizer: torch.optim.Optimizer | None,
+        on_measure: Callable[[], None] = lambda: None,
     ) -> None:
         self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
+        self.on_measure = on_measure  # called as the measured step starts
         self.role: dict[int, str] = {}
         for tensor in state.values():
             self._give(tensor, "parameters" if isinstance(tensor, nn.Parameter) else "buffers")
@@ -263,6 +266,7 @@ class _Watch:
         if phase == "step start" and step == self.measured:
             self.first_measured_key = len(self.tracker.sizes)
             self.tracker.start_measuring()
+            self.on_measure()
 
     def _take_states(self) -> None:
         self.states, self.host_bytes = set(), 0

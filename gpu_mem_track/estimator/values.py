@@ -56,8 +56,13 @@ class KnownValues(TorchDispatchMode):
         self.twins: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._reads: Counter[tuple[str, str, str]] = Counter()
 
+    def restart(self) -> None:
+        """Forget the reads recorded so far (the twins stay)."""
+        self._reads.clear()
+
     def reads(self) -> tuple[ValueRead, ...]:
-        """The values read so far: each (op, module, placeholder) once, with its count."""
+        """The values read since the start or :meth:`restart`: each (op, module, placeholder)
+        once, with its count."""
         return tuple(
             ValueRead(op, module, placeholder, n) for (op, module, placeholder), n in self._reads.items()
         )
