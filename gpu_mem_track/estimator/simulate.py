@@ -3,7 +3,9 @@
 The model is built on PyTorch's ``meta`` device, where tensors have shapes, dtypes and
 storage sizes but no data, so nothing real is allocated. A dispatch mode
 (:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) follows every storage from birth to death
-through two identical steps; the second is measured. For a CUDA target each storage
+through two identical steps; the second is measured. Code that reads a tensor's value
+(``.item()``, mask checks) gets it from
+:class:`~gpu_mem_track.estimator.values.KnownValues`. For a CUDA target each storage
 counts as the caching allocator's 512 B-rounded block, which is what
 ``torch.cuda.memory_allocated`` and ``max_memory_allocated`` count; the allocator's
 segment rounding (2 MiB for small requests, 20 MiB segments or 2 MiB multiples for
@@ -71,8 +73,13 @@ def estimate(
     loss (see :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False``
     runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
     target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
-    host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the sum of the
-    outputs. Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
+    host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the output's own
+    ``loss`` when it has one, else the sum of its floating tensors
+    (:func:`~gpu_mem_track.estimator.step.default_loss`). An ``InputSpec`` with a ``name``
+    is passed by keyword. Values the model's code reads from tensors are computed for real
+    or replaced by placeholders, and listed in ``value_reads`` (see
+    :mod:`~gpu_mem_track.estimator.values`). Returns the
+    :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
     return _trace(model, inputs, optimizer, dtype, amp, training, _target(device), loss_fn, sim="meta")
 
@@ -124,7 +131,7 @@ def _trace(
     tracker = Lifetimes({sim} if target == "cuda" else {sim, "cpu"}, size_of)
     was_training = module.training
     module.train(training)
-    # Under the tracker: the values' own CPU ops are never counted.
+    # Entered before the tracker, so the values' own CPU ops are never counted.
     values = KnownValues(tracker.module) if sim == "meta" else contextlib.nullcontext()
     try:
         # Made before tracking starts, then adopted: copying must not count the originals.
