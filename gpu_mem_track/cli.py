@@ -9,12 +9,14 @@ unreadable file), 130 after Ctrl-C. ``run`` exits with the script's own code.
 from __future__ import annotations
 
 import argparse
+import sys
 import traceback
 from collections.abc import Sequence
 
 from . import __version__
 from .commands import all_commands, report
 from .errors import UsageError
+from .runner.cmdline import split_run_argv
 
 __all__ = ["BUG_REPORT", "build_parser", "main"]
 
@@ -44,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     line, exit 2. Any other exception is a bug in gpu_mem_track: its traceback, a line
     asking to report it, exit 1.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    head, script_args = split_run_argv(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(head)
+    if script_args is not None:  # everything after the script, verbatim (a literal -- too)
+        args.args = script_args
     try:
         return args.run(args)
     except UsageError as exc:

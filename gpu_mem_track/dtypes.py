@@ -13,8 +13,9 @@ from .errors import UsageError
 
 __all__ = ["DTYPE_ALIASES", "canonical_dtype", "dtype_name", "torch_dtype"]
 
-#: Names accepted for a dtype (CLI ``--dtype``, ``estimate(dtype=...)``), by the name
-#: ``torch`` gives the dtype.
+#: Names accepted for a dtype (input specs such as ``32x128:int64``; ``--dtype`` and
+#: ``estimate(dtype=...)`` take the floating ones, ``estimator.options.CAST_DTYPES``), by
+#: the name ``torch`` gives the dtype.
 DTYPE_ALIASES: dict[str, str] = {
     "fp32": "float32",
     "float32": "float32",

@@ -19,17 +19,24 @@ _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LP
 
 def safe_name(text: str) -> str:
     """``text`` as a file name valid on every OS: letters, digits and ``._-`` only, at most
-    100 characters, never a Windows device name (``CON``, ``NUL``, ...)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")[:100].rstrip("._")
+    100 characters, never starting with ``-`` (a command would read it as an option) and
+    never a Windows device name (``CON``, ``NUL``, ...)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).lstrip("._-")[:100].rstrip("._")
     if cleaned.split(".")[0].upper() in _RESERVED:
         cleaned = f"run_{cleaned}"
     return cleaned or "run"
 
 
 def default_run_name(now: float) -> str:
-    """``<script stem>-<YYYYmmdd>-<HHMMSS>`` from ``sys.argv[0]`` and the time ``now``."""
-    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "python"
+    """``<script stem>-<YYYYmmdd>-<HHMMSS>`` from ``sys.argv[0]`` and the time ``now``:
+    ``stdin-...`` for a program read from standard input (``python -``), ``python-...``
+    for ``python -c`` and the interactive interpreter."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    script = _ARGV0_NAMES.get(argv0) or Path(argv0).stem
     return f"{safe_name(script)}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+
+
+_ARGV0_NAMES = {"": "python", "-c": "python", "-": "stdin", "<stdin>": "stdin"}
 
 
 def claim_name(folder: Path, base: str, claim: Callable[[str], bool]) -> str:

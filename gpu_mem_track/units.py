@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CUDA_BLOCK", "cuda_block_bytes", "format_bytes", "format_peak", "parse_bytes"]
+__all__ = ["CUDA_BLOCK", "counted", "cuda_block_bytes", "format_bytes", "format_peak", "parse_bytes"]
 
 #: The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK = 512
@@ -60,6 +60,13 @@ def format_bytes(nbytes: int | None, signed: bool = False) -> str:
                 continue
             return f"{sign}{text} {unit}"
     raise AssertionError("unreachable")
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun`` in agreement: ``counted(1, "more row")`` is ``"1 more row"``,
+    2 or 0 give ``"2 more rows"``, ``"0 more rows"``. ``plural``: the plural form when it
+    is not ``noun + "s"``."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
 
 
 def format_peak(nbytes: int, exact: bool) -> str:

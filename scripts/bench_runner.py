@@ -64,6 +64,14 @@ def variants(steps: int, device: str, out_dir: str) -> dict[str, list[str]]:
             *script,
         ],
     }
+    if device == "cpu" and sys.platform.startswith("linux"):
+        # the C heap in use instead of RSS (glibc mallinfo2), same tracing
+        found["gpu_mem_track run --memory heap"] = [
+            *found["gpu_mem_track run"][: -len(script)],
+            "--memory",
+            "heap",
+            *script,
+        ]
     if importlib.util.find_spec("memory_profiler") is not None:
         found["memory_profiler"] = [sys.executable, "-m", "memory_profiler", *script]
     return found
@@ -90,7 +98,7 @@ def measure(commands: dict[str, list[str]], rounds: int) -> dict[str, dict[str, 
             wall, loop = time_once(commands[name])
             times[name]["wall"].append(wall)
             times[name]["loop"].append(loop)
-            print(f"round {round_index + 1}: {name:<18} wall {wall:.3f} s  loop {loop:.3f} s", flush=True)
+            print(f"round {round_index + 1}: {name:<32} wall {wall:.3f} s  loop {loop:.3f} s", flush=True)
     return times
 
 
@@ -117,6 +125,9 @@ def render(summary: dict[str, dict[str, float]], meta: dict[str, Any]) -> str:
         f"Date {meta['date']}, commit {meta['commit']}, {meta['machine']}, Python {meta['python']}, "
         f"torch {meta['torch']}, engine {meta['engine']}. Workload: `scripts/bench_train.py {meta['steps']} "
         f"{meta['device']}` ({meta['rounds']} runs of each, alternating). Command: `{meta['command']}`.",
+        f"Machine load (1-minute load average) at start {meta['load_start']:.2f}, at end "
+        f"{meta['load_end']:.2f}: other processes shared the {meta['machine'].split()[0]} cores"
+        " when it is above about 1.",
         "",
         "| variant | wall median (s) | wall min (s) | wall / plain (median) "
         "| loop median (s) | loop / plain (median) |",
@@ -140,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out_dir:
         commands = variants(args.steps, args.device, out_dir)
         times = measure(commands, args.rounds)
+    load_end = os.getloadavg()[0]
     summary = summarize(times)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -158,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "device": args.device,
         "rounds": args.rounds,
+        "load_start": load_start,
+        "load_end": load_end,
         "command": "python3 "
         + " ".join(["scripts/bench_runner.py", *(argv if argv is not None else sys.argv[1:])]),
     }

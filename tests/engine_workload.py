@@ -37,9 +37,25 @@ def fails(s):
     raise ValueError("expected")
 
 
+def touch(s, nbytes, again):
+    s.allocate(nbytes)
+    s.free(nbytes)
+    return again
+
+
+def spread(s):
+    for _ in range(2):
+        touch(
+            s,
+            1,
+            touch(s, 2, 0),
+        )
+
+
 def workload(s):
     for _ in range(3):
         inner(s)
+    spread(s)
     total = sum(chunks(s))
     try:
         fails(s)

@@ -59,7 +59,13 @@ def test_nothing_fits():
     result = search_batch_size(lambda b: 100 * b, 50)
     assert (result.batch, result.peak, result.margin) == (0, None, None)
     assert [p.batch for p in result.probes] == [1]
-    assert render_batch_size(result).startswith("no batch fits the 50 B budget (smallest tried: 1)")
+    assert render_batch_size(result) == (
+        "not even batch 1 fits the 50 B budget: its step peaks at 100 B\n"
+        "peaks from: custom; budget from: given\n"
+        "probes (1): 1: 100 B (over budget)\n"
+    )  # no line fitted to a single probe
+    failed = render_batch_size(search_batch_size(lambda b: None, 50))
+    assert failed.startswith("not even batch 1 fits the 50 B budget: its step did not run (out of memory)\n")
 
 
 def test_without_confirming_above_the_slope_must_predict_the_next_batch_overflows():
@@ -90,8 +96,10 @@ def test_finder_usage_mistakes():
         find_max_batch_size(small_mlp, [(1, 64)])
     with pytest.raises(UsageError, match="either a model"):
         find_max_batch_size(budget=10)
-    with pytest.raises(UsageError, match="positive budget"):
+    with pytest.raises(UsageError, match="the memory budget must be positive, not 0 B"):
         search_batch_size(lambda b: b, 0)
+    with pytest.raises(UsageError, match="sample batches must be positive and ascending"):
+        search_batch_size(lambda b: b, 10, samples=(2, 1))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
@@ -105,14 +113,22 @@ def test_measuring_needs_cuda():
 
 def test_result_round_trips_and_renders():
     result = BatchSizeResult(
-        90, 10_000, 10_000, 0, 1000.0, 100.0, (BatchProbe(1, 1100), BatchProbe(91, None)), "s", "given"
+        90,
+        10_000,
+        10_000,
+        0,
+        1000.0,
+        100.0,
+        (BatchProbe(1, 1100), BatchProbe(91, None), BatchProbe(92, 10_001)),
+        "s",
+        "given",
     )
     assert BatchSizeResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
     assert render_batch_size(result) == (
         "largest batch that fits: 90 (peak 9.77 KiB of 9.77 KiB budget, margin 0 B)\n"
         "fit near the answer: peak(batch) ~ 1000 B + 100 B x batch\n"
         "peaks from: s; budget from: given\n"
-        "probes (2): 1: 1.07 KiB, 91: failed\n"
+        "probes (3): 1: 1.07 KiB, 91: failed, 92: 10,001 B (over budget)\n"
     )
 
 
@@ -146,4 +162,13 @@ def test_cli_batch_size_exits_1_when_no_batch_fits(capsys):
     from gpu_mem_track.cli import main
 
     assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "1KiB"]) == 1
-    assert capsys.readouterr().out  # the probes are still reported
+    out = capsys.readouterr().out
+    assert out.startswith("not even batch 1 fits the 1.00 KiB (1,024 B) budget: its step peaks at ")
+    assert "fit" not in out.split("\n", 1)[1] and "probes (1): 1: " in out
+
+
+def test_cli_batch_size_budget_zero_says_the_budget_must_be_positive(capsys):
+    from gpu_mem_track.cli import main
+
+    assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "0"]) == 2
+    assert capsys.readouterr().err == "gpu_mem_track: the memory budget must be positive, not 0 B\n"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from gpu_mem_track.tracker import census as census_module
+from gpu_mem_track.tracker import finder as finder_module
 from gpu_mem_track.tracker.census import LiveTensorFinder, full_scan, take_census
-from gpu_mem_track.tracker.naming import frame_roots
+from gpu_mem_track.tracker.naming import frame_roots, merge_roots
 
 MIB4 = 4 * 2**20
 
@@ -105,7 +105,39 @@ def test_frame_roots_name_module_level_tensors_and_find_models():
     exec(code, namespace)
     roots = frame_roots(namespace.pop("frame"))
     assert ("weights", namespace["weights"]) in roots
-    assert ("", namespace["net"]) in roots
+    assert ("net", namespace["net"]) in roots  # a module is named by its binding: net.weight
+
+
+def test_a_model_bound_at_module_level_names_its_parameters_with_the_binding(quiet_tracker):
+    tracker = quiet_tracker()
+    namespace = {"tracker": tracker, "nn": nn}
+    code = "cnn = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))\nstamp = tracker.track()\n"
+    exec(compile(code, "<module-level>", "exec"), namespace)
+    names = {n for c in namespace["stamp"].changes if c.kind == "Parameter" for n in c.names}
+    assert names == {"cnn.0.weight", "cnn.0.bias", "cnn.2.weight", "cnn.2.bias"}
+    cnn, x = namespace.pop("cnn"), torch.zeros(1)
+    # watched (without a name: the tree's names) before bound before found; tensors keep every name
+    merged = merge_roots([("", cnn)], [("cnn", cnn), ("x", x)], [("", cnn), ("y", x)])
+    assert [(p, o is cnn) for p, o in merged] == [("", True), ("x", False), ("y", False)]
+    del namespace
+
+
+def test_a_saved_slice_leaves_a_named_dataset_in_its_own_category():
+    from gpu_mem_track.tracker.saved import SavedTensorRecorder
+
+    train_data = torch.randn(1631, 20)
+    weight = torch.randn(20, 4, requires_grad=True)
+    recorder = SavedTensorRecorder()
+    with recorder:
+        out = train_data[:35] @ weight  # matmul saves the (35, 20) slice for weight's gradient
+    roots = [("train_data", train_data), ("weight", weight)]
+    census = take_census("cpu", lambda: [train_data, weight, out], roots, saved=recorder)
+    dataset = next(g for g in census.groups if g.shape == (1631, 20))
+    assert (dataset.kind, dataset.nbytes) == ("Tensor", 1631 * 20 * 4)
+    assert dataset.names[0] == "train_data" and dataset.names[1].startswith("saved at test_census.py:")
+    assert census.categories.activation == 0
+    unnamed = take_census("cpu", lambda: [train_data, weight, out], [("weight", weight)], saved=recorder)
+    assert unnamed.categories.activation == 1631 * 20 * 4  # nothing names it: what autograd saved
 
 
 def test_device_filter_keeps_only_the_tracked_device():
@@ -275,7 +307,7 @@ def test_the_census_keeps_no_tensor_alive():
     assert [r() for r in refs] == [None, None, None]
 
 
-@pytest.mark.skipif(not census_module._YOUNG_SCAN_WORKS, reason="no generational gc on this Python")
+@pytest.mark.skipif(not finder_module._YOUNG_SCAN_WORKS, reason="no generational gc on this Python")
 def test_young_scan_finds_tensors_born_since_the_last_walk_and_walks_after_promotion():
     finder = LiveTensorFinder()
     was_enabled = gc.isenabled()
@@ -304,3 +336,22 @@ def test_a_base_owns_its_storage_before_a_larger_expanded_view():
     census = take_census("cpu", lambda: [b.expand(1000, 1000), b], [("b", b)])
     assert [(g.shape, g.nbytes, g.names) for g in census.groups] == [((1,), 4, ("b",))]
     assert census.views == 1
+
+
+def test_owners_give_top_level_models_and_optimizers_held_weakly():
+    from gpu_mem_track.tracker.finder import FullScan, Owners
+
+    owners = Owners()
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for obj in (model[1][0], model, model[0], optimizer, model[1]):
+        owners.add(obj)
+    assert sorted(type(o).__name__ for _, o in owners.roots()) == ["SGD", "Sequential"]
+    assert all(prefix == "" for prefix, _ in owners.roots())
+    ref = weakref.ref(model)
+    del model, optimizer, obj
+    gc.collect()
+    assert ref() is None and owners.roots() == [] and len(owners) == 0
+    scan = FullScan()
+    local = nn.Linear(3, 3)
+    assert any(t is local.weight for t in scan()) and any(o is local for _, o in scan.roots())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_mem_track import read_stamps
+from gpu_mem_track import MemTracker, read_stamps
 from gpu_mem_track.cli import BUG_REPORT
 from gpu_mem_track.commands import all_commands
 
@@ -54,8 +54,14 @@ def test_show_totals_only_leaves_out_the_groups(two_stamps, in_process):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (("show", "missing.csv"), 2, "gpu_mem_track: no such report: missing.csv\n"),
-        (("show", "notes.txt"), 2, "is not a gpu_mem_track CSV report"),
+        (("show", "missing.csv"), 2, "gpu_mem_track: no such run or report: missing.csv\n"),
+        (("show", "notes.txt"), 2, "gpu_mem_track: notes.txt is not a gpu_mem_track report (a run folder"),
+        (
+            ("show", "empty.csv"),
+            2,
+            "gpu_mem_track: empty.csv is empty (no CSV header): not a gpu_mem_track report\n",
+        ),
+        (("show", "."), 2, "gpu_mem_track: . is not a gpu_mem_track run folder (no meta.json"),
         (("probe", "--device", "cpu"), 2, "the probe measures CUDA devices, not 'cpu'"),
         (("probe", "--device", "gpu"), 2, "not a device: 'gpu'"),
         (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
@@ -65,16 +71,19 @@ def test_show_totals_only_leaves_out_the_groups(two_stamps, in_process):
 def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, monkeypatch, in_process, args, code, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "empty.csv").write_text("")
     done = in_process(*args)
     assert done.returncode == code
     assert message in done.stderr
+    if message.startswith("gpu_mem_track: "):  # ours, not argparse's (which adds its usage line)
+        assert done.stderr.count("\n") == 1
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
 def test_a_usage_mistake_end_to_end_is_one_line_and_exit_2(tmp_path):
     done = run("-m", "gpu_mem_track", "show", "missing.csv", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == "gpu_mem_track: no such report: missing.csv\n"
+    assert done.stderr == "gpu_mem_track: no such run or report: missing.csv\n"
 
 
 @pytest.mark.slow
@@ -88,14 +97,17 @@ def test_probe_without_cuda_exits_1_saying_why():
     )
 
 
-def test_probe_prints_the_result_as_text_or_json(monkeypatch, in_process, probe_result):
+def test_probe_prints_the_result_as_text_or_json(tmp_path, monkeypatch, in_process, probe_result):
     from gpu_mem_track.tracker import probe
     from gpu_mem_track.tracker.render import render_probe
 
     asked = []
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path))
     monkeypatch.setattr(probe, "run_probe", lambda device: asked.append(device) or probe_result)
     text = in_process("probe", "--device", "cuda:1")
-    assert (text.returncode, text.stdout, text.stderr) == (0, render_probe(probe_result), "")
+    assert (text.returncode, text.stdout) == (0, render_probe(probe_result))
+    assert text.stderr.startswith(f"saved for MemTracker: {tmp_path}")  # what track() reads later
+    assert text.stderr.count("\n") == 1 and list(tmp_path.iterdir())
     as_json = in_process("probe", "--json")
     assert as_json.returncode == 0
     assert type(probe_result).from_dict(json.loads(as_json.stdout)) == probe_result
@@ -216,3 +228,68 @@ def test_show_rejects_a_truncated_report_in_one_line(tmp_path, quiet_tracker, in
     assert done.returncode == 2
     assert "cut.csv, line 2: not a valid report row" in done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+
+
+SCRIPT = """\
+data = [0] * 200_000
+more = [1] * 400_000
+del data
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A real run of a small script: its folder, as the runner left it."""
+    root = tmp_path_factory.mktemp("show")
+    (root / "grow.py").write_text(SCRIPT)
+    options = ("--device", "cpu", "--run-name", "grow", "--census-threshold", "1MiB")
+    done = run("-m", "gpu_mem_track", "run", *options, "grow.py", cwd=root)
+    assert done.returncode == 0, done.stderr
+    return root / "reports" / "grow"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["", "lines.csv"])
+def test_show_prints_a_runs_report_from_its_folder_or_lines_csv(finished_run, given):
+    # From the folder the run was started in: the report names files relative to it.
+    done = run("-m", "gpu_mem_track", "show", str(finished_run / given), cwd=finished_run.parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (finished_run / "report.txt").read_text() and done.stderr == ""
+    assert "Automatic censuses" in done.stdout  # read back from census.csv
+
+
+@pytest.mark.slow
+def test_show_summarises_a_timeline_and_a_run_killed_before_lines_csv(finished_run, tmp_path):
+    timeline = run("-m", "gpu_mem_track", "show", str(finished_run / "timeline.csv"))
+    assert timeline.returncode == 0, timeline.stderr
+    assert timeline.stderr == (
+        f"gpu_mem_track: note: {finished_run / 'timeline.csv'}: per-line figures rebuilt from this "
+        "timeline (peaks as lower bounds, code text read from the sources now)\n"
+    )
+    assert "more = [1] * 400_000" in timeline.stdout and "gpu_mem_track run grow" in timeline.stdout
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    for name in ("meta.json", "timeline.csv"):
+        (killed / name).write_bytes((finished_run / name).read_bytes())
+    done = run("-m", "gpu_mem_track", "show", str(killed), cwd=finished_run.parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"gpu_mem_track: note: {killed} has no lines.csv")
+    report = (finished_run / "report.txt").read_text()
+    assert done.stdout.splitlines()[:3] == report.splitlines()[:3]  # the run's header
+    assert "more = [1] * 400_000" in done.stdout
+
+
+def test_show_keeps_the_complete_stamps_of_a_report_cut_mid_row(tmp_path, in_process):
+    tracker = MemTracker(device="cpu", out_dir=tmp_path, run_name="r", verbosity=0, probe=False)
+    tracker.track("a")
+    tracker.track("b")
+    text = tracker.files.csv.read_text()
+    cut = tmp_path / "cut.csv"
+    cut.write_text(text[: len(text) - 20])  # a process killed while writing stamp "b"
+    done = in_process("show", cut)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"gpu_mem_track: note: {cut}, line 3: the last row is incomplete (the writing process "
+        "stopped mid-row); read the complete rows before it\n"
+    )
+    assert done.stdout.count("At ") == 1 and "[a]" in done.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from runfiles import MIB, line, runner_folder, tracker_csv
 
+from gpu_mem_track.csvrows import CompleteRows
 from gpu_mem_track.errors import UsageError
 from gpu_mem_track.runs.compare import compare_files, compare_runs, render_comparison
 from gpu_mem_track.runs.load import detect, load_run
@@ -152,15 +154,15 @@ def test_default_and_impossible_groupings(tmp_path, two_runs):
     )
     assert compare_files(tracker, running).by == "label"  # "running" has no lines.csv yet
     with pytest.raises(
-        UsageError, match=r"by label \(the default when a run has no per-line records\): .*before"
+        UsageError, match=r"by label \(the default when a run has no per-line records\): .*before has no"
     ):
-        compare_files(two_runs[0], running)
+        compare_files(two_runs[0], tracker)
     with pytest.raises(UsageError, match="t.csv is a MemTracker CSV, which has no per-line records"):
         compare_files(tracker, tracker, by="line")
-    with pytest.raises(UsageError, match="running has no lines.csv"):
-        compare_files(two_runs[0], running, by="function")
     with pytest.raises(UsageError, match="before has no timeline.csv"):
         compare_files(two_runs[0], running, by="label")
+    with pytest.raises(UsageError, match="lines.csv is a lines.csv, which has no track"):
+        compare_files(two_runs[0] / "lines.csv", running, by="label")
 
 
 def test_a_lines_csv_given_directly_takes_its_name_from_meta_json(two_runs):
@@ -225,6 +227,9 @@ def test_render_line_comparison_lists_rows_in_rank_order_and_cuts_at_top(two_run
     )
     assert lines[5].split()[:4] == ["train.py", "main", "14", "-"]
     assert lines[7:] == ["... 4 more rows (--top 0 shows all)"]
+    assert render_comparison(compare_files(*two_runs), top=6).splitlines()[-1] == (
+        "... 1 more row (--top 0 shows all)"
+    )
 
 
 def test_cli_compare_prints_the_table(two_runs):
@@ -294,3 +299,183 @@ def test_a_peak_that_is_a_lower_bound_shows_as_such(tmp_path):
     assert ">=100.00 MiB" in by_line[4] and ">=" not in by_line[5]
     by_function = render_comparison(compare_files(a, b, by="function")).splitlines()
     assert ">=100.00 MiB  100.00 MiB" in by_function[4]
+
+
+# -- files cut mid-row (a killed process) and runs that never wrote lines.csv --------------
+
+
+def cut(path: Path, keep: int) -> str:
+    """Cut ``path`` after its first ``keep`` characters of the last line, as a process
+    killed mid-write leaves it (no line end); returns the line as it was."""
+    text = path.read_text()
+    head, last = text.rstrip("\n").rsplit("\n", 1)
+    path.write_text(f"{head}\n{last[:keep]}")
+    return last
+
+
+@pytest.mark.parametrize(
+    ("text", "rows", "cut_line"),
+    [
+        ("a,b\n1,2\n3,4\n", ["a,b\n", "1,2\n", "3,4\n"], 0),
+        ("a,b\r\n1,2\r\n3,", ["a,b\r\n", "1,2\r\n"], 3),
+        ('a,b\n1,"x\ny"\n3,"open\ncell', ["a,b\n", '1,"x\n', 'y"\n'], 4),  # a quoted newline
+        ('a,b\n1,"say ""hi"""\n', ["a,b\n", '1,"say ""hi"""\n'], 0),
+        ("", [], 0),
+    ],
+)
+def test_complete_rows_hold_back_only_a_cut_last_row(text, rows, cut_line):
+    import io
+
+    complete = CompleteRows(io.StringIO(text, newline=""))
+    assert list(complete) == rows
+    assert complete.cut == text[len("".join(rows)) :] and complete.cut_line == cut_line
+
+
+def test_a_tracker_csv_cut_mid_row_keeps_its_complete_stamps(tmp_path):
+    path = tracker_csv(tmp_path / "t.csv", [("a", 0.0, MIB), ("b", 1.0, 2 * MIB), ("c", 2.0, 3 * MIB)])
+    cut(path, 30)
+    run = load_run(path)
+    assert [(p.label, p.memory) for p in run.labels] == [("a", MIB), ("b", 2 * MIB)]
+    assert run.notes == (
+        f"{path}, line 4: the last row is incomplete (the writing process stopped mid-row); "
+        "read the complete rows before it",
+    )
+
+
+def test_read_stamps_and_read_frame_leave_a_cut_row_out_and_say_so(tmp_path):
+    from gpu_mem_track.tracker.csvlog import read_frame, read_stamps
+
+    path = tracker_csv(tmp_path / "t.csv", [("a", 0.0, MIB), ("b", 1.0, 2 * MIB)])
+    cut(path, 12)
+    notes: list[str] = []
+    assert [s.label for s in read_stamps(path, notes)] == ["a"]
+    assert list(read_frame(path, notes)["label"]) == ["a"]
+    assert len(notes) == 2 and notes[0] == notes[1] and notes[0].startswith(f"{path}, line 3: ")
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"^\S+empty.csv is not a gpu_mem_track CSV report \(it is empty\)$"):
+        read_stamps(empty)
+
+
+def test_a_lines_csv_cut_mid_row_leaves_the_partial_row_out(two_runs):
+    path = two_runs[0] / "lines.csv"
+    last = cut(path, 40)  # "/src/train.py,main,14,del out,1,95630131" (the memory cut short)
+    assert last.startswith("/src/train.py,main,14,")
+    run = load_run(two_runs[0])
+    assert [r.line for r in run.lines] == [10, 11, 12, 13]
+    assert len(run.notes) == 1 and run.notes[0].startswith(f"{path}, line 6: the last row is incomplete")
+
+
+def test_a_timeline_cut_mid_row_leaves_the_partial_row_out(tmp_path):
+    rows = [{"elapsed": 0.5 * i, "event": "line", "line": 3, "memory": (i + 1) * 100 * MIB} for i in range(3)]
+    folder = runner_folder(tmp_path, "r", timeline=rows)
+    cut(folder / "timeline.csv", 25)  # "3,1.0,line,,,3,,314572800" would read as 300 MiB
+    run = load_run(folder, lines=False)
+    assert [s.memory for s in run.samples] == [100 * MIB, 200 * MIB] and run.events == 2
+    assert len(run.notes) == 1 and "line 4: the last row is incomplete" in run.notes[0]
+
+
+def killed_run(tmp_path: Path, name: str = "killed") -> Path:
+    """A run folder as SIGKILL leaves it: meta.json of a run still going, timeline.csv,
+    no lines.csv; its script is in ``tmp_path`` so its code text can be read."""
+    script = tmp_path / "train.py"
+    script.write_text("model = build()\nfor step in range(2):\n    out = model(x)\n")
+    where = {"event": "line", "file": str(script), "function": "main"}
+    timeline = [
+        {"elapsed": 0.0, "event": "start", "memory": 0},
+        {**where, "elapsed": 0.1, "line": 1, "memory": 500 * MIB, "increment": 500 * MIB, "peak": 500 * MIB},
+        {**where, "elapsed": 0.2, "line": 2, "memory": 500 * MIB, "increment": 0, "peak": 500 * MIB},
+        {**where, "elapsed": 0.3, "line": 3, "memory": 800 * MIB, "increment": 300 * MIB, "peak": 900 * MIB},
+        {**where, "elapsed": 0.4, "line": 2, "memory": 800 * MIB, "increment": 0, "peak": 800 * MIB},
+        {**where, "elapsed": 0.5, "line": 3, "memory": 850 * MIB, "increment": 50 * MIB, "peak": 950 * MIB},
+    ]
+    folder = runner_folder(tmp_path, name, timeline=timeline)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta.update(ended=None, exit_code=None, peak=None, peak_at="")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_a_run_without_lines_csv_is_compared_from_its_timeline(tmp_path, two_runs):
+    killed = killed_run(tmp_path)
+    comparison = compare_files(two_runs[0], killed)
+    assert comparison.by == "line" and comparison.b.peak == 950 * MIB
+    forward = by_code(comparison)[("out = model(x)", 1)]
+    assert (forward.b.where, forward.b.value, forward.b.peak, forward.b.hits) == (
+        "3",
+        350 * MIB,
+        950 * MIB,
+        2,
+    )
+    assert forward.b.peak_exact is False  # the timeline does not say whether the mark moved
+    assert forward.difference == 50 * MIB
+    rebuilt = {r.line: r for r in comparison.b.lines}
+    assert rebuilt[3].rise == 400 * MIB and rebuilt[3].memory == 850 * MIB  # 900 MiB over 500 at its start
+    assert (rebuilt[2].hits, rebuilt[2].rise, rebuilt[2].code) == (2, 0, "for step in range(2):")
+    (note,) = comparison.b.notes
+    assert note.startswith(f"{killed} has no lines.csv (written when a run ends: this one was stopped")
+    assert "per-line figures rebuilt from its timeline.csv" in note
+
+
+def test_an_empty_lines_csv_counts_as_missing(tmp_path):
+    killed = killed_run(tmp_path)
+    (killed / "lines.csv").write_text("")  # stopped right after opening it
+    run = load_run(killed)
+    assert [r.line for r in run.lines] == [1, 2, 3]
+    assert run.notes[0].startswith(f"{killed} has an empty lines.csv (the run was stopped while writing it);")
+
+
+def test_cli_compare_on_a_killed_run_says_what_it_used(tmp_path, two_runs):
+    killed = killed_run(tmp_path)
+    done = cli("compare", str(two_runs[0]), str(killed), "--by", "function")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"gpu_mem_track: note: {killed} has no lines.csv")
+    assert done.stderr.count("\n") == 1
+    assert "train.py  main" in done.stdout and "nothing to compare" not in done.stdout
+
+
+def test_nothing_to_compare_says_what_both_runs_lack(tmp_path):
+    a = runner_folder(tmp_path, "a", timeline=[{"elapsed": 0.0, "event": "start", "memory": 0}])
+    b = runner_folder(tmp_path, "b", timeline=[{"elapsed": 0.0, "event": "start", "memory": 0}])
+    by_label = render_comparison(compare_files(a, b, by="label")).splitlines()[-1]
+    assert (
+        by_label
+        == "(nothing to compare by label: neither run has track() stamps; --by line compares source lines)"
+    )
+    by_line = render_comparison(compare_files(a, b)).splitlines()[-1]
+    assert by_line == "(nothing to compare by line: neither run has a traced line)"
+
+
+def test_a_run_that_left_only_meta_json_is_named_with_what_is_missing(tmp_path, two_runs):
+    empty = runner_folder(tmp_path, "empty")
+    for by in (None, "label"):
+        with pytest.raises(UsageError, match="empty has neither lines.csv nor timeline.csv"):
+            compare_files(two_runs[0], empty, by=by)
+
+
+def test_show_report_of_a_killed_run_names_its_peak_and_what_it_rebuilt(tmp_path):
+    from gpu_mem_track.runs.show import show_report
+
+    killed = killed_run(tmp_path)
+    shown = show_report(killed)
+    header = shown.text.splitlines()[:3]
+    assert header[1].startswith("train.py still running | device cuda:0")
+    assert header[2].startswith(f"peak 950.00 MiB at {tmp_path / 'train.py'}:3 |")  # the line that allocated
+    assert "out = model(x)" in shown.text and shown.notes[0].startswith(f"{killed} has no lines.csv")
+
+
+def test_show_report_names_what_a_run_folder_lacks(tmp_path, two_runs):
+    from gpu_mem_track.runs.show import show_report
+
+    with pytest.raises(UsageError, match="empty has neither lines.csv nor timeline.csv: the run stopped"):
+        show_report(runner_folder(tmp_path, "empty"))
+    (two_runs[0] / "meta.json").unlink()
+    with pytest.raises(
+        UsageError, match="meta.json is missing, and show prints the run's description from it"
+    ):
+        show_report(two_runs[0] / "lines.csv")
+    runs = tmp_path / "many"
+    runner_folder(runs, "b")
+    runner_folder(runs, "a")
+    with pytest.raises(UsageError, match=f"^{runs} is a folder of 2 runs: give one, e.g. {runs / 'a'}$"):
+        show_report(runs)

@@ -58,9 +58,12 @@ def test_vgg19_on_cuda_census_matches_the_allocator_byte_for_byte(tmp_path):
 @pytest.mark.cuda
 def test_ledger_parts_sum_to_the_driver_figure(tmp_path):
     pytest.importorskip("pynvml")
-    t = tracker(tmp_path, probe=True)
+    from gpu_mem_track.tracker.probe import cached_probe
+
+    t = tracker(tmp_path, probe=True)  # reads the probe's cache; track() never measures
     x = torch.randn(1024, 1024, device="cuda:0")
     (x @ x).sum().item()
+    cached_probe("cuda:0", str(torch.cuda.get_device_properties(0).uuid))  # as `gpu_mem_track probe` does
     ledger = t.track().ledger
     assert ledger.driver is not None and ledger.driver_source in ("nvml process", "nvml device-wide")
     assert sum(ledger.parts().values()) == ledger.driver

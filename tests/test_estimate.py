@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import json
 import subprocess
@@ -124,13 +126,60 @@ def test_usage_mistakes_raise_usage_errors():
         estimate(linear, (4, 10), device="xla")
     with pytest.raises(UsageError, match="not an nn.Module"):
         estimate(lambda: 3, (4, 10))
-    with pytest.raises(UsageError, match="raised ValueError: no"):
+    with pytest.raises(UsageError, match="failed with ValueError: no"):
         estimate(lambda: (_ for _ in ()).throw(ValueError("no")), (4, 10))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "long", "int32", "bool", torch.int64])
+def test_dtype_must_be_one_a_model_trains_in(dtype):
+    with pytest.raises(UsageError, match="cannot cast the model to .*: a model trains in float32, float16"):
+        estimate(linear, (4, 10), dtype=dtype)
+
+
+def test_integer_inputs_keep_their_dtypes_and_named_inputs_go_by_keyword():
+    from gpu_mem_track.estimator.specs import InputSpec, parse_input
+
+    assert parse_input("labels=4x32:int64") == InputSpec((4, 32), torch.int64, "labels")
+    assert str(parse_input("mask=4x32:bool")) == "mask=4x32:bool"
+    with pytest.raises(UsageError, match="not an input name: '1x'"):
+        parse_input("1x=4x32")
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 20)
+
+        def forward(self, x, scale=None):
+            return self.fc(x) * scale
+
+    est = estimate(Scaled, [(4, 10), InputSpec((4, 20), name="scale")], device="cpu", optimizer="none")
+    assert est.inputs == ("4x10", "scale=4x20") and est.input_bytes == 160 + 320
+
+
+def test_loss_defaults_to_the_outputs_own_loss_then_to_the_sum():
+    from gpu_mem_track.estimator.step import default_loss
+
+    own = torch.tensor(2.0)
+    assert default_loss({"loss": own, "logits": torch.ones(3)}) is own
+    assert (
+        default_loss((torch.ones(2), {"x": torch.full((3,), 2.0)}, torch.ones(2, dtype=torch.int64))) == 8.0
+    )
+
+    class Output:
+        loss = None
+        logits = torch.ones(2)
+
+    with pytest.raises(UsageError, match="holds no floating-point tensor"):
+        default_loss(Output())  # no pytree node: neither a loss nor tensors to sum
 
 
 def test_record_round_trips_through_json():
     est = estimate(tiny_mlp, (4, 10), device="cuda")
     assert Estimate.from_dict(json.loads(json.dumps(est.to_dict()))) == est
+    older = {k: v for k, v in est.to_dict().items() if k not in ("loss", "value_reads")}
+    assert Estimate.from_dict(older) == est  # JSON written before these fields still reads
+    guarded = estimate(Guarded, (4, 10), device="cpu")
+    assert Estimate.from_dict(json.loads(json.dumps(guarded.to_dict()))) == guarded
 
 
 def _hand_built() -> Estimate:
@@ -215,7 +264,11 @@ def test_cli_estimate_text(capsys):
         ("{f}", ["--input", "4x10"], "not a factory"),
         ("{f}:net", ["--input", "4x10", "--optimizer", "lion"], "unknown optimizer 'lion'"),
         ("{f}:net", ["--input", "4x10", "--dtype", "fp7"], "unknown dtype 'fp7'"),
-        ("{f}:broken", ["--input", "4x10"], "raised ValueError: cannot build"),
+        ("{f}:broken", ["--input", "4x10"], "broken failed with ValueError: cannot build"),
+        ("{f}:net", ["--input", "4x10", "--dtype", "int64"], "cannot cast the model to int64"),
+        ("{f}:net", ["--input", "4x10", "--dtype", "bool"], "cannot cast the model to bool"),
+        ("{f}:net", ["--input", "4x10", "--loss", "{f}:nothing"], "has no callable named 'nothing'"),
+        ("{f}:net", ["--input", "4x10", "--loss", "{f}:net"], "the model's step failed: TypeError"),
         ("{f}:net", ["--input", "4x11"], "the model's step failed: RuntimeError"),
         ("{f}:net", ["--input", "4x10", "--device", "tpu"], "targets cuda or cpu, not 'tpu'"),
     ],
@@ -225,6 +278,7 @@ def test_cli_estimate_usage_mistakes_exit_2_with_one_line(tmp_path, capsys, spec
 
     factories = tmp_path / "factories.py"
     factories.write_text(FACTORIES)
+    extra = [arg.format(f=factories) for arg in extra]
     assert main(["estimate", spec.format(f=factories), *extra]) == 2
     out, err = capsys.readouterr()
     assert message in err and err.startswith("gpu_mem_track: ")
@@ -258,4 +312,160 @@ def test_cli_estimate_failure_end_to_end(tmp_path):
     factories.write_text(FACTORIES)
     done = _cli("estimate", f"{factories}:broken", "--input", "4x10")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == "gpu_mem_track: the factory broken raised ValueError: cannot build\n"
+    assert done.stderr == (
+        f"gpu_mem_track: calling the factory {factories}:broken failed with ValueError: cannot build\n"
+    )
+
+
+def test_cli_amp_may_come_before_the_factory_and_the_factory_prints_as_written(tmp_path, capsys):
+    from gpu_mem_track.cli import main
+
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    spec = str(tmp_path / "factories.py") + ":net"
+    outputs = []
+    for args in (["--amp", spec], [spec, "--amp", "fp16"], [spec, "--amp"], ["--amp=bf16", spec]):
+        assert main(["estimate", *args, "--input", "4x10", "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert all(out["amp"] for out in outputs) and outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0]["model"] == spec  # not _gpu_mem_track_factory_<hash>:net
+    assert outputs[3]["activation_bytes"] == outputs[0]["activation_bytes"]  # bf16: same sizes
+    assert main(["estimate", "--amp", "--input", "4x10"]) == 2
+    assert "estimate needs a model factory" in capsys.readouterr().err
+    assert main(["estimate", "--amp", spec, spec, "--input", "4x10"]) == 2
+    assert "two factories given" in capsys.readouterr().err
+
+
+def test_cli_loss_function_from_a_file(tmp_path, capsys):
+    from gpu_mem_track.cli import main
+
+    loss = "\n\ndef big(output):\n    return (output.repeat(1000, 1) ** 2).sum()\n"
+    (tmp_path / "factories.py").write_text(FACTORIES + loss)
+    spec = str(tmp_path / "factories.py")
+    common = ["estimate", f"{spec}:net", "--input", "4x10", "--device", "cpu", "--json"]
+    assert main(common) == 0
+    summed = {p["phase"]: p["peak"] for p in json.loads(capsys.readouterr().out)["phases"]}
+    assert main([*common, "--loss", f"{spec}:big"]) == 0
+    big = {p["phase"]: p["peak"] for p in json.loads(capsys.readouterr().out)["phases"]}
+    # The 4x5 output repeated to 4000x5 float32 (80,000 B), then squared (80,000 B more).
+    assert big["loss"] == summed["loss"] + 2 * 80_000
+
+
+class Guarded(nn.Module):
+    """Reads values in Python as library code does: a check on an activation (no value on
+    meta: a placeholder), a data-dependent op and a copy to the CPU on a tensor it made."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 20)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if torch.isinf(h).any():
+            h = h.clamp(-1e4, 1e4)
+        keep = (torch.arange(x.shape[0], device=x.device) % 2 == 0).nonzero().squeeze(1)
+        return h[keep] * len(keep.tolist())
+
+
+def test_values_read_by_the_model_are_computed_or_replaced_by_a_noted_placeholder():
+    from gpu_mem_track.estimator.records import ValueRead
+
+    est = estimate(Guarded, (4, 10), device="cpu")
+    real = trace_cpu_step(Guarded, (4, 10))  # real values: no reads to record
+    assert real.value_reads == () and dataclasses.replace(est, value_reads=()) == real
+    # Rows 0 and 2 kept: the output is 2x20 (160 B) plus the 2 int64 indices (16 B).
+    assert est.activation_bytes == 176
+    assert set(est.value_reads) == {
+        ValueRead("item", "(model)", "False", 1),  # isinf(h).any() on an activation
+        ValueRead("nonzero", "(model)", "", 1),
+        ValueRead("copy to cpu", "(model)", "", 1),  # tolist()
+    }
+    text = render_estimate(est)
+    assert "\nvalues read by the model: " in text and "(computed for real on the CPU)\n" in text
+    assert text.endswith(
+        "placeholders (values unknown without data; the model ran on these instead): "
+        "item in (model) returned False\n"
+    )
+
+
+def test_a_tensor_given_with_values_keeps_them_on_meta():
+    class Select(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 20)
+
+        def forward(self, x, mask):
+            return self.fc(x[mask.nonzero().squeeze(1)])
+
+    mask = torch.tensor([True, False, False, True, True])
+    est = estimate(Select, [(5, 10), mask], device="cpu", optimizer="none")
+    # Three rows selected (not five, nor a placeholder's none): their 3x10 copy, saved for
+    # backward, and the 3x20 output.
+    assert est.activation_bytes == 3 * 10 * 4 + 3 * 20 * 4
+    assert est.peak == trace_cpu_step(Select, [(5, 10), mask], optimizer="none").peak
+
+
+HF_MODELS = [("tiny_gpt2", {}), ("tiny_llama", {}), ("tiny_bert", {}), ("tiny_gpt2", {"checkpointing": True})]
+
+
+def _token_inputs():
+    from gpu_mem_track.estimator.specs import InputSpec
+
+    return [InputSpec((4, 32), torch.int64), InputSpec((4, 32), torch.int64, "labels")]
+
+
+@pytest.mark.parametrize(("name", "options"), HF_MODELS)
+def test_hugging_face_training_step_equals_the_real_cpu_step(name, options):
+    pytest.importorskip("transformers")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from gpu_mem_track.examples import hf
+
+    factory = functools.partial(getattr(hf, name), **options)
+    est = estimate(factory, _token_inputs(), device="cpu")
+    assert est.model == f"gpu_mem_track.examples.hf:{name}"
+    with sdpa_kernel(SDPBackend.MATH):  # the attention meta tensors run
+        real = trace_cpu_step(factory, _token_inputs())
+    # Every figure equal (tolerance 0): peak, phases, parts at the peak, per-layer rows.
+    assert dataclasses.replace(est, value_reads=()) == real
+    if not options:  # the model's own loss (labels): cross-entropy's backward holds the peak
+        assert est.peak_phase.op == "_log_softmax_backward_data"
+    assert all(read.placeholder == "" for read in est.value_reads)
+    cuda = estimate(factory, _token_inputs(), device="cuda")
+    assert cuda.parameters == est.parameters and cuda.peak >= est.peak  # 512 B blocks
+
+
+def test_cli_estimates_a_tiny_gpt2_without_cache(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from gpu_mem_track.cli import main
+
+    models = tmp_path / "models.py"
+    models.write_text(
+        "from transformers import GPT2Config, GPT2LMHeadModel\n\n"
+        "def tiny_gpt2():\n"
+        "    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, bos_token_id=0,\n"
+        "                        eos_token_id=0, use_cache=False)\n"
+        "    return GPT2LMHeadModel(config)\n"
+    )
+    args = ["estimate", f"{models}:tiny_gpt2", "--input", "4x32:int64", "--input", "labels=4x32:int64"]
+    assert main(args) == 0  # was: the model's step failed: ... Tensor.item() ... on meta tensors
+    out = capsys.readouterr().out
+    assert out.startswith(f"Estimated training step of {models}:tiny_gpt2 on cuda: inputs ")
+    assert "\nvalues read by the model: item in transformer (computed for real on the CPU)\n" in out
+    assert "placeholders" not in out
+
+
+def test_a_copy_of_an_activation_to_the_cpu_is_a_noted_placeholder_of_zeros():
+    from gpu_mem_track.estimator.records import ValueRead
+
+    class Logs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 20)
+
+        def forward(self, x):
+            h = self.fc(x)
+            self.seen = h.detach().cpu()
+            return h
+
+    est = estimate(Logs, (4, 10), device="cpu", training=False)
+    assert est.value_reads == (ValueRead("copy to cpu", "(model)", "zeros", 1),)

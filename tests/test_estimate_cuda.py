@@ -14,7 +14,7 @@ import torch
 
 from gpu_mem_track import estimate, examples, find_max_batch_size
 from gpu_mem_track.estimator.specs import InputSpec
-from gpu_mem_track.estimator.step import build_model, make_inputs, make_optimizer, run_steps
+from gpu_mem_track.estimator.step import build_model, make_inputs, make_optimizer, run_steps, split_named
 
 CASES = [
     ("convnet", (32, 3, 32, 32)),
@@ -36,21 +36,26 @@ def _warm(device: torch.device) -> None:
 
 def measured_peak(name: str, shape: tuple[int, ...], device: torch.device) -> int:
     """Peak bytes allocated during the second of two real training steps, above the baseline."""
+    return measured_step_peak(getattr(examples, name), [InputSpec(shape)], device)
+
+
+def measured_step_peak(factory, specs: list[InputSpec], device: torch.device) -> int:  # noqa: ANN001
+    """:func:`measured_peak` for any factory and inputs (keyword inputs by name)."""
     _warm(device)
     gc.collect()
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
-    model = build_model(getattr(examples, name), str(device))
+    model = build_model(factory, str(device))
     params = list(model.parameters())
     optimizer = make_optimizer("adam", params, "cuda")
-    inputs = make_inputs([InputSpec(shape)], str(device), None)
+    args, kwargs = split_named(specs, make_inputs(specs, str(device), None))
 
     def on_phase(phase: str, step: int) -> None:
         if phase == "step start" and step == 1:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
 
-    run_steps(lambda: model(*inputs), params, optimizer, on_phase=on_phase)
+    run_steps(lambda: model(*args, **kwargs), params, optimizer, on_phase=on_phase)
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - base  # the model dies on return
 
@@ -61,6 +66,24 @@ def test_estimate_within_5_percent_of_max_memory_allocated(name, shape):
     device = torch.device("cuda")
     measured = measured_peak(name, shape, device)
     estimated = estimate(getattr(examples, name), shape, device="cuda").peak
+    assert abs(estimated / measured - 1) <= 0.05, (
+        f"{name}: estimated {estimated:,} B, measured {measured:,} B"
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_llama", "tiny_bert"])
+def test_hugging_face_estimate_within_5_percent_with_math_attention(name):
+    pytest.importorskip("transformers")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from gpu_mem_track.examples import hf
+
+    specs = [InputSpec((8, 128), torch.int64), InputSpec((8, 128), torch.int64, "labels")]
+    device = torch.device("cuda")
+    with sdpa_kernel(SDPBackend.MATH):  # the attention the estimator simulates
+        measured = measured_step_peak(getattr(hf, name), specs, device)
+    estimated = estimate(getattr(hf, name), specs, device="cuda").peak
     assert abs(estimated / measured - 1) <= 0.05, (
         f"{name}: estimated {estimated:,} B, measured {measured:,} B"
     )

@@ -109,6 +109,87 @@ def test_pick_labels_prefers_first_occurrences_then_fills_with_repeats():
     assert [p.label for p in distinct] == ["s0", "s25", "s50", "s74", "s99"]  # no slot left for repeats
 
 
+def test_spread_keeps_order_and_gap_and_centres_each_crowd():
+    from gpu_mem_track.runs.layout import spread
+
+    assert spread([10, 10, 10], gap=10, low=0, high=100) == [0, 10, 20]  # centred on 10
+    assert spread([0, 1, 50, 51, 52], gap=10, low=0, high=100) == [0, 10, 41, 51, 61]
+    assert spread([95, 96, 97], gap=10, low=0, high=100) == [80, 90, 100]  # held inside the bounds
+    assert spread([5, 30, 80], gap=10, low=0, high=100) == [5, 30, 80]  # apart already: unmoved
+    with pytest.raises(ValueError, match="ascending"):
+        spread([2, 1], gap=1, low=0, high=10)
+
+
+def test_occupancy_marks_the_squares_a_segment_crosses():
+    from gpu_mem_track.runs.layout import occupancy
+
+    grid = occupancy([[0, 5, 100, 5], [50, 0, 50, 100]], bounds=(0, 0, 100, 100), cell=10)
+    assert grid.shape == (10, 10)
+    assert grid[0].all() and grid[:, 5].all() and grid.sum() == 19  # a row and a column
+    diagonal = occupancy([[0, 0, 99.9, 99.9]], bounds=(0, 0, 100, 100), cell=10)
+    assert [tuple(cell) for cell in zip(*diagonal.nonzero())] == [(i, i) for i in range(10)]
+
+
+def test_place_box_takes_the_nearest_spot_no_curve_crosses():
+    import numpy as np
+
+    from gpu_mem_track.runs.layout import occupancy, overlaps, place_box
+
+    bounds = (0, 0, 200, 100)
+    grid = occupancy(np.array([[0, 50, 200, 50], [0, 60, 200, 60]]), bounds, cell=2)  # a band of two lines
+    # The peak sits between the lines; the nearest free spot at least 8 px (the clearance) from it
+    # is just under the lower line, its right edge 4 px left of the peak (sqrt(4² + 7²) >= 8).
+    assert place_box((100, 55), (40, 10), grid, bounds, cell=2) == (56, 38, 96, 48)
+    taken = [(0, 0, 200, 49)]  # below is another text's: the same spot above the upper line
+    above = place_box((100, 55), (40, 10), grid, bounds, taken, cell=2)
+    assert above == (56, 62, 96, 72) and not overlaps(above, taken[0])
+    full = np.ones_like(grid)
+    assert place_box((100, 55), (40, 10), full, bounds, cell=2)[0] >= 0  # no free spot: still a box
+
+
+def _boxes(texts, renderer):
+    return [t.get_window_extent(renderer).extents for t in texts]
+
+
+def test_labels_do_not_overlap_and_peaks_cover_no_curve(tmp_path):
+    import numpy as np
+
+    from gpu_mem_track.runs.layout import occupancy, overlaps
+    from gpu_mem_track.runs.plot import timeline_figure
+
+    crowded = training(steps=4)
+    crowded += [
+        {"elapsed": 0.1 + i / 1000, "event": "track", "label": name, "memory": 512 * MIB}
+        for i, name in enumerate(["model built", "optimizer ready", "data loaded"])
+    ]
+    crowded.sort(key=lambda row: row["elapsed"])
+    runs = [
+        load_run(runner_folder(tmp_path, "fp32", timeline=crowded)),
+        load_run(runner_folder(tmp_path, "amp", timeline=training(steps=4, scale=0.5))),
+    ]
+    figure = timeline_figure(runs)
+    figure.canvas.draw()  # places the peaks' boxes
+    renderer = figure.canvas.get_renderer()
+    axes = figure.axes[0]
+    labels = [t for t in axes.texts if t.get_rotation() == 90]
+    written = {t.get_text().strip() for t in labels}
+    assert {"model built", "optimizer ready", "data loaded", "step 0"} <= written
+    boxes = _boxes(labels, renderer)
+    assert not any(overlaps(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    peaks = [t for t in axes.texts if t.get_text().startswith("peak")]
+    assert len(peaks) == 2
+    frame = axes.get_window_extent(renderer).extents
+    curves = [line for line in axes.lines if len(line.get_xydata()) > 2]  # not the stamps or markers
+    segments = np.vstack(
+        [np.hstack([p[:-1], p[1:]]) for p in (c.get_transform().transform(c.get_xydata()) for c in curves)]
+    )
+    grid = occupancy(segments, tuple(frame), cell=1)
+    for box in [peak.get_bbox_patch().get_window_extent(renderer).extents for peak in peaks]:
+        left, bottom, right, top = (int(v - o) for v, o in zip(box, (frame[0], frame[1]) * 2))
+        assert not grid[bottom:top, left:right].any()  # no curve under the text
+        assert not any(overlaps(box, label) for label in boxes)
+
+
 def test_cli_plots_one_run_to_a_png(tmp_path):
     run = runner_folder(tmp_path, "fp32", timeline=training())
     done = cli("plot", str(run), "-o", str(tmp_path / "one.png"))
@@ -129,6 +210,34 @@ def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path, monkeypatch,
     assert done.returncode == 0, done.stderr
     assert png_size(tmp_path / "timeline.png") == (1210, 638)  # the default output name
     assert (tmp_path / "timeline.png").stat().st_size > 20_000
+
+
+def test_cli_plot_without_a_suffix_writes_png_and_says_where(tmp_path):
+    from gpu_mem_track.runs.plot import image_path
+
+    assert image_path("out") == Path("out.png") and image_path("a.b/out") == Path("a.b/out.png")
+    assert image_path("out.svg") == Path("out.svg")
+    run = runner_folder(tmp_path, "fp32", timeline=training(steps=2))
+    done = cli("plot", str(run), "-o", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "wrote out.png\n" and png_size(tmp_path / "out.png") == (1210, 638)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_plot_of_a_killed_run_uses_its_timeline_and_names_what_is_missing(tmp_path):
+    run = runner_folder(tmp_path, "killed", timeline=training(steps=2))
+    done = cli("plot", str(run), str(runner_folder(tmp_path, "empty")), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"gpu_mem_track: {tmp_path / 'empty'} has no memory over time to plot (it has no timeline.csv: "
+        "the run stopped before it recorded anything)\n"
+    )
+    timeline = run / "timeline.csv"
+    timeline.write_text(timeline.read_text()[:-9])  # killed mid-row
+    done = cli("plot", str(run), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"gpu_mem_track: note: {timeline}, line ")
+    assert "the last row is incomplete" in done.stderr and done.stderr.count("\n") == 1
 
 
 def test_cli_plot_writes_svg_by_suffix(tmp_path, in_process):

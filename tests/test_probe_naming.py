@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import weakref
 
 import pytest
@@ -87,3 +88,33 @@ def test_watch_ignores_repeats_and_rejects_proxies():
 )
 def test_safe_names(text, name):
     assert safe_name(text) == name
+
+
+@pytest.mark.parametrize(
+    ("argv0", "stem"),
+    [("-", "stdin"), ("<stdin>", "stdin"), ("-c", "python"), ("", "python"), ("dir/train.py", "train")],
+)
+def test_default_run_names_never_start_with_a_dash(monkeypatch, argv0, stem):
+    from gpu_mem_track.outputs import default_run_name
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert default_run_name(0.0).startswith(f"{stem}-") and default_run_name(0.0).count("-") == 2
+
+
+def test_safe_names_never_start_with_a_dash():
+    assert safe_name("--x") == "x" and safe_name("-") == "run"
+
+
+def test_a_probe_measured_by_device_name_is_found_by_uuid_and_by_name(monkeypatch, tmp_path, probe_result):
+    import dataclasses
+
+    measured = dataclasses.replace(probe_result, uuid="abcd-1234")
+    calls = []
+    monkeypatch.setattr(probe, "run_probe", lambda device, uuid=None: calls.append(device) or measured)
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    probe.cached_probe("cuda:0", cache_dir=tmp_path)  # before CUDA starts: no UUID known
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    assert probe.load_probe("cuda:0", "abcd-1234", cache_dir=tmp_path).context == 500 * MiB  # track()
+    assert probe.cached_probe("cuda:0", cache_dir=tmp_path).context == 500 * MiB  # the next demo
+    assert calls == ["cuda:0"]
+    assert probe.load_probe("cuda:1", "other-gpu", cache_dir=tmp_path) is None

@@ -255,3 +255,38 @@ def test_probe_renders_a_table():
         "  first cuDNN convolution  1.46 GiB    14.00 MiB           68.00 MiB\n"
         "  framework cost in all: 586.00 MiB\n"
     )
+
+
+def test_records_a_user_sees_have_one_short_line_repr():
+    stamp = cuda_stamp()
+    census = Census("cuda:0", tuple(group("Parameter", (4,), 1, 512, f"w{i}") for i in range(50)))
+    assert repr(stamp) == (
+        "<Stamp #2 vgg_demo.py:13 'model on device': cuda:0 tensors 548.00 MiB, allocated 550.00 MiB,"
+        " reserved 552.00 MiB, driver 1.07 GiB; 3 changes>"
+    )
+    assert repr(stamp.ledger) == (
+        "<Ledger cuda:0 tensors 548.00 MiB, allocated 550.00 MiB, reserved 552.00 MiB, driver 1.07 GiB>"
+    )
+    assert repr(census) == "<Census cuda:0: 25.00 KiB in 50 storages, 50 groups>"
+    assert repr(stamp.changes[1]) == (
+        "<GroupChange +7 Parameter (512, 512, 3, 3) float32 cuda:0: +63.00 MiB"
+        " ('features.21.weight', 'features.23.weight', ... +2 more)>"
+    )
+    assert repr(census.groups[0]) == "<TensorGroup Parameter (4,) float32 cuda:0: 1 x, 512 B ('w0')>"
+    for record in (stamp, stamp.ledger, census, *stamp.changes, *census.groups):
+        assert "\n" not in repr(record) and len(repr(record)) < 160
+
+
+def test_a_label_with_newlines_keeps_the_report_one_line_per_stamp_and_the_csv_faithful(tmp_path):
+    import dataclasses
+
+    label = "epoch 1\nbatch 2\r\n\tdone\x1b"
+    stamp = dataclasses.replace(cuda_stamp(), label=label)
+    text = render_stamp(stamp)
+    escaped = "[epoch 1\\nbatch 2\\r\\n\\tdone\\x1b]"
+    assert text.splitlines()[0].startswith(f"At vgg_demo.py:13 <module> {escaped} |")
+    assert len(text.splitlines()) == len(render_stamp(cuda_stamp()).splitlines())
+    path = tmp_path / "r.csv"
+    append_stamp(path, stamp)
+    assert read_stamps(path)[0].label == label
+    assert read_frame(path)["label"].tolist()[0] == label

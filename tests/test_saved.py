@@ -80,12 +80,13 @@ def test_saved_activations_by_category_with_hand_computed_bytes():
     roots = [("", model), ("x", x), ("out", out), ("loss", loss), ("target", target)]
     census = take_census("cpu", lambda: [x, out, loss, target], roots, saved=recorder)
     # The weight head saves stays a Parameter; x, saved by encoder.0, stays an Input;
-    # out and target, visible and saved, are Activations.
+    # out and target, saved but held under the program's names, stay in their own
+    # category (other): only storages nothing else names are Activations.
     assert categories(census) == {
         "parameter": PARAMS,
         "input": X_BYTES,
-        "activation": ACTIVATION_BYTES,
-        "other": LOSS_BYTES,
+        "activation": ACTIVATION_BYTES - OUT_BYTES - TARGET_BYTES,
+        "other": OUT_BYTES + TARGET_BYTES + LOSS_BYTES,
     }
     assert census.nbytes == census.categories.total == PARAMS + X_BYTES + ACTIVATION_BYTES + LOSS_BYTES
     assert census.views == 0  # the recorder's aliases are not views
@@ -98,10 +99,11 @@ def test_saved_activations_by_category_with_hand_computed_bytes():
     assert groups == {
         ("Input", (4, 16), "float32"): (1, X_BYTES, {"x", "input 0 of Net", f"{a} (encoder.0)"}),
         ("Activation", (4, 32), "float32"): (1, T_BYTES, {f"{a} (encoder.1)", f"{b} (head)"}),
-        ("Activation", (4, 8), "float32"): (2, OUT_BYTES + 128, {c, "out"}),  # out, log-probabilities
-        ("Activation", (4,), "int64"): (1, TARGET_BYTES, {c, "target"}),
+        ("Activation", (4, 8), "float32"): (1, 128, {c}),  # log-probabilities
         ("Activation", (), "float32"): (1, 4, {c}),  # total_weight
     }
+    tensors = {(g.shape, g.dtype): set(g.names) for g in census.groups if g.kind == "Tensor"}
+    assert tensors[(4, 8), "float32"] == {"out", c} and tensors[(4,), "int64"] == {"target", c}
     loss.backward()
     after = take_census("cpu", lambda: [x, out, loss, target], roots, saved=recorder)
     assert categories(after) == {
@@ -131,7 +133,8 @@ def test_without_the_recorder_the_saved_tensor_is_invisible_and_with_it_counted_
     # is what only C++ holds, counted exactly once.
     assert unrecorded == OUT_BYTES + T_BYTES + LOSS_BYTES
     assert recorded - unrecorded == HIDDEN_BYTES
-    assert recorded_census.categories.activation == ACTIVATION_BYTES
+    # target is named (a root): it stays other
+    assert recorded_census.categories.activation == ACTIVATION_BYTES - TARGET_BYTES
     del out, loss
 
 
@@ -242,13 +245,15 @@ def test_tracker_reports_categories_in_text_csv_and_dataframe(quiet_tracker):
     total = PARAMS + X_BYTES + ACTIVATION_BYTES + LOSS_BYTES
     assert forward_stamp.ledger.tensors == total
     assert text[2:] == [
-        "  categories: parameter 3.16 KiB | input 256 B | activation 804 B | other 4 B = tensors 4.20 KiB",
+        # out is watched: saved, but held under a name, so it stays other
+        "  categories: parameter 3.16 KiB | input 256 B | activation 676 B | other 132 B = tensors 4.20 KiB",
         f"+ | 1 * Size:(4, 32) | Memory: 512 B | Activation | float32 | saved at test_saved.py:{a}"
         f" (net.encoder.1), saved at test_saved.py:{b} (net.head)",
-        f"+ | 2 * Size:(4, 8)  | Memory: 256 B | Activation | float32 | saved at test_saved.py:{c}, out",
         "+ | 1 * Size:(4, 16) | Memory: 256 B | Input      | float32 | input 0 of net,"
         f" saved at test_saved.py:{a} (net.encoder.0)",
         "- | 1 * Size:(4, 16) | Memory: 256 B | Tensor     | float32",
+        f"+ | 1 * Size:(4, 8)  | Memory: 128 B | Activation | float32 | saved at test_saved.py:{c}",
+        f"+ | 1 * Size:(4, 8)  | Memory: 128 B | Tensor     | float32 | out, saved at test_saved.py:{c}",
         f"+ | 1 * Size:(4,)    | Memory: 32 B  | Activation | int64   | saved at test_saved.py:{c}",
         "- | 1 * Size:(4,)    | Memory: 32 B  | Tensor     | int64",
         f"+ | 1 * Size:()      | Memory: 4 B   | Activation | float32 | saved at test_saved.py:{c}",
@@ -272,7 +277,7 @@ def test_tracker_reports_categories_in_text_csv_and_dataframe(quiet_tracker):
         "cat_activation",
         "cat_other",
     ]
-    assert totals["cat_activation"].tolist() == [0, ACTIVATION_BYTES, 0]
+    assert totals["cat_activation"].tolist() == [0, ACTIVATION_BYTES - OUT_BYTES, 0]
     assert totals["cat_input"].tolist() == [0, X_BYTES, X_BYTES]
     assert (totals[cats].sum(axis=1) == totals["tensors"]).all()
     del out, loss
@@ -290,3 +295,15 @@ def test_activations_option_records_until_close():
     out, loss = forward(model, x, target)  # after close: nothing recorded
     assert tracker.track().ledger.categories.activation == 0
     del out, loss
+
+
+def test_saved_tensors_name_the_modules_the_census_found_without_watch():
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    with MemTracker(device="cpu", out_dir=None, verbosity=0, probe=False, activations=True) as tracker:
+        tracker.track()  # the census meets the model: later saved tensors name its modules
+        out = model(x)
+        stamp = tracker.track()
+    names = {n for c in stamp.changes if c.kind == "Activation" for n in c.names}
+    assert any(n.endswith("(1)") for n in names) and any(n.endswith("(2)") for n in names), names
+    del out

@@ -54,6 +54,10 @@ def check_workload(records: list[dict]) -> None:
     assert (freed["increment"], freed["memory"], freed["peak_exact"]) == (-327, 0, False)
     summary = records[-1]
     assert summary["peak"] == 350
+    # a call spread over four lines runs twice: two hits of its first line, nothing else
+    first = line_of("touch(")
+    assert lines[("spread", first)]["hits"] == 2
+    assert not any(key[0] == "spread" and first < key[1] <= first + 4 for key in lines)
 
 
 def test_settrace_engine_profiles_the_workload():

@@ -46,7 +46,25 @@ def test_classic_constructor_forms(tmp_path):
     [(0, "cuda:0"), ("cuda:1", "cuda:1"), (torch.device("cuda", 2), "cuda:2"), ("cpu", "cpu")],
 )
 def test_device_argument_is_honoured(device, resolved):
-    assert MemTracker(device=device, out_dir=None, verbosity=0).device == resolved
+    # An injected reader stands for the device: no fallback even without CUDA.
+    assert MemTracker(device=device, out_dir=None, verbosity=0, reader=FakeReader()).device == resolved
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda:0", "cuda", 0], ids=["index-string", "no-index", "index"])
+def test_cuda_asked_where_cuda_is_not_available_reports_cpu_tensors_and_says_so(tmp_path, device):
+    stream = io.StringIO()
+    tracker = MemTracker(device=device, out_dir=tmp_path, verbosity=1, stream=stream, probe=False)
+    kept = torch.zeros(1000)
+    first = tracker.track()
+    tracker.track()
+    assert tracker.device == "cpu" and first.ledger.device == "cpu"
+    assert first.ledger.tensors >= 4000 and first.ledger.rss is not None
+    notes = [line for line in stream.getvalue().splitlines() if "CUDA is not available here" in line]
+    assert len(notes) == 1 and "so the stamps report CPU tensors" in notes[0]
+    assert "not initialised" not in stream.getvalue()
+    assert "# gpu_mem_track: CUDA is not available here" in tracker.files.log.read_text()
+    del kept
 
 
 def test_bad_arguments_name_the_problem(tmp_path):
@@ -264,3 +282,71 @@ def test_tracking_keeps_no_tensor_alive(quiet_tracker):
     gc.collect()
     assert all(r() is None for r in refs)
     tracker.track()  # watched objects are gone: nothing breaks
+
+
+def test_track_reads_a_cached_probe_and_never_measures(quiet_tracker, probe_result, monkeypatch, tmp_path):
+    from gpu_mem_track.tracker import probe
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("track() started a process")
+
+    monkeypatch.setattr(probe.subprocess, "run", no_process)
+    monkeypatch.setattr(probe.subprocess, "Popen", no_process)
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path / "cache"))
+    reader = FakeReader(AllocatorReading(0, 0, 0, 0), DriverReading(600 * MiB, "nvml process"))
+    stream = io.StringIO()
+    unmeasured = quiet_tracker(device="cuda:0", reader=reader, probe=True, verbosity=1, stream=stream)
+    assert [unmeasured.track().ledger.context for _ in range(2)] == [None, None]
+    hint = "run `python -m gpu_mem_track probe --device cuda:0` once"
+    assert stream.getvalue().count(hint) == 1
+    assert not (tmp_path / "cache").exists()
+    probe.store_probe(probe_result)  # what `gpu_mem_track probe` does
+    monkeypatch.setattr(probe, "_MEMORY_CACHE", {})  # as in a later process: only the disk cache
+    measured = quiet_tracker(device="cuda:0", reader=reader, probe=True)
+    assert measured.track().ledger.context == 500 * MiB
+
+
+def _census_from_a_callee(tracker):
+    return tracker.track()
+
+
+def _train_locally(tracker, collect_before_track):
+    """The usual ``def train():``: model and Adam are locals, nothing is watched."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    if collect_before_track:
+        gc.collect()  # the objects move to the oldest generation: the census walks the heap
+    stamp = _census_from_a_callee(tracker)
+    refs = [weakref.ref(model), weakref.ref(optimizer), weakref.ref(model[0].weight)]
+    refs += [weakref.ref(t) for t in optimizer.state[model[0].weight].values()]
+    return stamp, refs
+
+
+@pytest.mark.parametrize("when", ["young", "after-collection", "first-census"])
+def test_function_local_model_and_adam_are_named_and_classified_without_watch(quiet_tracker, when):
+    tracker = quiet_tracker()
+    if when != "first-census":
+        tracker.track()
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection between the calls: the path taken is the one asked for
+    try:
+        stamp, refs = _train_locally(tracker, collect_before_track=when == "after-collection")
+        assert tracker.last_scan == ("young" if when == "young" else "full")
+    finally:
+        if was_enabled:
+            gc.enable()
+    names = {kind: set() for kind in ("Parameter", "Gradient", "Optimizer state")}
+    for change in stamp.changes:
+        names.setdefault(change.kind, set()).update(change.names)
+    assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= names["Parameter"]
+    assert {"0.weight.grad", "2.bias.grad"} <= names["Gradient"]
+    assert {"exp_avg of 0.weight", "exp_avg_sq of 2.bias", "step of 0.weight"} <= names["Optimizer state"]
+    state = sum(c.bytes_delta for c in stamp.changes if c.kind == "Optimizer state")
+    params = (8 * 16 + 16 + 16 * 4 + 4) * 4
+    assert state == 2 * params + 4 * 4  # exp_avg, exp_avg_sq and a float32 step per parameter
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)  # found, named, and kept alive by nothing
+    tracker.track()

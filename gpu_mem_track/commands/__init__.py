@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Command", "all_commands", "count", "print_result", "report"]
+__all__ = ["Command", "all_commands", "count", "notes", "print_result", "report"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,12 @@ def count(text: str) -> int:
 def report(message: str) -> None:
     """Print ``message`` as the one line a command fails with, on stderr."""
     print(f"gpu_mem_track: {message}", file=sys.stderr)
+
+
+def notes(lines: Sequence[str]) -> None:
+    """What a reader had to do about missing or cut files: one line each, on stderr."""
+    for line in lines:
+        report(f"note: {line}")
 
 
 def print_result(result: Any, as_json: bool, render: Callable[[Any], str]) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import Command, count
+from . import Command, count, notes
 
 __all__ = ["COMMAND"]
 
@@ -27,7 +27,7 @@ def prepare_parser(compare: argparse.ArgumentParser) -> None:
         type=count,
         default=20,
         metavar="N",
-        help="show the N largest differences (default: 20; 0: all)",
+        help="show the N largest differences (default: 20; 0: no limit, all of them)",
     )
 
 
@@ -35,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the comparison, largest differences first."""
     from ..runs.compare import compare_files, render_comparison
 
-    sys.stdout.write(render_comparison(compare_files(args.a, args.b, args.by), args.top))
+    comparison = compare_files(args.a, args.b, args.by)
+    notes(comparison.a.notes + comparison.b.notes)
+    sys.stdout.write(render_comparison(comparison, args.top))
     return 0
 
 

@@ -11,7 +11,11 @@ __all__ = ["COMMAND"]
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, "input shape, e.g. 64x3x32x32 or 32x128:int64 (repeat for several inputs)")
+    add_model_arguments(
+        parser,
+        "input shape, e.g. 64x3x32x32 or 32x128:int64 (repeat for several inputs; "
+        "name=SHAPE passes one by keyword, e.g. labels=32x128:int64)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

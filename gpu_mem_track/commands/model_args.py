@@ -6,24 +6,52 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..dtypes import DTYPE_ALIASES
+from ..errors import UsageError
+from ..estimator.options import AMP_DTYPES
 from ..estimator.records import OPTIMIZERS
 
 __all__ = ["add_model_arguments", "load_model", "step_options"]
 
+#: What may follow ``--amp``: the aliases of autocast's dtypes (fp16, half, bf16, ...).
+AMP_ALIASES = tuple(alias for alias, name in DTYPE_ALIASES.items() if name in AMP_DTYPES)
+
+
+class _AmpAction(argparse.Action):
+    """``--amp [fp16|bf16]``: a value that is no AMP dtype is the factory ``--amp`` swallowed."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        if value is not None and value.lower() not in AMP_ALIASES:
+            namespace.factory_after_amp, value = value, None
+        namespace.amp = (value or "fp16").lower()
+
 
 def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> None:
     """Add the factory, ``--input`` and the step's options to ``parser``."""
-    parser.add_argument("factory", help="model factory: package.module:function or path/to/file.py:function")
+    parser.add_argument(
+        "factory",
+        nargs="?",
+        help="model factory: package.module:function or path/to/file.py:function",
+    )
     parser.add_argument("--input", action="append", required=True, metavar="SHAPE", help=input_help)
     parser.add_argument("--optimizer", default="adam", help=f"one of {', '.join(OPTIMIZERS)} (default: adam)")
-    parser.add_argument("--dtype", help="cast the model and inputs: fp32, bf16, fp16, ...")
+    parser.add_argument(
+        "--dtype",
+        help="cast the model and floating inputs: float32, float16, bfloat16, float64 (or fp32, fp16, "
+        "half, bf16, fp64)",
+    )
     parser.add_argument(
         "--amp",
         nargs="?",
-        const="fp16",
-        default=None,
-        metavar="DTYPE",
-        help="simulate autocast (fp16 or bf16)",
+        action=_AmpAction,
+        metavar="fp16|bf16",
+        help="simulate autocast, in float16 unless bf16 is given (may come before the factory)",
+    )
+    parser.add_argument(
+        "--loss",
+        metavar="FUNCTION",
+        help="loss of the model's output: package.module:function or file.py:function "
+        "(default: the output's own .loss when it has one, else the sum of its floating tensors)",
     )
     parser.add_argument(
         "--inference", action="store_true", help="a forward pass under no_grad instead of training"
@@ -34,17 +62,35 @@ def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> Non
 
 def load_model(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     """The factory and the input specs named by ``args`` (``UsageError`` when unusable)."""
-    from ..estimator.specs import load_factory, parse_input
+    from ..estimator.specs import load_callable, parse_input
 
-    return load_factory(args.factory), [parse_input(text) for text in args.input]
+    return load_callable(_factory_spec(args)), [parse_input(text) for text in args.input]
 
 
 def step_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The step's options as typed, for the library to parse into a ``StepOptions``."""
-    return dict(
+    """The step's options as typed, for the library to parse into a ``StepOptions``, and
+    the ``--loss`` function when one is named (loaded here)."""
+    options: dict[str, Any] = dict(
         optimizer=args.optimizer,
         dtype=args.dtype,
         amp=args.amp if args.amp is not None else False,
         training=not args.inference,
         device=args.device,
     )
+    if args.loss:
+        from ..estimator.specs import load_callable
+
+        options["loss_fn"] = load_callable(args.loss, "loss function")
+    return options
+
+
+def _factory_spec(args: argparse.Namespace) -> str:
+    """The factory as given: in its place, or swallowed by a ``--amp`` written before it."""
+    swallowed = getattr(args, "factory_after_amp", None)
+    if args.factory is None and swallowed is None:
+        raise UsageError(
+            f"{args.command} needs a model factory (package.module:function or file.py:function)"
+        )
+    if args.factory is not None and swallowed is not None:
+        raise UsageError(f"two factories given: {swallowed} and {args.factory}")
+    return args.factory or swallowed

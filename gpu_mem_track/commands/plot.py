@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import Command, report
+from . import Command, notes, report
 
 __all__ = ["COMMAND"]
 
@@ -23,7 +23,8 @@ def prepare_parser(plot: argparse.ArgumentParser) -> None:
         "--output",
         type=Path,
         default=Path("timeline.png"),
-        help="image to write; the format follows the suffix: png, svg, pdf (default: timeline.png)",
+        help="image to write; the format follows the suffix: png, svg, pdf; without a suffix, .png "
+        "is appended (default: timeline.png)",
     )
     plot.add_argument("--title", help="chart title (default: the runs' names)")
 
@@ -33,11 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from ..runs.plot import PlotUnavailable, plot_files
 
     try:
-        written = plot_files(args.runs, args.output, args.title)
+        plotted = plot_files(args.runs, args.output, args.title)
     except PlotUnavailable as exc:
         report(str(exc))
         return 1
-    print(f"wrote {written}")
+    notes(plotted.notes)
+    print(f"wrote {plotted.path}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from . import Command, print_result, report
 
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not parse_device(args.device).is_cuda:
         raise UsageError(f"the probe measures CUDA devices, not {args.device!r}")
-    from ..tracker.probe import ProbeError, run_probe
+    from ..tracker.probe import ProbeError, run_probe, store_probe
     from ..tracker.render import render_probe
 
     try:
@@ -30,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
         report(str(exc))
         return 1
     print_result(result, args.json, render_probe)
+    saved = store_probe(result)  # MemTracker.track() reads it from here, never measuring itself
+    print(
+        f"saved for MemTracker: {saved}" if saved else "could not save it to the probe cache", file=sys.stderr
+    )
     return 0
 
 

@@ -10,15 +10,15 @@ __all__ = ["COMMAND"]
 
 
 def prepare_parser(run: argparse.ArgumentParser) -> None:
-    run.add_argument("script", help="the Python script to run")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    run.add_argument("script", help="the Python script to run (our options go before it)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim")
     run.add_argument(
         "--include",
         action="append",
         default=[],
         metavar="PATH_OR_MODULE",
         help="also trace the lines of this file, folder, module or package (repeatable); "
-        "torch and the standard library are never traced",
+        "torch, the standard library and gpu_mem_track are never traced (naming them is an error)",
     )
     run.add_argument("--out-dir", default="reports", help="folder of run folders (default: reports)")
     run.add_argument("--run-name", help="name of the run folder (default: <script>-<date>-<time>)")
@@ -41,7 +41,15 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         "the first where available)",
     )
     run.add_argument(
-        "--top", type=count, default=5, metavar="N", help="lines in the final summary (default: 5)"
+        "--top", type=count, default=5, metavar="N", help="lines in the final summary (default: 5; 0: all)"
+    )
+    run.add_argument(
+        "--memory",
+        choices=("auto", "rss", "heap"),
+        default="auto",
+        help="what to measure on the CPU: rss, the process's resident set size (auto), or heap, "
+        "the C heap in use (tensors included; freed tensors subtract at once; glibc only; each read "
+        "walks malloc's free lists, slow in a fragmented heap)",
     )
     run.add_argument(
         "--activations",
@@ -72,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         top=args.top,
         activations=args.activations,
+        memory=args.memory,
     )
     return execute(prepare(options)).exit_code
 
@@ -79,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="run",
     help="run a script and profile its memory line by line",
-    description="Run SCRIPT as __main__ (with its own sys.argv) and record, for every line of it "
-    "(and of what --include names) that runs: memory after the line, increment, the peak while "
-    "it ran and hits. Writes reports/<run>/report.txt, lines.csv, timeline.csv and meta.json, "
-    "also when the script fails or is interrupted, and exits with the script's exit code "
-    "(1 after an uncaught exception, 130 after Ctrl-C, 2 when it could not start). Memory is "
-    "the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the CPU.",
+    description="Run SCRIPT as __main__ (with the sys.argv `python SCRIPT ARGS` gives it) and "
+    "record, for every line of it (and of what --include names) that runs: memory after the line, "
+    "net increment, rise (its peak above its start), the peak while it ran and hits. Writes "
+    "reports/<run>/report.txt, lines.csv, timeline.csv and meta.json, also when the script fails, "
+    "is interrupted or receives SIGTERM/SIGHUP, and exits with the script's exit code (1 after an "
+    "uncaught exception, 130 after Ctrl-C, 128+N after signal N, 2 when it could not start). "
+    "Memory is the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the "
+    "CPU (see --memory).",
     prepare_parser=prepare_parser,
     run=run,
 )

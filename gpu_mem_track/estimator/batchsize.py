@@ -22,7 +22,15 @@ from .options import StepOptions
 from .records import BatchProbe, BatchSizeResult
 from .simulate import ModelLike, estimate_step
 from .specs import InputSpec
-from .step import as_specs, build_model, make_inputs, make_optimizer, run_steps
+from .step import (
+    as_specs,
+    build_model,
+    default_loss,
+    make_inputs,
+    make_optimizer,
+    run_steps,
+    split_named,
+)
 
 __all__ = ["PeakMeter", "find_max_batch_size", "search_batch_size"]
 
@@ -49,8 +57,10 @@ def search_batch_size(
     otherwise the fitted slope must predict that it does not. Assumes the peak grows
     with the batch. Evaluates at most ``max_probes`` batches.
     """
-    if budget <= 0 or not samples or sorted(set(samples)) != list(samples) or samples[0] < 1:
-        raise UsageError("the finder needs a positive budget and ascending positive sample batches")
+    if budget <= 0:
+        raise UsageError(f"the memory budget must be positive, not {budget} B")
+    if not samples or sorted(set(samples)) != list(samples) or samples[0] < 1:
+        raise UsageError(f"the sample batches must be positive and ascending, not {list(samples)}")
     probes: list[BatchProbe] = []
 
     def probe(batch: int) -> BatchProbe:
@@ -199,6 +209,7 @@ def find_max_batch_size(
     dtype: Any = None,
     amp: Any = False,
     training: bool = True,
+    loss_fn: Callable[[Any], torch.Tensor] = default_loss,
     samples: Sequence[int] = (1, 2, 4),
     max_batch: int = 1 << 20,
     meter: PeakMeter | None = None,
@@ -216,7 +227,8 @@ def find_max_batch_size(
     ``budget`` defaults to the CUDA device's free memory (``torch.cuda.mem_get_info``);
     without CUDA it must be given. With measured peaks the batch above the answer is not
     run (it would exceed the budget): the fitted slope must predict it does not fit.
-    The options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
+    ``optimizer``, ``dtype``, ``amp``, ``training`` and ``loss_fn`` are as for :func:`estimate`;
+    the options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
     """
     if (step is None) == (model is None):
         raise UsageError("give either a model (with inputs) or a step function")
@@ -232,10 +244,10 @@ def find_max_batch_size(
             s if isinstance(s, InputSpec) else InputSpec(tuple(s.shape), s.dtype) for s in _specs(inputs)
         ]
         if measured:
-            peak_of = _measured_peaks(model, specs, options, read)
+            peak_of = _measured_peaks(model, specs, options, read, loss_fn)
             source = f"measured steps on {options.device}"
         else:
-            peak_of = lambda b: estimate_step(model, _rebatch(specs, b), options).peak  # noqa: E731
+            peak_of = lambda b: estimate_step(model, _rebatch(specs, b), options, loss_fn=loss_fn).peak  # noqa: E731
             source = f"estimator ({options.target} target)"
     return search_batch_size(
         peak_of,
@@ -255,7 +267,7 @@ def _specs(inputs: Any) -> list[Any]:
 
 
 def _rebatch(specs: list[InputSpec], batch: int) -> list[InputSpec]:
-    return [InputSpec((batch, *spec.shape[1:]), spec.dtype) for spec in specs]
+    return [InputSpec((batch, *spec.shape[1:]), spec.dtype, spec.name) for spec in specs]
 
 
 def _budget(budget: int | None, device: Device) -> tuple[int, str]:
@@ -289,7 +301,11 @@ def _cuda_peak(run: Callable[[], Any], device: Device) -> int | None:
 
 
 def _measured_peaks(
-    model: Any, specs: list[InputSpec], options: StepOptions, read: PeakMeter
+    model: Any,
+    specs: list[InputSpec],
+    options: StepOptions,
+    read: PeakMeter,
+    loss_fn: Callable[[Any], torch.Tensor] = default_loss,
 ) -> PeakFunction:
     device = str(options.device)
 
@@ -305,11 +321,19 @@ def _measured_peaks(
         if cast is not None:
             module = module.to(cast)
         module.train(options.training)
-        tensors = make_inputs(_rebatch(specs, batch), device, cast)
+        batched = _rebatch(specs, batch)
+        args, kwargs = split_named(batched, make_inputs(batched, device, cast))
         params = [p for p in module.parameters() if p.requires_grad]
         opt = make_optimizer(options.optimizer, params, options.target) if options.training else None
         amp = options.amp_dtype
-        kwargs = {"autocast": lambda: torch.autocast(options.target, dtype=amp)} if amp is not None else {}
-        run_steps(lambda: module(*tensors), params, opt, training=options.training, **kwargs)
+        steps = {"autocast": lambda: torch.autocast(options.target, dtype=amp)} if amp is not None else {}
+        run_steps(
+            lambda: module(*args, **kwargs),
+            params,
+            opt,
+            training=options.training,
+            loss_fn=loss_fn,
+            **steps,
+        )
 
     return lambda batch: read(lambda: run(batch), options.device)

@@ -70,6 +70,10 @@ class Lifetimes(TorchDispatchMode):
         entry = self._refs.get(id(storage)) if storage is not None else None
         return entry[0] if entry is not None and entry[1]() is storage else None
 
+    def module(self) -> str:
+        """The innermost module running, ``"(model)"`` for the root (``""`` outside forward)."""
+        return (self.modules[-1] or "(model)") if self.modules else ""
+
     def live_keys(self, until: int | None = None) -> set[int]:
         """Keys alive after the first ``until`` events (all events when ``None``)."""
         alive: set[int] = set()

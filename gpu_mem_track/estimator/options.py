@@ -1,7 +1,9 @@
 """The options of one simulated or measured step, parsed once: :class:`StepOptions`.
 
-Torch-free at import: dtypes are kept by name and turned into ``torch.dtype`` lazily,
-so the CLI can parse (and reject) options before torch is imported.
+Torch-free: dtypes are kept by name and turned into ``torch.dtype`` lazily, so the CLI
+can parse (and reject) options before torch is imported. The one rule for the dtype a
+model is cast to (floating only), :func:`cast_dtype_name`, lives here;
+:func:`~gpu_mem_track.estimator.specs.parse_cast_dtype` returns its ``torch.dtype``.
 """
 
 from __future__ import annotations
@@ -11,22 +13,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..devices import Device, parse_device
-from ..dtypes import canonical_dtype, torch_dtype
+from ..dtypes import DTYPE_ALIASES, canonical_dtype, dtype_name, torch_dtype
 from ..errors import UsageError
 from .records import OPTIMIZERS
 
-__all__ = ["AMP_DTYPES", "StepOptions"]
+__all__ = ["AMP_DTYPES", "CAST_DTYPES", "StepOptions", "cast_dtype_name"]
 
 #: The dtypes autocast may run in.
 AMP_DTYPES = ("float16", "bfloat16")
+
+#: The dtypes a model may be cast to (``dtype=``, ``--dtype``): it trains in these.
+CAST_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 @dataclass(frozen=True)
 class StepOptions:
     """What one step runs with.
 
-    ``dtype``: torch name the model's floating parameters, buffers and inputs are cast
-    to (``"bfloat16"``), ``None`` to keep them as built. ``amp``: autocast's dtype name
+    ``dtype``: torch name of the floating dtype the model's floating parameters, buffers
+    and inputs are cast to (``"bfloat16"``), ``None`` to keep them as built. ``amp``: autocast's dtype name
     (``"float16"`` or ``"bfloat16"``), ``None`` without autocast. ``optimizer``: one of
     ``OPTIMIZERS`` or a callable ``params -> Optimizer``. ``training``: a training step
     (forward, loss, backward, optimizer step) or, when False, one forward pass under
@@ -49,9 +54,10 @@ class StepOptions:
         training: bool = True,
         device: Any = "cuda",
     ) -> StepOptions:
-        """Options from what users type or pass: ``dtype`` an alias (``"bf16"``), a
-        ``torch.dtype`` or None; ``amp`` False/None, True (float16), an alias or a dtype;
-        ``optimizer`` a name (case ignored) or a callable; ``device`` anything
+        """Options from what users type or pass: ``dtype`` a floating alias (``"bf16"``),
+        a floating ``torch.dtype`` or None (integer and bool dtypes are refused); ``amp``
+        False/None, True (float16), an alias or a dtype; ``optimizer`` a name (case
+        ignored) or a callable; ``device`` anything
         :func:`~gpu_mem_track.devices.parse_device` takes. Raises ``UsageError`` naming
         the bad value."""
         if isinstance(optimizer, str):
@@ -63,7 +69,7 @@ class StepOptions:
         elif not callable(optimizer):
             raise UsageError(f"optimizer must be a name or a callable, not {optimizer!r}")
         return cls(
-            dtype=None if dtype is None else canonical_dtype(dtype),
+            dtype=None if dtype is None else cast_dtype_name(dtype),
             amp=_amp_name(amp),
             optimizer=optimizer,
             training=bool(training),
@@ -91,6 +97,26 @@ class StepOptions:
         if isinstance(self.optimizer, str):
             return self.optimizer
         return getattr(self.optimizer, "__name__", "custom")
+
+
+def cast_dtype_name(dtype: Any) -> str:
+    """The torch name of the floating dtype to cast a model to, from an alias (``"bf16"``,
+    case ignored) or a ``torch.dtype``. Integer and bool dtypes are refused (``UsageError``):
+    a model cast to them cannot train (its floating parameters would be truncated and
+    autograd needs floating tensors)."""
+    choices = "float32, float16, bfloat16 or float64 (also fp32, fp16, half, bf16, fp64)"
+    is_dtype = type(dtype).__name__ == "dtype" and str(dtype).startswith("torch.")
+    name = DTYPE_ALIASES.get(dtype.lower()) if isinstance(dtype, str) else None
+    if is_dtype:
+        name = dtype_name(dtype)
+    if name is None:
+        raise UsageError(f"unknown dtype {dtype!r} for the model: choose {choices}")
+    if not (dtype.is_floating_point if is_dtype else name in CAST_DTYPES):
+        raise UsageError(
+            f"cannot cast the model to {name}: a model trains in {choices}; "
+            "integer inputs are given as SHAPE:int64"
+        )
+    return name
 
 
 def _amp_name(amp: Any) -> str | None:

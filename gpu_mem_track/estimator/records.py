@@ -16,7 +16,15 @@ from ..categories import LEGACY_NAMES, ByteCategories
 #: Optimizer names ``estimate`` and the finder accept (``"none"``: no optimizer step).
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 
-__all__ = ["BatchProbe", "BatchSizeResult", "Breakdown", "Estimate", "LayerEstimate", "PhasePeak"]
+__all__ = [
+    "BatchProbe",
+    "BatchSizeResult",
+    "Breakdown",
+    "Estimate",
+    "LayerEstimate",
+    "PhasePeak",
+    "ValueRead",
+]
 
 #: Phases of a simulated training step, in order.
 PHASES = ("step start", "forward", "loss", "backward", "optimizer step")
@@ -71,6 +79,24 @@ class LayerEstimate:
 
 
 @dataclass(frozen=True)
+class ValueRead:
+    """Model code read a value from a meta tensor (which has no data), ``count`` times in
+    the measured step.
+
+    ``op`` is what read it (``item`` for ``item()``, ``bool()``, ``tolist()``; a
+    data-dependent op such as ``nonzero``), ``module`` the innermost module running.
+    ``placeholder`` is ``""`` when the value was computed for real on the CPU (the tensor
+    was small and made only from known values), else the placeholder returned instead
+    (``"0"``, ``"False"``, ``"zeros"``): the model then ran on a value that is not its own.
+    """
+
+    op: str
+    module: str
+    placeholder: str
+    count: int
+
+
+@dataclass(frozen=True)
 class Estimate:
     """A simulated step's memory on the ``device`` target (see the module doc for units).
 
@@ -82,7 +108,9 @@ class Estimate:
     ``peak`` is the highest live device bytes during the measured step; ``at_peak``
     splits it; ``phases`` gives each phase's own peak. ``rounding`` names the rounding
     applied. Training steps are measured as the second of two identical steps, so the
-    optimizer state already exists, as in a training loop.
+    optimizer state already exists, as in a training loop. ``loss`` names the loss
+    function; ``value_reads`` lists the values the model's code read from meta tensors
+    (see :mod:`~gpu_mem_track.estimator.values`).
     """
 
     model: str
@@ -107,6 +135,8 @@ class Estimate:
     at_peak: Breakdown
     phases: tuple[PhasePeak, ...]
     layers: tuple[LayerEstimate, ...]
+    loss: str = "default"
+    value_reads: tuple[ValueRead, ...] = ()
 
     @property
     def peak_phase(self) -> PhasePeak:
@@ -131,6 +161,7 @@ class Estimate:
         values["at_peak"] = Breakdown.from_dict(values["at_peak"])
         values["phases"] = tuple(PhasePeak(**p) for p in values["phases"])
         values["layers"] = tuple(LayerEstimate(**layer) for layer in values["layers"])
+        values["value_reads"] = tuple(ValueRead(**read) for read in values.get("value_reads", ()))
         return cls(**values)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..units import format_bytes
-from .records import BatchSizeResult, Estimate
+from .records import BatchProbe, BatchSizeResult, Estimate, ValueRead
 
 __all__ = ["render_batch_size", "render_estimate"]
 
@@ -42,17 +42,38 @@ def render_estimate(estimate: Estimate) -> str:
         disable_numparse=True,
         colalign=("left", "left", "right", "right", "right", "right"),
     )
-    return "\n".join([_title(estimate), "", table, "", *_totals(estimate), ""])
+    return "\n".join([_title(estimate), "", table, "", *_totals(estimate), *_value_reads(estimate), ""])
 
 
 def _title(estimate: Estimate) -> str:
     kind = "training step" if estimate.training else "inference (forward under no_grad)"
     optimizer = f", optimizer {estimate.optimizer}" if estimate.training else ""
     amp = ", autocast (simulated)" if estimate.amp else ""
+    loss = f", loss {estimate.loss}" if estimate.training and estimate.loss != "default" else ""
     return (
         f"Estimated {kind} of {estimate.model} on {estimate.device}: inputs {', '.join(estimate.inputs)}, "
-        f"dtype {estimate.dtype}{optimizer}{amp}; rounding: {estimate.rounding}"
+        f"dtype {estimate.dtype}{optimizer}{loss}{amp}; rounding: {estimate.rounding}"
     )
+
+
+def _value_reads(estimate: Estimate) -> list[str]:
+    """What the model's code read from data-less meta tensors, and which reads got placeholders."""
+
+    def read(r: ValueRead) -> str:
+        where = f" in {r.module}" if r.module else ""
+        times = f" x{r.count}" if r.count > 1 else ""
+        return f"{r.op}{times}{where}" + (f" returned {r.placeholder}" if r.placeholder else "")
+
+    real = [read(r) for r in estimate.value_reads if not r.placeholder]
+    fake = [read(r) for r in estimate.value_reads if r.placeholder]
+    lines = []
+    if real:
+        lines.append(f"values read by the model: {', '.join(real)} (computed for real on the CPU)")
+    if fake:
+        lines.append(
+            f"placeholders (values unknown without data; the model ran on these instead): {', '.join(fake)}"
+        )
+    return lines
 
 
 def _totals(estimate: Estimate) -> list[str]:
@@ -83,27 +104,41 @@ def _totals(estimate: Estimate) -> list[str]:
 
 
 def render_batch_size(result: BatchSizeResult) -> str:
-    """The answer, the margin, the fitted line and every probe."""
+    """The answer, the margin, the fitted line and every probe.
+
+    Probes over the budget show their exact bytes and ``(over budget)``, so one just
+    above the budget does not read like the budget itself. When nothing fits there is
+    no line to fit: the smallest batch's peak is given instead.
+    """
+    probes = f"probes ({len(result.probes)}): " + ", ".join(_probe(p, result.budget) for p in result.probes)
+    source = f"peaks from: {result.source}; budget from: {result.budget_source}"
+    if not result.batch:
+        first = result.probes[0]
+        peak = (
+            f"its step peaks at {_with_bytes(first.peak)}"
+            if first.peak is not None
+            else "its step did not run (out of memory)"
+        )
+        answer = f"not even batch {first.batch} fits the {_with_bytes(result.budget)} budget: {peak}"
+        return "\n".join([answer, source, probes, ""])
+    answer = (
+        f"largest batch that fits: {result.batch} (peak {format_bytes(result.peak)} of "
+        f"{format_bytes(result.budget)} budget, margin {format_bytes(result.margin)})"
+    )
     fit = (
         f"peak(batch) ~ {format_bytes(round(result.intercept))} + {format_bytes(round(result.slope))} x batch"
     )
-    if result.batch:
-        answer = (
-            f"largest batch that fits: {result.batch} (peak {format_bytes(result.peak)} of "
-            f"{format_bytes(result.budget)} budget, margin {format_bytes(result.margin)})"
-        )
-    else:
-        smallest = result.probes[0].batch
-        answer = f"no batch fits the {format_bytes(result.budget)} budget (smallest tried: {smallest})"
-    probes = ", ".join(
-        f"{p.batch}: {format_bytes(p.peak) if p.peak is not None else 'failed'}" for p in result.probes
-    )
-    return "\n".join(
-        [
-            answer,
-            f"fit near the answer: {fit}",
-            f"peaks from: {result.source}; budget from: {result.budget_source}",
-            f"probes ({len(result.probes)}): {probes}",
-            "",
-        ]
-    )
+    return "\n".join([answer, f"fit near the answer: {fit}", source, probes, ""])
+
+
+def _with_bytes(nbytes: int) -> str:
+    """``"1.00 KiB (1,024 B)"``; below 1 KiB the short form is exact already."""
+    return format_bytes(nbytes) if nbytes < 1024 else f"{format_bytes(nbytes)} ({nbytes:,} B)"
+
+
+def _probe(probe: BatchProbe, budget: int) -> str:
+    if probe.peak is None:
+        return f"{probe.batch}: failed"
+    if probe.peak > budget:
+        return f"{probe.batch}: {probe.peak:,} B (over budget)"
+    return f"{probe.batch}: {format_bytes(probe.peak)}"

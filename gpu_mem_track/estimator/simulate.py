@@ -3,7 +3,9 @@
 The model is built on PyTorch's ``meta`` device, where tensors have shapes, dtypes and
 storage sizes but no data, so nothing real is allocated. A dispatch mode
 (:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) follows every storage from birth to death
-through two identical steps; the second is measured. For a CUDA target each storage
+through two identical steps; the second is measured. Code that reads a tensor's value
+(``.item()``, mask checks) gets it from
+:class:`~gpu_mem_track.estimator.values.KnownValues`. For a CUDA target each storage
 counts as the caching allocator's 512 B-rounded block, which is what
 ``torch.cuda.memory_allocated`` and ``max_memory_allocated`` count; the allocator's
 segment rounding (2 MiB for small requests, 20 MiB segments or 2 MiB multiples for
@@ -30,6 +32,7 @@ from .amp import SimulatedAutocast
 from .lifetimes import Lifetimes
 from .options import StepOptions
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
+from .specs import callable_name
 from .step import (
     InputsLike,
     OptimizerLike,
@@ -40,7 +43,9 @@ from .step import (
     make_inputs,
     make_optimizer,
     run_steps,
+    split_named,
 )
+from .values import KnownValues
 
 __all__ = ["estimate", "estimate_step", "trace_cpu_step"]
 
@@ -71,8 +76,12 @@ def estimate(
     loss (see :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False``
     runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
     target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
-    host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the sum of the
-    outputs. The options are parsed once into a
+    host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the output's own
+    ``loss`` when it has one, else the sum of its floating tensors
+    (:func:`~gpu_mem_track.estimator.step.default_loss`). An ``InputSpec`` with a ``name``
+    is passed by keyword. Values the model's code reads from tensors are computed for real
+    or replaced by placeholders, and listed in ``value_reads`` (see
+    :mod:`~gpu_mem_track.estimator.values`). The options are parsed once into a
     :class:`~gpu_mem_track.estimator.options.StepOptions` (``estimate_step`` takes one).
     Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
@@ -136,17 +145,22 @@ def _trace(
     tracker = Lifetimes({sim} if target == "cuda" else {sim, "cpu"}, size_of)
     was_training = module.training
     module.train(training)
+    # Entered before the tracker, so the values' own CPU ops are never counted.
+    values = KnownValues(tracker.module) if sim == "meta" else contextlib.nullcontext()
     try:
         # Made before tracking starts, then adopted: copying must not count the originals.
         state = _state(module, sim, cast, private=isinstance(model, nn.Module))
-        tensors = make_inputs(specs, sim, cast)
-        with tracker:
+        with values:
+            tensors = make_inputs(specs, sim, cast)
+        with values, tracker:
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
             opt = make_optimizer(options.optimizer, params, target) if training else None
-            watch = _Watch(tracker, module, state, tensors, opt)
+            restart = values.restart if isinstance(values, KnownValues) else (lambda: None)
+            watch = _Watch(tracker, module, state, tensors, opt, on_measure=restart)
             with watch.hooks():
+                args, kwargs = split_named(specs, tensors)
                 run_steps(
-                    lambda: functional_call(module, state, tuple(tensors)),
+                    lambda: functional_call(module, state, args, kwargs),
                     params,
                     opt,
                     training=training,
@@ -165,7 +179,9 @@ def _trace(
                 optimizer=options.optimizer_name if training else "none",
                 dtype=options.dtype or "as built",
                 amp=amp_dtype is not None,
-                inputs=tuple(describe(t) for t in tensors),
+                inputs=tuple(describe(t, getattr(s, "name", "")) for s, t in zip(specs, tensors)),
+                loss="default" if loss_fn is default_loss else callable_name(loss_fn),
+                value_reads=values.reads() if isinstance(values, KnownValues) else (),
             )
             return watch.result(header)
     finally:
@@ -176,7 +192,7 @@ def _trace(
 def _model_name(model: ModelLike) -> str:
     if isinstance(model, nn.Module):
         return type(model).__name__
-    return f"{getattr(model, '__module__', '?')}:{getattr(model, '__qualname__', repr(model))}"
+    return callable_name(model)
 
 
 def _state(
@@ -217,8 +233,10 @@ class _Watch:
         state: dict[str, torch.Tensor],
         inputs: list[torch.Tensor],
         optimizer: torch.optim.Optimizer | None,
+        on_measure: Callable[[], None] = lambda: None,
     ) -> None:
         self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
+        self.on_measure = on_measure  # called as the measured step starts
         self.role: dict[int, str] = {}
         for tensor in state.values():
             self._give(tensor, "parameter" if isinstance(tensor, nn.Parameter) else "buffer")
@@ -256,6 +274,7 @@ class _Watch:
         if phase == "step start" and step == self.measured:
             self.first_measured_key = len(self.tracker.sizes)
             self.tracker.start_measuring()
+            self.on_measure()
 
     def _take_states(self) -> None:
         self.states, self.host_bytes = set(), 0

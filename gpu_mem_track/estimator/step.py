@@ -8,7 +8,7 @@ observe the step through ``on_phase(phase, step_index)``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import torch
@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 from ..dtypes import dtype_name
 from ..errors import UsageError
 from .records import OPTIMIZERS
-from .specs import InputSpec
+from .specs import InputSpec, callable_name
 
 __all__ = [
     "OPTIMIZERS",
@@ -30,6 +30,7 @@ __all__ = [
     "make_inputs",
     "make_optimizer",
     "run_steps",
+    "split_named",
 ]
 
 #: Optimizer names: Adam/AdamW keep exp_avg and exp_avg_sq per parameter (and a ``step``
@@ -64,12 +65,12 @@ def _model_code() -> Iterator[None]:
 
 def build_model(factory: Callable[[], Any], device: str) -> nn.Module:
     """Call ``factory()`` with ``device`` as the default device; the module it returns."""
-    name = getattr(factory, "__qualname__", repr(factory))
+    name = callable_name(factory)
     try:
         with torch.device(device):
             module = factory()
     except Exception as exc:
-        raise FactoryError(f"the factory {name} raised {type(exc).__name__}: {exc}") from exc
+        raise FactoryError(f"calling the factory {name} failed with {type(exc).__name__}: {exc}") from exc
     if not isinstance(module, nn.Module):
         raise FactoryError(f"the factory {name} returned {type(module).__name__}, not an nn.Module")
     return module
@@ -100,8 +101,10 @@ def make_inputs(
 ) -> list[torch.Tensor]:
     """Input tensors on ``device``; floating ones cast to ``dtype`` when given.
 
-    Shapes become random floats or zero integers (valid embedding indices); on the meta
-    device they hold no data at all.
+    Shapes become random floats, and integer or bool tensors of ones: token id 1 (valid
+    in any vocabulary of two or more), labels 1, an attention mask with no padding, True.
+    On the meta device the estimator's :class:`~gpu_mem_track.estimator.values.KnownValues`
+    keeps these values beside the data-less tensors.
     """
     tensors = []
     for spec in specs:
@@ -110,19 +113,35 @@ def make_inputs(
         elif spec.dtype.is_floating_point:
             tensor = torch.randn(spec.shape, dtype=spec.dtype, device=device)
         else:
-            tensor = torch.zeros(spec.shape, dtype=spec.dtype, device=device)
+            tensor = torch.ones(spec.shape, dtype=spec.dtype, device=device)
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         tensors.append(tensor)
     return tensors
 
 
-def describe(tensor: torch.Tensor) -> str:
-    """``"64x3x32x32"``, with ``":dtype"`` unless float32."""
+def split_named(
+    specs: Sequence[InputSpec | torch.Tensor], tensors: Sequence[torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """``(args, kwargs)`` for the model: inputs whose spec has a ``name`` go by keyword."""
+    args, kwargs = [], {}
+    for spec, tensor in zip(specs, tensors):
+        name = spec.name if isinstance(spec, InputSpec) else ""
+        if name in kwargs:
+            raise UsageError(f"the input {name}= is given twice")
+        if name:
+            kwargs[name] = tensor
+        else:
+            args.append(tensor)
+    return tuple(args), kwargs
+
+
+def describe(tensor: torch.Tensor, name: str = "") -> str:
+    """``"64x3x32x32"``, with ``":dtype"`` unless float32 and ``"name="`` for a keyword input."""
     return (
-        str(InputSpec(tuple(tensor.shape), tensor.dtype))
+        str(InputSpec(tuple(tensor.shape), tensor.dtype, name))
         if tensor.dim()
-        else f"scalar:{dtype_name(tensor.dtype)}"
+        else f"{name + '=' if name else ''}scalar:{dtype_name(tensor.dtype)}"
     )
 
 
@@ -149,7 +168,15 @@ def make_optimizer(
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """The sum of every floating-point tensor in the output (any nesting)."""
+    """The model's own loss when its output carries one, else the sum of its outputs.
+
+    An output with a tensor ``loss`` (an attribute or a mapping key: Hugging Face models
+    given ``labels=``) is that loss; otherwise the loss is the sum of every floating-point
+    tensor in the output, at any nesting (tuples, lists, dicts, ``ModelOutput``).
+    """
+    own = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(own, torch.Tensor) and own.is_floating_point():
+        return own
     tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not tensors:
         raise UsageError("the model's output holds no floating-point tensor to take a loss of")

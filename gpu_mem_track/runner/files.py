@@ -5,7 +5,8 @@ A run folder ``reports/<run name>/`` holds:
 
 - ``meta.json``: the ``lines.RunInfo`` (written when the run starts, rewritten at its end);
 - ``lines.csv``: one row per traced source line, columns ``LINE_COLUMNS`` (see
-  ``lines.LineRecord``), written at the end of the run;
+  ``records.LineRecord``), written at the end of the run; files written before ``rise``
+  existed lack that column and still read;
 - ``timeline.csv``: one row per event, columns ``TIMELINE_COLUMNS`` (see
   ``lines.TimelineRow``), streamed while the script runs;
 - ``report.txt``: the text report (``linereport``);
@@ -23,14 +24,16 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from ..csvrows import CompleteRows, cut_note
 from .records import LineRecord, RunInfo, TimelineRow
 
 __all__ = [
     "LINE_COLUMNS",
+    "LINE_REQUIRED",
     "TIMELINE_COLUMNS",
     "RunFolder",
     "TimelineWriter",
@@ -44,6 +47,9 @@ __all__ = [
 
 #: Columns of ``lines.csv``: the fields of ``records.LineRecord``, in order.
 LINE_COLUMNS = tuple(f.name for f in fields(LineRecord))
+#: The columns every ``lines.csv`` has (fields without a default); files written before
+#: a later field (``rise``) existed lack it and still read.
+LINE_REQUIRED = tuple(f.name for f in fields(LineRecord) if f.default is MISSING)
 #: Columns of ``timeline.csv``: the fields of ``records.TimelineRow``, in order. The hot
 #: path (``profiler.LineProfiler._line_row``) formats its rows by hand in this order.
 TIMELINE_COLUMNS = tuple(f.name for f in fields(TimelineRow))
@@ -133,14 +139,19 @@ def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
             writer.writerow([getattr(record, name) for name in LINE_COLUMNS])
 
 
-def read_lines(path: Path) -> list[LineRecord]:
-    """The records of a ``lines.csv``; ``ValueError`` naming the file if it is not one."""
-    return [LineRecord.from_dict(row) for row in _typed_rows(path, LINE_COLUMNS)]
+def read_lines(path: Path, notes: list[str] | None = None) -> list[LineRecord]:
+    """The records of a ``lines.csv``; ``ValueError`` naming the file if it is not one.
+    A last row cut mid-write is left out (``notes``, when given, receives one line)."""
+    return [
+        LineRecord.from_dict(row)
+        for row in _typed_rows(path, LINE_REQUIRED, notes, LINE_COLUMNS[len(LINE_REQUIRED) :])
+    ]
 
 
-def read_timeline(path: Path) -> Iterator[TimelineRow]:
-    """The rows of a ``timeline.csv``, one at a time (``ValueError`` if it is not one)."""
-    for row in _typed_rows(path, TIMELINE_COLUMNS):
+def read_timeline(path: Path, notes: list[str] | None = None) -> Iterator[TimelineRow]:
+    """The rows of a ``timeline.csv``, one at a time (``ValueError`` if it is not one).
+    A last row cut mid-write is left out (``notes``, when given, receives one line)."""
+    for row in _typed_rows(path, TIMELINE_COLUMNS, notes):
         yield TimelineRow.from_dict(row)
 
 
@@ -162,17 +173,25 @@ def read_meta(path: Path) -> RunInfo:
     return RunInfo.from_dict(data)
 
 
-def _typed_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+def _typed_rows(
+    path: Path, columns: Sequence[str], notes: list[str] | None = None, optional: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
+    """Typed rows with ``columns`` (all required) and those of ``optional`` the file has."""
     with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
+        complete = CompleteRows(handle)
+        reader = csv.DictReader(complete)
         missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
+        columns = (*columns, *(c for c in optional if c in (reader.fieldnames or ())))
         for number, row in enumerate(reader, start=2):
             try:
                 yield {name: _value(name, row[name]) for name in columns}
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}, line {number}: {exc}") from exc
+    note = cut_note(path, complete)
+    if note is not None and notes is not None:
+        notes.append(note)
 
 
 def _value(name: str, text: str | None) -> Any:

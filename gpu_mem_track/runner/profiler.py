@@ -5,8 +5,18 @@ reading from its sampler and closes the line that was running in the innermost t
 frame: memory after it, increment, peak (from the sampler's high-water mark, never reset;
 see ``samplers``), wall time. Aggregates live in one small list per source line; each
 execution goes to the timeline writer at once, so memory stays bounded however long the
-run. A line runs until the next line starts in the same frame or the frame is left, so a
-line's figures include the functions it calls.
+run. A line runs until the next statement starts in the same frame or the frame is left,
+so a line's figures include the functions it calls; a statement spread over several lines
+is one execution of its first line (``statements``).
+
+The run's peak is the highest reading of the run, line or not (the ``start`` and ``end``
+rows of the timeline included). The line it is attributed to (``peak_at``) is one that
+allocated it: the first line execution to end that came within the sampler's tolerance
+(``peak_tolerance``, 1% of the peak by default) of the run's peak with a rise (its peak
+above its own start) larger than that tolerance. A line that merely touched one more page
+at the high-water mark does not qualify, and a callee's line that allocated ends before
+the call that ran it, so the innermost traced line is named. When no execution qualifies,
+the first to reach the peak is named (or none, when the peak was read outside any line).
 """
 
 from __future__ import annotations
@@ -20,15 +30,17 @@ from typing import Any
 from .files import TimelineWriter, csv_line
 from .records import LineRecord, TimelineRow
 from .samplers import Sampler
+from .statements import statement_starts
 
 __all__ = ["LineProfiler"]
 
 #: Index of each aggregate in the per-line list: hits, memory after the last execution,
-#: total increment, max peak, whether that peak is exact, seconds.
-_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS = range(6)
+#: total increment, max peak, whether that peak is exact, seconds, max rise.
+_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS, _RISE = range(7)
 
-# A frame on the profiler's stack: [code, running line (or None), memory, high-water mark,
-# time] as read when that line started.
+# A frame on the profiler's stack: [code, running statement's first line (or None), memory,
+# high-water mark, time] as read when that statement started, and the line of the last
+# event in the frame.
 _Frame = list
 
 
@@ -68,31 +80,50 @@ class LineProfiler:
         self._clock = clock
         self._stack: list[_Frame] = []
         self._stats: dict[tuple[CodeType, int], list[Any]] = {}
+        self._starts: dict[CodeType, dict[int, int]] = {}
         self._seq = 0
         self._start = clock()
         self._extras_at = -extras_every
+        self._tolerance = getattr(sampler, "peak_tolerance", _one_percent)
+        #: the highest reading of the run so far (bytes)
         self.peak = 0
-        self.peak_at: tuple[str, int] | None = None
+        self._floor = 0  # executions peaking at or above this are near the run's peak
+        self._significant = 0  # a rise above this allocated, not touched a page
+        # (peak, rise, where) of executions near the peak with a significant rise, in the
+        # order they ended, each peaking higher than the one before (a later one at or
+        # below an earlier one's peak could never be named)
+        self._candidates: list[tuple[int, int, tuple[str, int] | None]] = []
+        self._peak_where: tuple[str, int] | None = None  # the first to reach the peak
         self.first_reading = self._sample()[0]
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 
     def enter(self, code: CodeType) -> None:
         # No reading: the frame's first line event reads the start of its first line.
-        self._stack.append([code, None, 0, 0, 0.0])
+        self._stack.append([code, None, 0, 0, 0.0, 0])
 
     def line(self, code: CodeType, lineno: int) -> None:
+        starts = self._starts.get(code)
+        if starts is None:
+            starts = self._starts[code] = statement_starts(code.co_filename)
+        first = starts.get(lineno, lineno) if starts else lineno
+        stack = self._stack
+        frame = stack[-1] if stack and stack[-1][0] is code else None
+        # Inside the statement already running: the same execution goes on. Its first line
+        # again right after itself is a new execution (a loop on one line).
+        if frame is not None and frame[1] == first and (lineno != first or frame[5] != first):
+            frame[5] = lineno
+            return
         current, high = self._sample()
         now = self._clock()
-        stack = self._stack
-        if not stack or stack[-1][0] is not code:  # an event the engine did not send
-            stack.append([code, None, current, high, now])
-        frame = stack[-1]
+        if frame is None:  # an event the engine did not send
+            frame = [code, None, current, high, now, lineno]
+            stack.append(frame)
         if frame[1] is not None and self._close(frame, current, high, now):
             # a census ran after the line: start the next one after it, not before
             current, high = self._sample()
             now = self._clock()
-        frame[1], frame[2], frame[3], frame[4] = lineno, current, high, now
+        frame[1], frame[2], frame[3], frame[4], frame[5] = first, current, high, now, lineno
 
     def leave(self, code: CodeType) -> None:
         stack = self._stack
@@ -126,9 +157,19 @@ class LineProfiler:
                     peak=stats[_PEAK],
                     peak_exact=stats[_EXACT],
                     seconds=stats[_SECONDS],
+                    rise=stats[_RISE],
                 )
             )
         return out
+
+    @property
+    def peak_at(self) -> tuple[str, int] | None:
+        """``(file, line)`` of the line that raised memory to the run's peak (see the module
+        docstring), or None when no line came near it (it was read outside any line)."""
+        for peak, rise, where in self._candidates:
+            if peak >= self._floor and rise > self._significant:
+                return where
+        return self._peak_where
 
     def elapsed(self) -> float:
         """Seconds since the profiler was created, by its clock."""
@@ -145,24 +186,39 @@ class LineProfiler:
             peak, exact = max(high, before, current), True
         else:  # the mark did not move (or the program reset it): a lower bound
             peak, exact = max(before, current, high if high < high_before else 0), False
+        rise = peak - before
         key = (code, lineno)
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0]
+            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0, 0]
         stats[_HITS] += 1
         stats[_MEMORY] = current
         stats[_INCREMENT] += increment
         if peak > stats[_PEAK] or (peak == stats[_PEAK] and exact):
             stats[_PEAK], stats[_EXACT] = peak, exact
+        if rise > stats[_RISE]:
+            stats[_RISE] = rise
         stats[_SECONDS] += now - frame[4]
-        if peak > self.peak:
-            self.peak, self.peak_at = peak, (code.co_filename, lineno)
+        if peak > self.peak or (rise > self._significant and peak >= self._floor):
+            self._offer(peak, rise, (code.co_filename, lineno))
         if self._write_text is not None:
             self._line_row(code, lineno, current, increment, peak, now)
         if self._threshold is not None and increment >= self._threshold and self._on_increment:
             self._on_increment(code, lineno, increment)
             return True
         return False
+
+    def _offer(self, peak: int, rise: int, where: tuple[str, int] | None) -> None:
+        """An execution (``where``; None for an event row) that reached the run's peak or
+        came near it with a significant rise; see the module docstring."""
+        if peak > self.peak:
+            self.peak, self._peak_where = peak, where
+            self._significant = self._tolerance(peak)
+            self._floor = peak - self._significant
+            self._candidates = [c for c in self._candidates if c[0] >= self._floor]
+        candidates = self._candidates
+        if rise > self._significant and (not candidates or peak > candidates[-1][0]) and len(candidates) < 64:
+            candidates.append((peak, rise, where))
 
     def _line_row(
         self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float
@@ -196,6 +252,8 @@ class LineProfiler:
             return
         current, _ = self._sample()
         driver, rss = self._sampler.extras()
+        if current > self.peak:
+            self._offer(current, 0, None)
         allocated = current if self._on_cuda else None
         self._seq += 1
         self._timeline.write_row(
@@ -214,6 +272,10 @@ class LineProfiler:
                 rss=rss,
             )
         )
+
+
+def _one_percent(peak: int) -> int:
+    return peak // 100
 
 
 def _function(code: CodeType) -> str:

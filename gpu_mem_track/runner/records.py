@@ -32,7 +32,12 @@ class LineRecord:
     (see ``runner`` for how peaks are found without resetting the program's counters);
     ``peak_exact`` whether that peak was read from a high-water mark the line raised
     (True) or is the larger of the before/after readings, a lower bound (False);
-    ``seconds`` the wall time spent in it, callees included.
+    ``seconds`` the wall time spent in it, callees included; ``rise`` the most one
+    execution raised memory above its own start (its peak minus the memory when it
+    started, the largest over its executions): what the line allocated even when it also
+    freed more, so its net ``increment`` is negative. None in files written before it was
+    recorded. ``hits`` counts executions of the statement that starts on ``line``
+    (a call spread over several lines counts once).
     """
 
     file: str
@@ -45,13 +50,21 @@ class LineRecord:
     peak: int
     peak_exact: bool
     seconds: float
+    rise: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LineRecord:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        """The record of ``to_dict``'s mapping; ``rise`` may be missing (older files)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.name != "rise"})
+
+    @property
+    def growth(self) -> int:
+        """What ranks the line among those that grew memory: ``rise`` where recorded,
+        else (older files) the net ``increment``."""
+        return self.rise if self.rise is not None else self.increment
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,11 @@ class RunInfo:
     ``memory_source``: ``"cuda allocator"`` or ``"process RSS"``; ``engine``:
     ``"sys.monitoring"`` or ``"sys.settrace"``; ``started``/``ended``: seconds since the
     epoch (``ended`` None while running); ``exit_code``: the script's (130 after Ctrl-C,
-    1 after an uncaught exception), None while running; ``peak``: the highest memory seen
-    (bytes); ``peak_at``: ``file:line`` of the line that reached it.
+    1 after an uncaught exception, 128 + N after signal N), None while running; ``peak``:
+    the highest memory read during the run (bytes), in a line or not (the timeline's
+    ``start`` and ``end`` rows included), so it is the highest figure ``timeline.csv``
+    holds; ``peak_at``: ``file:line`` of the line that raised memory to it (see
+    ``profiler``), empty when no line came near it.
     """
 
     run_name: str
@@ -140,10 +156,12 @@ class RunResult:
 
 
 def hottest(records: list[LineRecord], count: int = 10) -> list[LineRecord]:
-    """The ``count`` lines with the largest total increment, largest first (ties: the
-    higher peak first, then file order)."""
-    ranked = sorted(records, key=lambda r: (-r.increment, -r.peak, r.file, r.line))
-    return [r for r in ranked if r.increment > 0][:count]
+    """The ``count`` lines (0: all) that raised memory most, by ``LineRecord.growth``,
+    largest first (ties: the larger net increment, the higher peak, then file order);
+    lines that never raised it are left out."""
+    ranked = sorted(records, key=lambda r: (-r.growth, -r.increment, -r.peak, r.file, r.line))
+    best = [r for r in ranked if r.growth > 0]
+    return best[:count] if count else best
 
 
 def by_function(records: list[LineRecord]) -> dict[tuple[str, str], list[LineRecord]]:

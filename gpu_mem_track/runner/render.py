@@ -10,10 +10,29 @@ from typing import Any
 
 from ..units import format_bytes, format_peak
 from .records import LineRecord, RunInfo, by_function, hottest
+from .samplers import HEAP_SOURCE
 
 __all__ = ["render_line_report", "render_summary"]
 
-_HEAD = f"{'Line #':>7}  {'Memory':>12}  {'Increment':>12}  {'Peak':>13}  {'Hits':>7}  Line Contents"
+_HEAD = (
+    f"{'Line #':>7}  {'Memory':>12}  {'Increment':>12}  {'Rise':>12}  {'Peak':>13}  {'Hits':>7}"
+    "  Line Contents"
+)
+#: What CPU figures mean, for the report and the summary.
+_CPU_NOTE = (
+    "CPU: memory is the process's resident set size. Freed tensors go back to the C allocator, "
+    "which reuses them\nwithout returning them to the system, so increments are RSS movements, "
+    "not tensor bytes, and a line's\nsummed increments over a loop can exceed the run's peak. "
+    "--memory heap measures the C heap in use\n(tensors included) instead; a census "
+    "(--census-threshold) names the tensors."
+)
+#: The same for ``--memory heap``.
+_HEAP_NOTE = (
+    "CPU: memory is the C heap in use (glibc mallinfo2: bytes malloc has handed out and not taken "
+    "back):\ntensor storage plus other C/C++ data, not Python objects. A freed tensor subtracts at "
+    "once. No high-water\nmark exists for it, so every peak is a lower bound (the larger of "
+    "before and after)."
+)
 
 
 def render_line_report(info: RunInfo, records: Sequence[LineRecord], censuses: Sequence[Any] = ()) -> str:
@@ -28,19 +47,23 @@ def render_line_report(info: RunInfo, records: Sequence[LineRecord], censuses: S
 
 
 def render_summary(info: RunInfo, records: Sequence[LineRecord], folder: Path, top: int = 5) -> str:
-    """The few lines printed at the end of a run."""
+    """The few lines printed at the end of a run: the ``top`` lines (0: all) that raised
+    memory most."""
     lines = [f"gpu_mem_track: {_ending(info)} | memory: {_source(info)} | {_peak(info)}"]
     best = hottest(list(records), top)
     if best:
-        lines.append(f"Lines that grew memory most (of {len(records)} traced):")
+        lines.append(f"Lines that raised memory most (of {len(records)} traced; rise, net increment):")
         for r in best:
             lines.append(
-                f"  {_short(r.file)}:{r.line} {r.function}  {_signed(r.increment)}"
+                f"  {_short(r.file)}:{r.line} {r.function}  {_rise(r)}  net {_signed(r.increment)}"
                 f"  peak {_peak_text(r)}  x{r.hits}  {r.code}"
             )
     if info.memory_source == "cuda allocator" and not info.peak:
         lines.append("Note: the script allocated no CUDA memory; --device cpu measures the process RSS.")
-    lines.append(f"Reports: {folder}{os.sep} (report.txt, lines.csv, timeline.csv)")
+    note = _SHORT_NOTES.get(info.memory_source)
+    if note:
+        lines.append(note)
+    lines.append(f"Reports: {_short(str(folder))}{os.sep} (report.txt, lines.csv, timeline.csv)")
     return "\n".join(lines) + "\n"
 
 
@@ -50,26 +73,29 @@ def _run_header(info: RunInfo) -> str:
         f"{_ending(info)} | device {info.device} | memory: {_source(info)} | engine {info.engine}\n"
         f"{_peak(info)} | Python {info.python} | torch {info.torch or '-'}"
         f" | gpu_mem_track {info.gpu_mem_track}\n"
-        "Memory: after the line's last run. Increment: summed over its runs (callees included). "
-        "Peak: highest while it ran;\n'>=' marks a lower bound (the process's high-water mark "
-        "did not move during the line).\n"
+        "Memory: after the line's last run. Increment: net, summed over its runs (callees included). "
+        "Rise: the most one run\nraised memory above its start (what it allocated, even when it "
+        "freed more). Peak: highest while it ran;\n'>=' marks a lower bound (the high-water mark "
+        "did not move during the line). Hits: executions of the\nstatement starting on the line. "
+        "The run's peak is named at the first line that allocated it (rose by more than\n1% of it, "
+        "ending within 1% of it).\n" + (_note(info) + "\n" if _note(info) else "")
     )
 
 
 def _function_summary(records: Sequence[LineRecord], per_function: int = 3) -> str:
-    out = ["Summary: per function, the lines that grew memory most", "=" * 56]
+    out = ["Summary: per function, the lines that raised memory most (rise, net increment)", "=" * 79]
     groups = by_function(list(records))
-    ranked = sorted(groups.items(), key=lambda item: -max(r.increment for r in item[1]))
+    ranked = sorted(groups.items(), key=lambda item: -max(r.growth for r in item[1]))
     for (file, function), lines in ranked:
         best = hottest(lines, per_function)
         if not best:
             continue
         out.append(f"{_short(file)} {function}")
         for r in best:
-            growth, peak = _signed(r.increment), _peak_text(r)
-            out.append(f"  line {r.line:<6} {growth:>12}  peak {peak:>13}  x{r.hits:<6} {r.code}")
+            rise, net, peak = _rise(r), _signed(r.increment), _peak_text(r)
+            out.append(f"  line {r.line:<6} {rise:>12} {net:>12}  peak {peak:>13}  x{r.hits:<6} {r.code}")
     if len(out) == 2:
-        out.append("(no line grew memory)")
+        out.append("(no line raised memory)")
     return "\n".join(out) + "\n"
 
 
@@ -77,7 +103,7 @@ def _function_table(file: str, function: str, lines: Sequence[LineRecord]) -> st
     out = [f"File: {file}", f"Function: {function}", "", _HEAD, "=" * len(_HEAD)]
     for r in lines:
         out.append(
-            f"{r.line:>7}  {format_bytes(r.memory):>12}  {_signed(r.increment):>12}  "
+            f"{r.line:>7}  {format_bytes(r.memory):>12}  {_signed(r.increment):>12}  {_rise(r):>12}  "
             f"{_peak_text(r):>13}  {r.hits:>7}  {r.code}"
         )
     return "\n".join(out) + "\n"
@@ -99,9 +125,22 @@ def _ending(info: RunInfo) -> str:
     return f"{script} exited with {info.exit_code}{seconds}"
 
 
+_SHORT_NOTES = {
+    "process RSS": "Note: CPU figures are RSS movements, not tensor bytes (freed memory stays with the C "
+    "allocator for reuse); --memory heap or --census-threshold show tensor bytes.",
+    HEAP_SOURCE: "Note: CPU figures are the C heap in use (tensors and other C/C++ data); peaks are "
+    "lower bounds.",
+}
+
+
+def _note(info: RunInfo) -> str:
+    """What the figures mean where they are not allocator bytes ("" on CUDA)."""
+    return {"process RSS": _CPU_NOTE, HEAP_SOURCE: _HEAP_NOTE}.get(info.memory_source, "")
+
+
 def _source(info: RunInfo) -> str:
     if info.memory_source == "process RSS":
-        return "process RSS (CPU: no allocator statistics; tensors named by the census)"
+        return "process RSS (CPU: not tensor bytes; tensors named by the census)"
     if info.memory_source == "cuda allocator":
         return "CUDA caching allocator (allocated bytes)"
     return info.memory_source
@@ -112,6 +151,10 @@ def _peak(info: RunInfo) -> str:
         return "peak unknown"
     at = f" at {_short(info.peak_at)}" if info.peak_at else ""
     return f"peak {format_bytes(info.peak)}{at}"
+
+
+def _rise(record: LineRecord) -> str:
+    return "-" if record.rise is None else _signed(record.rise)
 
 
 def _peak_text(record: LineRecord) -> str:

@@ -1,10 +1,10 @@
 """``python -m gpu_mem_track run``: a whole script, line by line, with no code changes.
 
 The sequence: check everything that can be checked before the script runs (``prepare``,
-``UsageError`` on a user mistake), then ``execute``: set ``sys.argv`` and ``sys.path[0]``,
-start the tracing engine, ``runpy.run_path(..., run_name="__main__")``, stop the engine
-and restore in ``finally``, write every report (also after an exception, ``sys.exit`` or
-Ctrl-C), and return the script's exit code.
+``UsageError`` on a user mistake; every output path made absolute), then ``execute``:
+run the script as ``__main__`` under the tracing engine (``launch.run_script``), write
+every report (also after an exception, ``sys.exit``, Ctrl-C, SIGTERM or SIGHUP), and
+return the script's exit code.
 """
 
 from __future__ import annotations
@@ -12,32 +12,31 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import runpy
 import sys
 import sysconfig
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import CodeType, TracebackType
+from types import CodeType
 from typing import Any, TextIO
 
 from .. import __version__
 from ..devices import parse_device
 from ..errors import UsageError
 from ..outputs import claim_name, safe_name
-from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
 from .files import RunFolder, TimelineWriter, write_lines, write_meta
+from .launch import run_script
 from .profiler import LineProfiler
 from .records import RunInfo, RunResult
-from .samplers import CudaSampler, RssSampler
+from .samplers import CudaSampler, HeapSampler, RssSampler, mallinfo2
 from .session import RunSession
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
-_OUR_FILES = (os.path.abspath(__file__),)
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # gpu_mem_track/
+_NEVER = "torch, the standard library and gpu_mem_track are never traced"
+_BUILT_IN = Path("<built-in>")  # a module compiled into Python (sys, os on 3.11): no source
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,9 @@ class RunOptions:
     ``census_threshold``: bytes; a line execution that grows memory by at least this much
     is followed by a census of live tensors (None: never). ``device``: ``"auto"``,
     ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``engine``: ``"auto"``, ``"monitoring"`` or
-    ``"settrace"``. ``top``: lines in the printed summary. ``activations``: record the
+    ``"settrace"``. ``top``: lines in the printed summary (0: all). ``memory``: on the
+    CPU, ``"rss"`` (the default, ``"auto"``) or ``"heap"`` (the C heap in use, see
+    ``samplers.HeapSampler``); on CUDA only ``"auto"``. ``activations``: record the
     tensors autograd saves for backward while the script runs, so censuses count them as
     activations with the line that saved them (see ``saved.SavedTensorRecorder``).
     """
@@ -62,6 +63,7 @@ class RunOptions:
     engine: str = "auto"
     top: int = 5
     activations: bool = False
+    memory: str = "auto"
 
 
 @dataclass
@@ -86,6 +88,7 @@ def prepare(options: RunOptions) -> PreparedRun:
     script = _readable_script(options.script)
     files, dirs = _resolve_includes(options.include, script)
     device = _resolve_device(options.device)
+    _check_memory(options.memory, device)
     try:
         engine_class(options.engine)
     except ValueError as exc:
@@ -93,7 +96,10 @@ def prepare(options: RunOptions) -> PreparedRun:
     if options.activations and importlib.util.find_spec("torch") is None:
         raise UsageError("--activations needs torch, which is not installed here")
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    folder = RunFolder(_claim_folder(Path(options.out_dir), name))
+    # Absolute now: a script that calls os.chdir() must not move our reports.
+    out_dir = Path(options.out_dir).absolute()
+    _check_out_dir(out_dir, options.out_dir)
+    folder = RunFolder(_claim_folder(out_dir, name))
     return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
 
 
@@ -110,7 +116,7 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
     from .render import render_line_report, render_summary
 
     options, folder = prepared.options, prepared.folder
-    sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
+    sampler = _sampler(prepared.device, options.memory)
     timeline = TimelineWriter(folder.timeline)
     session = RunSession(folder.path, prepared.device, timeline)
     profiler = LineProfiler(sampler, timeline, session.census, options.census_threshold)
@@ -123,7 +129,7 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
     try:
         if options.activations:
             session.census_tracker(activations=True)
-        code = _run_script(prepared, engine, session)
+        code = run_script(prepared, engine, session)
     finally:
         session.close()
         profiler.finish()
@@ -142,87 +148,6 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
         out.write(render_summary(info, records, folder.path, options.top))
         out.flush()
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses))
-
-
-def _run_script(prepared: PreparedRun, engine: Any, session: RunSession) -> int:
-    script = str(prepared.script)
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    sys.argv[:] = [script, *prepared.options.args]
-    if sys.path:
-        sys.path[0] = str(prepared.script.parent)
-    else:
-        sys.path.append(str(prepared.script.parent))
-    add_stamp_listener(session)
-    _Forks.watch(engine, session)
-    try:
-        try:
-            engine.start()
-        except RuntimeError as exc:  # no free sys.monitoring tool slot: not the script's error
-            print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
-            return 2
-        try:
-            runpy.run_path(script, run_name="__main__")
-        finally:
-            engine.stop()
-        return 0
-    except SystemExit as exc:
-        return _exit_code(exc.code)
-    except KeyboardInterrupt:
-        print("KeyboardInterrupt", file=sys.stderr)
-        return 130
-    except BaseException as exc:  # the script's own error: its traceback, then exit 1
-        traceback.print_exception(type(exc), exc, _user_traceback(exc.__traceback__), file=sys.stderr)
-        return 1
-    finally:
-        _Forks.watch(None, None)
-        remove_stamp_listener(session)
-        sys.argv[:] = saved_argv
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
-
-
-class _Forks:
-    """A forked child (a DataLoader worker) stops tracing and never writes our timeline."""
-
-    engine: Any = None
-    session: RunSession | None = None
-    registered = False
-
-    @classmethod
-    def watch(cls, engine: Any, session: RunSession | None) -> None:
-        cls.engine, cls.session = engine, session
-        if not cls.registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=cls._in_child)
-            cls.registered = True
-
-    @classmethod
-    def _in_child(cls) -> None:
-        if cls.session is not None:
-            cls.session.timeline.discard()
-            remove_stamp_listener(cls.session)
-        if cls.engine is not None:
-            cls.engine.stop()
-        cls.engine = cls.session = None
-
-
-def _exit_code(code: Any) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)  # sys.exit("message"), as Python itself does
-    return 1
-
-
-def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's first frame on: ours and runpy's left out."""
-    runpy_file = os.path.abspath(runpy.__file__)
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if not (name.startswith("<frozen runpy") or os.path.abspath(name) in (runpy_file, *_OUR_FILES)):
-            break
-        tb = tb.tb_next
-    return tb
 
 
 def _readable_script(script: str) -> Path:
@@ -244,18 +169,22 @@ def _resolve_includes(names: tuple[str, ...], script: Path) -> tuple[set[str], t
     on the script's ``sys.path`` (a package means its folder)."""
     files: set[str] = set()
     dirs: list[str] = []
+    is_library = _library_dirs()
     for name in names:
         path = Path(name)
         if path.exists():
-            (dirs.append(str(path.resolve()) + os.sep) if path.is_dir() else files.add(str(path.resolve())))
-            continue
-        origin = _module_origin(name, script)
-        if origin is None:
-            raise UsageError(f"--include {name}: no such file, folder or module")
-        if origin.name == "__init__.py":
-            dirs.append(str(origin.parent) + os.sep)
+            folder, target = path.is_dir(), str(path.resolve())
         else:
-            files.add(str(origin))
+            origin = _module_origin(name, script)
+            if origin is None:
+                raise UsageError(f"--include {name}: no such file, folder or module")
+            if origin == _BUILT_IN:
+                raise UsageError(f"--include {name}: {_NEVER}")
+            folder = origin.name == "__init__.py"
+            target = str(origin.parent if folder else origin)
+        if is_library(target + os.sep if folder else target):
+            raise UsageError(f"--include {name}: {_NEVER}")
+        (dirs.append(target + os.sep) if folder else files.add(target))
     return files, tuple(dirs)
 
 
@@ -267,6 +196,8 @@ def _module_origin(name: str, script: Path) -> Path | None:
         spec = None
     finally:
         sys.path.pop(0)
+    if spec is not None and spec.origin in ("built-in", "frozen"):
+        return _BUILT_IN
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return None
     return Path(spec.origin).resolve()
@@ -287,6 +218,22 @@ def _resolve_device(device: str) -> str:
     if _driver_gpu_count() == 0:
         raise UsageError(f"--device {device}: no NVIDIA GPU is visible here")
     return str(parsed.with_index(0))
+
+
+def _check_memory(memory: str, device: str) -> None:
+    """``UsageError`` for a ``--memory`` choice that cannot be measured here."""
+    if memory not in ("auto", "rss", "heap"):
+        raise UsageError(f"--memory takes auto, rss or heap, not {memory!r}")
+    if memory != "auto" and device != "cpu":
+        raise UsageError(f"--memory {memory} measures the CPU; on {device} the CUDA allocator is read")
+    if memory == "heap" and mallinfo2() is None:
+        raise UsageError("--memory heap needs glibc 2.33 or later (mallinfo2), which this system lacks")
+
+
+def _sampler(device: str, memory: str) -> Any:
+    if device.startswith("cuda"):
+        return CudaSampler(device)
+    return HeapSampler() if memory == "heap" else RssSampler()
 
 
 def _driver_gpu_count() -> int:
@@ -319,6 +266,17 @@ def _claim_folder(out_dir: Path, name: str) -> Path:
         return True
 
     return out_dir / claim_name(out_dir, name, claim)
+
+
+def _check_out_dir(out_dir: Path, given: str) -> None:
+    """``UsageError`` when ``out_dir`` or a folder above it is an existing file."""
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == out_dir else f" ({path} is a file)"
+                what = "is a file, not a folder" if path == out_dir else "cannot be created"
+                raise UsageError(f"cannot write reports to {given}: it {what}{where}")
+            return
 
 
 def _wants(prepared: PreparedRun) -> Any:
@@ -362,7 +320,7 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
     return RunInfo(
         run_name=prepared.folder.path.name,
         script=str(prepared.script),
-        argv=(str(prepared.script), *prepared.options.args),
+        argv=(prepared.options.script, *prepared.options.args),
         device=prepared.device,
         memory_source=source,
         engine=engine,

@@ -19,7 +19,10 @@ from typing import Any, Protocol
 
 from ..devices import parse_device
 
-__all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras"]
+__all__ = ["HEAP_SOURCE", "CudaSampler", "FakeSampler", "HeapSampler", "RssSampler", "Sampler", "Extras"]
+
+#: ``HeapSampler.source``.
+HEAP_SOURCE = "C heap in use"
 
 #: (driver, rss) in bytes, None where unknown.
 Extras = tuple["int | None", "int | None"]
@@ -72,10 +75,74 @@ class RssSampler:
     def extras(self) -> Extras:
         return None, self.sample()[0]
 
+    @staticmethod
+    def peak_tolerance(peak: int) -> int:
+        """How far below the run's peak a line may peak, and by how much more than that
+        it must rise, to be named for the peak (see ``profiler``): 1% of the peak and at
+        least 1 MiB, since RSS moves by whole pages and freed memory is reused without
+        returning to the system."""
+        return max(2**20, peak // 100)
+
     def close(self) -> None:
         if self._statm is not None:
             os.close(self._statm)
             self._statm = None
+
+
+class HeapSampler:
+    """The C heap in use (glibc's ``mallinfo2()``: bytes in chunks malloc handed out,
+    ``uordblks``, plus its separately mapped large chunks, ``hblkhd``). A read walks
+    malloc's free lists: a few microseconds in a training loop (5.4 us with 232 free
+    chunks), milliseconds in a heavily fragmented heap (3.4 ms with 15,600).
+    On the CPU that is tensor storage (PyTorch's CPU allocator calls malloc) plus other
+    C/C++ data, but not Python objects (their own arenas); a freed tensor subtracts at
+    once, where RSS would not move. There is no high-water mark, so ``sample()`` returns
+    0 for it and every line's peak is a lower bound. ``extras`` reads the RSS."""
+
+    source = HEAP_SOURCE
+    reserved = None
+
+    def __init__(self) -> None:
+        self._mallinfo2 = mallinfo2()
+        if self._mallinfo2 is None:
+            raise ValueError("needs glibc 2.33 or later (mallinfo2), which this system lacks")
+        self._rss = RssSampler()
+
+    def sample(self) -> tuple[int, int]:
+        info = self._mallinfo2()
+        return info.uordblks + info.hblkhd, 0
+
+    def extras(self) -> Extras:
+        return None, self._rss.sample()[0]
+
+    @staticmethod
+    def peak_tolerance(peak: int) -> int:
+        return max(2**20, peak // 100)
+
+    def close(self) -> None:
+        self._rss.close()
+
+
+def mallinfo2() -> Any:
+    """glibc's ``mallinfo2`` as a ctypes function returning its struct, or None where the
+    C library has none (musl, macOS, glibc before 2.33)."""
+    import ctypes
+
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+            + ("uordblks", "fordblks", "keepcost")
+        ]
+
+    function.restype = MallInfo2
+    function.argtypes = []
+    return function
 
 
 class CudaSampler:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..runner.records import LineRecord, by_function
-from ..units import format_bytes, format_peak
+from ..units import counted, format_bytes, format_peak
 from .load import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
 
 __all__ = ["BY", "CompareRow", "Comparison", "Figures", "compare_files", "compare_runs", "render_comparison"]
@@ -126,16 +126,19 @@ def render_comparison(comparison: Comparison, top: int = 20) -> str:
     ]
     rows = comparison.rows if top <= 0 else comparison.rows[:top]
     if not rows:
-        lines.append(f"(nothing to compare by {comparison.by} in either run)")
+        lines.append(_nothing(comparison))
         return "\n".join(lines) + "\n"
     table = _table_label(rows) if comparison.by == "label" else _table_lines(rows, comparison.by)
     lines.append(table)
     if len(rows) < len(comparison.rows):
-        lines.append(f"... {len(comparison.rows) - len(rows)} more rows (--top 0 shows all)")
+        lines.append(f"... {counted(len(comparison.rows) - len(rows), 'more row')} (--top 0 shows all)")
     return "\n".join(lines) + "\n"
 
 
 def _resolve_by(sources: Sequence[Source], by: str | None) -> str:
+    for source in sources:
+        if source.kind == "folder" and not source.has_lines:
+            raise UsageError(f"cannot compare: {source.path} {_lacks(source, by or 'line')}")
     asked = by
     if by is None:
         by = "line" if all(s.has_lines for s in sources) else "label"
@@ -148,11 +151,23 @@ def _resolve_by(sources: Sequence[Source], by: str | None) -> str:
 
 
 def _lacks(source: Source, by: str) -> str:
+    if source.kind == "folder" and not source.has_lines:
+        return "has neither lines.csv nor timeline.csv (the run stopped before it recorded anything)"
     if by == "label":
+        if source.kind == "lines":
+            return "is a lines.csv, which has no track() stamps (they are in the run's timeline.csv)"
         return "has no timeline.csv (the run's track() stamps are in it)"
-    if source.kind == "tracker":
-        return "is a MemTracker CSV, which has no per-line records (use --by label)"
-    return "has no lines.csv (it is written when the run ends)"
+    return "is a MemTracker CSV, which has no per-line records (use --by label)"
+
+
+def _nothing(comparison: Comparison) -> str:
+    """Why the table is empty: neither run has what ``by`` matches."""
+    if comparison.by == "label":
+        hint = (
+            "; --by line compares source lines" if comparison.a.kind == comparison.b.kind == "runner" else ""
+        )
+        return f"(nothing to compare by label: neither run has track() stamps{hint})"
+    return f"(nothing to compare by {comparison.by}: neither run has a traced line)"
 
 
 def _require(run: Run, part: str, by: str) -> tuple:

@@ -19,16 +19,30 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..csvrows import CompleteRows, cut_note
 from ..errors import UsageError
-from ..runner.files import LINE_COLUMNS, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
+from ..runner.files import LINE_REQUIRED, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
 from ..runner.records import LineRecord, RunInfo, TimelineRow
 from ..tracker.csvlog import REQUIRED_COLUMNS, stamps_from_rows
 from ..tracker.records import Stamp
+from ..units import counted
+from .rebuild import LineTotals, rebuilt_note
 
-__all__ = ["DEFAULT_POINTS", "LabelPoint", "Run", "Sample", "Source", "detect", "downsample", "load_run"]
+__all__ = [
+    "DEFAULT_POINTS",
+    "LabelPoint",
+    "Run",
+    "Sample",
+    "Source",
+    "detect",
+    "downsample",
+    "load_run",
+    "reading",
+]
 
 #: Default cap on the time series' buckets; each keeps its lowest and highest sample,
 #: so a series has at most twice this many points.
@@ -75,10 +89,12 @@ class Source:
 
     @property
     def has_lines(self) -> bool:
-        """Whether per-line records can be loaded from it."""
+        """Whether per-line records can be loaded from it: a ``lines.csv``, else rebuilt
+        from a ``timeline.csv`` (see ``LineTotals``)."""
         if self.kind == "folder":
-            return RunFolder(self.path).lines.is_file()
-        return self.kind == "lines"
+            folder = RunFolder(self.path)
+            return folder.lines.is_file() or folder.timeline.is_file()
+        return self.kind in ("lines", "timeline")
 
     @property
     def has_labels(self) -> bool:
@@ -98,7 +114,10 @@ class Run:
     ``peak``: the highest memory seen (bytes; None if unknown); ``lines``: per-line
     records (None: not loaded or not recorded); ``labels``: the ``track()`` stamps in
     order (None: not loaded); ``samples``: the time series, downsampled (None: not
-    loaded or none recorded); ``events``: timeline rows or stamps read.
+    loaded or none recorded); ``events``: timeline rows or stamps read; ``notes``: one
+    line each on what the loader had to do about missing or cut files (a ``lines.csv``
+    rebuilt from the timeline, a cut last row left out), for the caller to show;
+    ``info``: a runner folder's ``meta.json`` (None: none, or a MemTracker CSV).
     """
 
     name: str
@@ -111,6 +130,8 @@ class Run:
     labels: tuple[LabelPoint, ...] | None = None
     samples: tuple[Sample, ...] | None = None
     events: int = 0
+    notes: tuple[str, ...] = ()
+    info: RunInfo | None = None
 
 
 def detect(path: str | Path) -> Source:
@@ -121,17 +142,23 @@ def detect(path: str | Path) -> Source:
         folder = RunFolder(path)
         if any(p.is_file() for p in (folder.meta, folder.lines, folder.timeline)):
             return Source(path, "folder")
+        runs = sorted(p.name for p in path.iterdir() if (p / "meta.json").is_file())
+        if runs:
+            example = path / runs[0]
+            raise UsageError(f"{path} is a folder of {counted(len(runs), 'run')}: give one, e.g. {example}")
         raise UsageError(
             f"{path} is not a gpu_mem_track run folder (no meta.json, lines.csv or timeline.csv)"
         )
     if not path.exists():
         raise UsageError(f"no such run or report: {path}")
     header = set(_header(path))
+    if not header:
+        raise UsageError(f"{path} is empty (no CSV header): not a gpu_mem_track report")
     if header.issuperset(TRACKER_COLUMNS):
         return Source(path, "tracker")
     if header.issuperset(TIMELINE_COLUMNS):
         return Source(path, "timeline")
-    if header.issuperset(LINE_COLUMNS):
+    if header.issuperset(LINE_REQUIRED):
         return Source(path, "lines")
     raise UsageError(
         f"{path} is not a gpu_mem_track report (a run folder, its lines.csv or timeline.csv, "
@@ -147,21 +174,27 @@ def load_run(
     its series cut to at most ``2 * points`` samples by ``downsample``). A MemTracker
     CSV is always read whole. ``UsageError`` (one line) for anything unreadable."""
     source = path if isinstance(path, Source) else detect(path)
-    try:
+    with reading(source.path):
         if source.kind == "tracker":
             return _load_tracker(source.path, points)
         return _load_runner(source, lines, timeline, points)
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Turn what reading the report at ``path`` may raise (a bad row, bad text, an OS
+    error) into a one-line ``UsageError`` naming the file."""
+    try:
+        yield
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{source.path} is not a text report ({exc.reason})") from exc
+        raise UsageError(f"{path} is not a text report ({exc.reason})") from exc
     except (ValueError, KeyError, csv.Error) as exc:
-        text = str(exc)  # linelog's messages name the file and line already
+        text = str(exc)  # the readers' messages name the file and line already
         raise UsageError(
-            f"not a valid report: {text}"
-            if str(source.path) in text
-            else f"{source.path} is not a valid report: {text}"
+            f"not a valid report: {text}" if str(path) in text else f"{path} is not a valid report: {text}"
         ) from exc
     except OSError as exc:
-        raise UsageError(f"cannot read {source.path}: {exc.strerror or exc}") from exc
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def downsample(samples: Iterable[Sample], points: int = DEFAULT_POINTS) -> list[Sample]:
@@ -219,24 +252,39 @@ def _header(path: Path) -> list[str]:
 def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Run:
     folder = RunFolder(source.path if source.kind == "folder" else source.path.parent)
     info = _meta(folder.meta)
+    notes: list[str] = []
     lines_path = folder.lines if source.kind == "folder" else source.path
     timeline_path = folder.timeline if source.kind == "folder" else source.path
-    records = None
-    if lines and source.kind in ("folder", "lines") and lines_path.is_file():
-        records = tuple(read_lines(lines_path))
-    labels = samples = None
+    # An empty lines.csv: the run was stopped while it was being written.
+    lines_file = source.kind in ("folder", "lines") and lines_path.is_file() and lines_path.stat().st_size > 0
+    timeline_file = source.kind in ("folder", "timeline") and timeline_path.is_file()
+    records = labels = samples = None
+    if lines and lines_file:
+        records = tuple(read_lines(lines_path, notes))
+    totals = LineTotals() if lines and not lines_file and timeline_file else None
     events = 0
-    if timeline and source.kind in ("folder", "timeline") and timeline_path.is_file():
-        labels, samples, events = _read_timeline(read_timeline(timeline_path), points)
+    if (timeline or totals is not None) and timeline_file:
+        labels, samples, events = _read_timeline(read_timeline(timeline_path, notes), points, totals)
+    if totals is not None:
+        records = tuple(totals.records())
+        folder_given = source.kind == "folder"
+        notes.insert(0, rebuilt_note(source.path, folder_given, folder_given and lines_path.is_file()))
     peak = info.peak if info is not None else None
     if peak is None:
         peak = _highest([s.memory for s in samples or ()] + [r.peak for r in records or ()])
+    name, device, memory_source = _identity(source, info, samples)
+    parts = (records, labels, samples, events, tuple(notes), info)
+    return Run(name, source.path, "runner", device, memory_source, peak, *parts)
+
+
+def _identity(
+    source: Source, info: RunInfo | None, samples: tuple[Sample, ...] | None
+) -> tuple[str, str, str]:
+    """The run's name, device and memory source: meta.json's, else from the path and samples."""
     if info is not None:
-        name, device, memory_source = info.run_name, info.device, info.memory_source
-    else:
-        name = source.path.name if source.kind == "folder" else source.path.stem
-        device, memory_source = "", _guess_source(samples)
-    return Run(name, source.path, "runner", device, memory_source, peak, records, labels, samples, events)
+        return info.run_name, info.device, info.memory_source
+    name = source.path.name if source.kind == "folder" else source.path.stem
+    return name, "", _guess_source(samples)
 
 
 def _meta(path: Path) -> RunInfo | None:
@@ -256,7 +304,7 @@ def _guess_source(samples: tuple[Sample, ...] | None) -> str:
 
 
 def _read_timeline(
-    rows: Iterator[TimelineRow], points: int
+    rows: Iterator[TimelineRow], points: int, totals: LineTotals | None = None
 ) -> tuple[tuple[LabelPoint, ...], tuple[Sample, ...], int]:
     labels: list[LabelPoint] = []
     counted = [0]
@@ -264,6 +312,8 @@ def _read_timeline(
     def samples() -> Iterator[Sample]:
         for row in rows:
             counted[0] += 1
+            if totals is not None:
+                totals.add(row)
             if row.event == "track":
                 labels.append(
                     LabelPoint(row.label, row.elapsed, row.memory, row.file, row.function, row.line)
@@ -283,10 +333,12 @@ def _load_tracker(path: Path, points: int) -> Run:
     labels: list[LabelPoint] = []
     devices: set[str] = set()
     counted = [0]
+    notes: list[str] = []
 
     def samples() -> Iterator[Sample]:
         with path.open(encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle)
+            rows = CompleteRows(handle)
+            reader = csv.DictReader(rows)
             try:
                 for stamp in stamps_from_rows(reader):
                     counted[0] += 1
@@ -296,12 +348,15 @@ def _load_tracker(path: Path, points: int) -> Run:
                     yield sample
             except (TypeError, AttributeError, KeyError, ValueError) as exc:
                 raise ValueError(f"line {reader.line_num}: not a valid report row ({exc})") from exc
+        notes.extend(note for note in [cut_note(path, rows)] if note is not None)
 
     kept = tuple(downsample(samples(), points))
     device = min(devices) if devices else ""  # one tracker, one device
     source = "cuda allocator" if device.startswith("cuda") else "tensors"
     peak = _highest([s.memory for s in kept])
-    return Run(path.stem, path, "tracker", device, source, peak, None, tuple(labels), kept, counted[0])
+    return Run(
+        path.stem, path, "tracker", device, source, peak, None, tuple(labels), kept, counted[0], tuple(notes)
+    )
 
 
 def _tracker_point(stamp: Stamp) -> tuple[Sample, LabelPoint]:

@@ -5,9 +5,12 @@ Per run, in one color: the run's memory (solid; the allocator's allocated bytes 
 the process RSS or the census's tensor bytes elsewhere, as the legend says), the
 allocator's reserved bytes (dashed) and the driver's figure (dotted) where recorded, and
 for a MemTracker CSV on the CPU the process RSS (dash-dot); the peak marked with a
-triangle and its value; ``track()`` stamps as thin vertical lines (at most ``MAX_LABELS``
-per run, see ``pick_labels``), each label's text written once. x: seconds since the run started;
-y: MiB, or GiB when a curve reaches 1 GiB.
+triangle, its value written in the free spot nearest it that no curve crosses and no other
+text covers, with an arrow to it; ``track()`` stamps as thin vertical lines (at most
+``MAX_LABELS`` per run, see ``pick_labels``), each label's text written once along the top
+(cut to 32 characters, room kept above the curves), moved sideways where labels crowd so
+none overlaps another, a leader joining a moved label to its stamp (see ``layout``).
+x: seconds since the run started; y: MiB, or GiB when a curve reaches 1 GiB.
 
 Needs matplotlib (``pip install "gpu_mem_track[plot]"``); without it ``PlotUnavailable``
 is raised. The chart is drawn on a ``matplotlib.figure.Figure`` rendered by the Agg
@@ -17,19 +20,33 @@ backend directly, so ``pyplot`` and the user's backend choice are left alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ..units import format_bytes
-from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, load_run
+from .layout import Box, occupancy, place_box, spread
+from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, detect, load_run
 
-__all__ = ["MAX_LABELS", "PlotUnavailable", "pick_labels", "plot_files", "timeline_figure", "write_plot"]
+__all__ = [
+    "MAX_LABELS",
+    "PlotUnavailable",
+    "Plotted",
+    "image_path",
+    "pick_labels",
+    "plot_files",
+    "timeline_figure",
+    "write_plot",
+]
 
 #: At most this many ``track()`` labels are annotated per run (evenly picked).
 MAX_LABELS = 20
 
 _GIB = 2**30
+#: Stamp labels: longer ones are cut to this many characters; their top (axes fraction);
+#: at most this fraction of the chart's height is kept free above the curves for them.
+_LABEL_CHARS, _LABEL_TOP, _LABEL_ROOM = 32, 0.985, 0.4
 _EXTRAS = (("reserved", "reserved", "--"), ("driver", "driver", ":"), ("rss", "RSS", "-."))
 _MAIN_NAMES = {"cuda allocator": "allocated", "process RSS": "RSS", "tensors": "tensors"}
 
@@ -38,21 +55,38 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is not installed; the message says how to install it."""
 
 
+@dataclass(frozen=True)
+class Plotted:
+    """What ``plot_files`` did: ``path``, the image written; ``notes``, one line each on
+    what loading the runs had to do (see ``load.Run.notes``), for the caller to show."""
+
+    path: Path
+    notes: tuple[str, ...] = ()
+
+
 def plot_files(
     paths: Sequence[str | Path], output: str | Path, title: str | None = None, points: int = DEFAULT_POINTS
-) -> Path:
+) -> Plotted:
     """Load each run (see ``runs``), draw them on one chart and write it to ``output``
-    (format from its suffix: png, svg, pdf...). Returns ``output``. ``UsageError`` for
-    a path that cannot be loaded or has no timeline, or an output that cannot be
-    written; ``PlotUnavailable`` without matplotlib (checked before loading)."""
+    (``image_path``: the format follows its suffix, png, svg, pdf...; none means PNG and
+    ``.png`` is appended). ``UsageError`` for a path that cannot be loaded or has no
+    timeline, or an output that cannot be written; ``PlotUnavailable`` without
+    matplotlib (checked before loading)."""
     _matplotlib()
     runs = [load_run(path, lines=False, points=points) for path in paths]
     for run in runs:
         if not run.samples:
             raise UsageError(f"{run.path} has no memory over time to plot ({_why_empty(run)})")
+    path = image_path(output)
+    write_plot(runs, path, title)
+    return Plotted(path, tuple(note for run in runs for note in run.notes))
+
+
+def image_path(output: str | Path) -> Path:
+    """Where ``plot_files`` writes for ``-o output``: ``output`` itself when it has a
+    suffix (the format), else ``output`` with ``.png`` appended."""
     output = Path(output)
-    write_plot(runs, output, title)
-    return output
+    return output if output.suffix else output.with_name(output.name + ".png")
 
 
 def write_plot(runs: Sequence[Run], output: Path | Any, title: str | None = None, dpi: int = 110) -> None:
@@ -73,47 +107,165 @@ def write_plot(runs: Sequence[Run], output: Path | Any, title: str | None = None
 def timeline_figure(runs: Sequence[Run], title: str | None = None) -> Any:
     """A ``matplotlib.figure.Figure`` of the runs' memory over time (see the module
     docstring); runs without samples are skipped."""
-    figure_class = _matplotlib()
+    figure_class, canvas_class = _matplotlib()
     figure = figure_class(figsize=(11, 5.8))
+    canvas_class(figure)  # an Agg canvas, to measure the texts before placing them
     axes = figure.add_subplot()
     drawn = [run for run in runs if run.samples]
     scale, unit = _unit(drawn)
     span = max((s.elapsed for run in drawn for s in run.samples or ()), default=0.0)
     written: list[tuple[str, float]] = []  # labels already written, to write each once across runs
+    texts: list[Any] = []
+    curves: list[Any] = []
     for index, run in enumerate(drawn):
         color = f"C{index % 10}"
-        _draw_curves(axes, run, color, scale)
-        _mark_peak(axes, run, color, scale, index)
-        _mark_labels(axes, run, color, written, tolerance=span / 100)
+        curves += _draw_curves(axes, run, color, scale)
+        texts += _mark_labels(axes, run, color, written, tolerance=span / 100)
     axes.set_xlabel("seconds since the start")
     axes.set_ylabel(f"memory ({unit})")
     axes.set_title(
         title if title is not None else " vs ".join(run.name for run in drawn) or "memory over time"
     )
-    axes.set_ylim(bottom=0, top=max(axes.get_ylim()[1], 1e-9) * 1.12)  # room for the labels' text
     axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0, top=max(axes.get_ylim()[1], 1e-9))
     axes.grid(alpha=0.3)
     if drawn:
         # Outside the axes, on the right: inside it would hide the labels or the curves.
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    figure.tight_layout()
+    taken = _place_labels(figure, axes, texts)
+    for index, run in enumerate(drawn):
+        peak = _highest(run.samples or ())
+        if peak is not None:
+            color = f"C{index % 10}"
+            axes.plot([peak.elapsed], [peak.memory / scale], marker="^", markersize=9, color=color, zorder=5)
+            taken.append(_around(axes, (peak.elapsed, peak.memory / scale), 7))
+    _annotate_peaks(figure, axes, drawn, scale, curves, taken)
     return figure
 
 
-def _matplotlib() -> Any:
+def _place_labels(figure: Any, axes: Any, texts: list[Any]) -> list[Box]:
+    """Make room above the curves for the rotated stamp labels, then spread them sideways
+    so none overlaps another (a leader joins a moved label to its stamp). Returns the
+    labels' boxes in pixels."""
+    from matplotlib.transforms import blended_transform_factory
+
+    renderer = figure.canvas.get_renderer()
+    _make_room(figure, axes, texts)
+    if not texts:
+        return []
+    frame = axes.get_window_extent(renderer)
+    gap = max(t.get_window_extent(renderer).width for t in texts) + 2
+    texts.sort(key=lambda t: t.get_position()[0])
+    capacity = max(1, int((frame.width - gap) // gap) + 1)
+    for dropped in set(texts) - set(_evenly(texts, capacity)):
+        dropped.remove()  # more labels than fit side by side: their stamp lines stay
+        texts.remove(dropped)
+    to_pixels, to_data = axes.transData, axes.transData.inverted()
+    wanted = [to_pixels.transform((t.get_position()[0], 0))[0] for t in texts]
+    placed = spread(wanted, gap, frame.x0 + gap / 2, frame.x1 - gap / 2)
+    where = blended_transform_factory(axes.transData, axes.transAxes)
+    for text, stamp, pixel in zip(texts, wanted, placed):
+        x = to_data.transform((pixel, 0))[0]
+        text.set_x(x)
+        if abs(pixel - stamp) > 0.5:
+            leader = {"arrowstyle": "-", "color": text.get_color(), "lw": 0.6, "shrinkA": 0, "shrinkB": 0}
+            start = to_data.transform((stamp, 0))[0]
+            axes.annotate(
+                "",
+                xy=(start, 1.0),
+                xytext=(x, _LABEL_TOP),
+                xycoords=where,
+                textcoords=where,
+                arrowprops=leader,
+                alpha=0.6,
+            )
+    return [tuple(t.get_window_extent(renderer).extents) for t in texts]
+
+
+def _make_room(figure: Any, axes: Any, texts: list[Any]) -> None:
+    """Raise the y limit so the curves stay below the longest label (at most
+    ``_LABEL_ROOM`` of the height), then lay the figure out for the final tick labels."""
+    renderer = figure.canvas.get_renderer()
+    figure.tight_layout()
+    longest = max((t.get_window_extent(renderer).height for t in texts), default=0.0)
+    height = axes.get_window_extent(renderer).height
+    room = min((longest + 8) / height, _LABEL_ROOM) if texts else 0.0
+    axes.set_ylim(top=axes.get_ylim()[1] * 1.04 / (1 - room))
+    figure.tight_layout()
+
+
+def _annotate_peaks(
+    figure: Any, axes: Any, runs: Sequence[Run], scale: float, curves: list, taken: list
+) -> None:
+    """Each run's peak value, in the free spot nearest its marker that no curve crosses
+    and no other text covers, with an arrow to the marker."""
+    renderer = figure.canvas.get_renderer()
+    frame = axes.get_window_extent(renderer)
+    bounds = (frame.x0 + 2, frame.y0 + 2, frame.x1 - 2, frame.y1 - 2)
+    grid = occupancy(_segments(curves), bounds)
+    for index, run in enumerate(runs):
+        top = _highest(run.samples or ())
+        if top is None:
+            continue
+        color = f"C{index % 10}"
+        point = (top.elapsed, top.memory / scale)
+        style = {"fontsize": 8, "color": color, "fontweight": "bold", "ha": "center", "va": "center"}
+        probe = axes.text(0, 0, f"peak {format_bytes(top.memory)}", **style)
+        extent = probe.get_window_extent(renderer)  # the text alone, to size its box
+        probe.remove()
+        pad = 0.2 * 8 * figure.dpi / 72 + 2  # the box's padding, and a little air
+        anchor = tuple(axes.transData.transform(point))
+        box = place_box(anchor, (extent.width + 2 * pad, extent.height + 2 * pad), grid, bounds, taken)
+        taken.append(box)
+        centre = ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+        axes.annotate(
+            f"peak {format_bytes(top.memory)}",
+            point,
+            xytext=tuple(axes.transAxes.inverted().transform(centre)),
+            textcoords="axes fraction",
+            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85},
+            arrowprops={"arrowstyle": "-|>", "color": color, "lw": 0.8, "shrinkA": 1, "shrinkB": 6},
+            zorder=6,
+            **style,
+        )
+
+
+def _segments(lines: list[Any]) -> Any:
+    """The straight pieces of ``lines`` in pixels, an ``(n, 4)`` array."""
+    import numpy as np
+
+    pieces = [
+        np.hstack([points[:-1], points[1:]])
+        for points in (line.get_transform().transform(line.get_xydata()) for line in lines)
+        if len(points) > 1
+    ]
+    return np.vstack(pieces) if pieces else np.zeros((0, 4))
+
+
+def _around(axes: Any, point: tuple[float, float], radius: float) -> Box:
+    x, y = axes.transData.transform(point)
+    return (x - radius, y - radius, x + radius, y + radius)
+
+
+def _matplotlib() -> tuple[Any, Any]:
     try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise PlotUnavailable('plotting needs matplotlib: pip install "gpu_mem_track[plot]"') from exc
-    return Figure
+    return Figure, FigureCanvasAgg
 
 
 def _why_empty(run: Run) -> str:
-    if run.path.name == "lines.csv":
-        return "lines.csv holds per-line totals; plot the run folder or its timeline.csv"
     if run.kind == "tracker":
         return "no track() stamps yet"
-    return "no timeline.csv or no rows with memory in it"
+    if run.path.is_file() and detect(run.path).kind == "lines":
+        return f"{run.path.name} holds per-line totals; plot the run folder or its timeline.csv"
+    if run.path.is_file():
+        return "its rows hold no memory figure"
+    if not (run.path / "timeline.csv").is_file():
+        return "it has no timeline.csv: the run stopped before it recorded anything"
+    return "its timeline.csv holds no memory figure"
 
 
 def _unit(runs: Sequence[Run]) -> tuple[float, str]:
@@ -131,11 +283,11 @@ def _shows(run: Run, field: str) -> bool:
     return field != "rss" or run.memory_source == "tensors"
 
 
-def _draw_curves(axes: Any, run: Run, color: str, scale: float) -> None:
+def _draw_curves(axes: Any, run: Run, color: str, scale: float) -> list[Any]:
     samples = run.samples or ()
     style = {"marker": ".", "markersize": 5} if len(samples) <= 60 else {}
     main = _MAIN_NAMES.get(run.memory_source, run.memory_source or "memory")
-    axes.plot(
+    lines = axes.plot(
         [s.elapsed for s in samples],
         [s.memory / scale for s in samples],
         color=color,
@@ -147,7 +299,7 @@ def _draw_curves(axes: Any, run: Run, color: str, scale: float) -> None:
         known = [s for s in samples if getattr(s, field) is not None]
         if not known or not _shows(run, field):
             continue
-        axes.plot(
+        lines += axes.plot(
             [s.elapsed for s in known],
             [getattr(s, field) / scale for s in known],
             color=color,
@@ -156,24 +308,7 @@ def _draw_curves(axes: Any, run: Run, color: str, scale: float) -> None:
             alpha=0.75,
             label=f"{run.name}: {name}",
         )
-
-
-def _mark_peak(axes: Any, run: Run, color: str, scale: float, index: int) -> None:
-    top = _highest(run.samples or ())
-    if top is None:
-        return
-    axes.plot([top.elapsed], [top.memory / scale], marker="^", markersize=9, color=color, zorder=5)
-    axes.annotate(
-        f"peak {format_bytes(top.memory)}",
-        (top.elapsed, top.memory / scale),
-        xytext=(7, -4 - 12 * index),
-        textcoords="offset points",
-        fontsize=8,
-        color=color,
-        fontweight="bold",
-        bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85},
-        zorder=6,
-    )
+    return lines
 
 
 def _highest(samples: Sequence[Sample]) -> Sample | None:
@@ -184,11 +319,15 @@ def _highest(samples: Sequence[Sample]) -> Sample | None:
     return best
 
 
-def _mark_labels(axes: Any, run: Run, color: str, written: list[tuple[str, float]], tolerance: float) -> None:
+def _mark_labels(
+    axes: Any, run: Run, color: str, written: list[tuple[str, float]], tolerance: float
+) -> list[Any]:
+    """The run's stamp lines, and its label texts at the top (returned, to be placed)."""
     from matplotlib.transforms import blended_transform_factory
 
     where = blended_transform_factory(axes.transData, axes.transAxes)
     named: set[str] = set()
+    texts = []
     for point in pick_labels(run.labels or ()):
         axes.axvline(point.elapsed, color=color, linewidth=0.8, linestyle=(0, (2, 3)), alpha=0.45)
         if point.label in named:
@@ -197,18 +336,25 @@ def _mark_labels(axes: Any, run: Run, color: str, written: list[tuple[str, float
         if any(text == point.label and abs(x - point.elapsed) <= tolerance for text, x in written):
             continue  # another run has the same label here: one text is enough
         written.append((point.label, point.elapsed))
-        axes.text(
+        text = axes.text(
             point.elapsed,
-            0.985,
-            f" {point.label}",
+            _LABEL_TOP,
+            _shorten(point.label),
             transform=where,
             rotation=90,
             va="top",
-            ha="left",
+            ha="center",
             fontsize=7,
             color=color,
             clip_on=True,
         )
+        text.set_in_layout(False)
+        texts.append(text)
+    return texts
+
+
+def _shorten(label: str) -> str:
+    return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
 
 
 def pick_labels(labels: Sequence[LabelPoint], limit: int = MAX_LABELS) -> list[LabelPoint]:

@@ -1,15 +1,8 @@
 """The live-tensor census: find every tensor, count each storage once, group them.
 
-Finding tensors is the expensive part of a ``track()`` call. ``LiveTensorFinder`` asks
-``gc.get_referrers`` for the objects that refer to the tensor classes: instances of a
-Python-level class hold a reference to their class, so this returns every tensor in
-one walk of the heap with no Python-level loop over the million objects (1.1-1.7x the
-cost of a bare ``gc.get_objects()``, depending on what the heap holds; see
-``reports/bench_census.md``). The walk's cost grows with the number of classes asked
-about, so rarely used tensor subclasses are asked about only when their reference count
-shows they may have instances. Between collections that move objects into the oldest
-generation, only young objects are scanned (see ``LiveTensorFinder``).
-``full_scan`` is the exhaustive (slower) alternative, used to check the fast one.
+Finding the tensors (and the models and optimizers that own them) is ``finder``'s job:
+``LiveTensorFinder`` (the fast default) and ``full_scan`` (exhaustive, slower, to check
+the fast one) live there and are re-exported here.
 
 ``take_census`` then adds what the finder cannot see or name: tensors of watched and
 discovered modules and optimizers, the bases of views, the gradients of leaf tensors
@@ -20,10 +13,7 @@ autograd nodes hold them).
 
 from __future__ import annotations
 
-import gc
-import itertools
 import sys
-import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -32,18 +22,18 @@ import torch
 from ..devices import parse_device
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
+from .finder import FullScan, LiveTensorFinder, full_scan, tensor_types
 from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
 
 if TYPE_CHECKING:
     from .saved import SavedTensorRecorder
 
-__all__ = ["LiveTensorFinder", "TensorSource", "full_scan", "take_census", "tensor_types"]
+__all__ = ["FullScan", "LiveTensorFinder", "TensorSource", "full_scan", "take_census", "tensor_types"]
 
 #: A callable returning candidate objects; the census keeps the tensors among them.
 TensorSource = Callable[[], Iterable[Any]]
 
-_ALWAYS_ASKED = (torch.Tensor, torch.nn.Parameter)
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
 _SPARSE_PARTS = {
     torch.sparse_coo: ("_indices", "_values"),
@@ -52,99 +42,6 @@ _SPARSE_PARTS = {
     torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
     torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
 }
-
-
-def tensor_types() -> list[type]:
-    """``torch.Tensor`` and every subclass currently defined, user subclasses included."""
-    found: list[type] = [torch.Tensor]
-    seen = {torch.Tensor}
-    for cls in found:
-        for sub in type.__subclasses__(cls):
-            if sub not in seen:
-                seen.add(sub)
-                found.append(sub)
-    return found
-
-
-# Objects enter generation 2 only in a gen-1 or gen-2 collection (or gc.unfreeze), so
-# while those counters stand still every tensor born since the last walk is young.
-# CPython 3.14 replaced the generations with an incremental collector: walk every time.
-_YOUNG_SCAN_WORKS = sys.version_info < (3, 14) and getattr(sys, "_is_gil_enabled", lambda: True)()
-
-
-def _gc_epoch() -> tuple[int, int, int]:
-    stats = gc.get_stats()
-    return (stats[1]["collections"], stats[2]["collections"], gc.get_freeze_count())
-
-
-class LiveTensorFinder:
-    """Returns the live tensor objects, walking the heap only when it must.
-
-    A full walk is one ``gc.get_referrers`` call over the tensor classes. ``torch.Tensor``
-    and ``nn.Parameter`` are always asked about; another subclass is asked about until a
-    walk finds none of its instances, then only once its reference count changes (every
-    instance holds a reference to its class). A class whose count stays equal while an
-    instance appears and an unrelated reference to it goes is missed by full walks until
-    its count changes; young scans look at every class.
-
-    Between walks, while no gen-1 or gen-2 collection has run, the tensors alive are
-    those the last call found (held by weak reference) plus the tensors among the young
-    objects (generations 0 and 1, a few thousand objects): a young scan. ``last_scan``
-    says which of ``"full"`` and ``"young"`` the last call did.
-    """
-
-    def __init__(self) -> None:
-        self._empty_refcount: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
-        self._known: list[weakref.ref[Any]] = []
-        self._epoch: tuple[int, int, int] | None = None
-        self.last_scan = ""
-
-    def __call__(self) -> list[Any]:
-        classes = tensor_types()
-        epoch = _gc_epoch()
-        if _YOUNG_SCAN_WORKS and epoch == self._epoch:
-            found = self._young_scan(frozenset(classes))
-            self.last_scan = "young"
-        else:
-            found = self._full_walk(classes)
-            self.last_scan = "full"
-        self._epoch = epoch
-        self._known = [weakref.ref(t) for t in found]
-        return found
-
-    def _young_scan(self, class_set: frozenset[type]) -> list[Any]:
-        by_id = {id(t): t for t in (ref() for ref in self._known) if t is not None}
-        for generation in (0, 1):
-            for obj in gc.get_objects(generation):
-                if type(obj) in class_set:
-                    by_id[id(obj)] = obj
-        return list(by_id.values())
-
-    def _full_walk(self, classes: list[type]) -> list[Any]:
-        refcounts = [sys.getrefcount(cls) for cls in classes]
-        asked = [
-            cls
-            for cls, count in zip(classes, refcounts)
-            if cls in _ALWAYS_ASKED or count != self._empty_refcount.get(cls, -1)
-        ]
-        class_set = frozenset(classes)
-        found = [obj for obj in gc.get_referrers(*asked) if type(obj) in class_set]
-        present = {type(obj) for obj in found}
-        for cls, count in zip(classes, refcounts):
-            if cls in _ALWAYS_ASKED or cls not in asked:
-                continue
-            if cls in present:
-                self._empty_refcount.pop(cls, None)
-            else:
-                self._empty_refcount[cls] = count
-        return found
-
-
-def full_scan() -> list[Any]:
-    """Every live tensor object, by filtering all of ``gc.get_objects()`` (slower, exhaustive)."""
-    class_set = frozenset(tensor_types())
-    objects = gc.get_objects()
-    return list(itertools.compress(objects, map(class_set.__contains__, map(type, objects))))
 
 
 def take_census(
@@ -160,7 +57,8 @@ def take_census(
     tensors and give their kind. ``saved`` adds the inputs and saved activations it
     recorded, kinds ``Input`` and ``Activation``. Each storage is counted once, for the
     tensor that owns it most plausibly: by kind in ``KINDS`` order (a parameter before a
-    saved activation before a plain tensor), then a base before its views. A saved
+    saved activation before a plain tensor), then a base before its views; but a storage
+    a plain tensor with a program name uses (``roots``) is never an Activation. A saved
     tensor's alias sharing a visible tensor's storage is not counted as a view.
     CUDA storages count as the allocator's 512 B-rounded blocks. Meta and fake tensors,
     and tensors without an accessible storage, are reported in ``skipped`` instead.
@@ -290,8 +188,14 @@ def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], 
 
     The owner is the best-ranked tensor using the storage (see ``_rank``); ranks are
     computed only where two tensors share a storage, so ``rank`` is None until then.
+    A storage the program holds under a name (a plain tensor bound in the calling code
+    or watched) is never an activation: a saved tensor's alias owns only storages nothing
+    else names. So a batch sliced from a dataset and saved for backward leaves the
+    dataset in its own category (named ``train_data, saved at ...``).
     """
     owners: dict[Any, list[Any]] = {}
+    plain: dict[Any, list[Any]] = {}  # shared storages: the best owner that is not a saved alias
+    named: set[Any] = set()  # storages a plain tensor with a program name uses
     skipped: dict[str, list[int]] = {}
     views = 0
     for order, (tid, tensor) in enumerate(seen.tensors.items()):
@@ -307,9 +211,11 @@ def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], 
         except Exception:
             _tally(skipped, "no storage", 0)
             continue
-        seen.kinds.setdefault(tid, cls_kind)
+        kind = seen.kinds.setdefault(tid, cls_kind)
         if tid in seen.names and parts:
             seen.storage_of[tid] = parts[0][0]
+            if kind == "Tensor" and tid not in seen.aliases:
+                named.update(key for key, _ in parts)
         for key, nbytes in parts:
             current = owners.get(key)
             if current is None:
@@ -319,9 +225,16 @@ def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], 
                 views += 1
             if current[0] is None:
                 current[0] = _rank(seen, current[1], current[3], current[4])
+                if current[1] not in seen.aliases:
+                    plain[key] = list(current)
             rank = _rank(seen, tid, tensor, order)
+            if tid not in seen.aliases and (key not in plain or rank < plain[key][0]):
+                plain[key] = [rank, tid, nbytes, tensor, order]
             if rank < current[0]:
                 current[0], current[1], current[3], current[4] = rank, tid, tensor, order
+    for key in named.intersection(plain):
+        if owners[key][1] in seen.aliases:
+            owners[key] = plain[key]
     return owners, skipped, views
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..categories import CATEGORIES
+from ..csvrows import CompleteRows, cut_note
 from .records import Categories, GroupChange, Ledger, Skipped, Stamp
 
 __all__ = [
@@ -109,20 +110,34 @@ def append_stamp(path: Path, stamp: Stamp) -> None:
         csv.DictWriter(handle, fieldnames=COLUMNS).writerows(stamp_rows(stamp))
 
 
-def read_stamps(path: Path) -> list[Stamp]:
+def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:
     """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``).
 
-    Raises ``ValueError`` naming the file and line when it is not such a report.
+    A last row cut mid-write (a killed process) is left out; ``notes``, when given,
+    receives one line saying so. Raises ``ValueError`` (a message naming the file, and
+    the line for a bad row) when it is not such a report.
     """
     with Path(path).open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        rows = CompleteRows(handle)
+        reader = csv.DictReader(rows)
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
-            raise ValueError(f"{path} is not a gpu_mem_track CSV report (no {', '.join(missing[:3])} column)")
+            raise ValueError(f"{path} is not a gpu_mem_track CSV report ({_lacks(header, missing)})")
         try:
-            return list(stamps_from_rows(reader))
+            stamps = list(stamps_from_rows(reader))
         except (TypeError, AttributeError, KeyError, ValueError, csv.Error) as exc:
             raise ValueError(f"{path}, line {reader.line_num}: not a valid report row ({exc})") from exc
+    note = cut_note(path, rows)
+    if note is not None and notes is not None:
+        notes.append(note)
+    return stamps
+
+
+def _lacks(fields: list[str], missing: list[str]) -> str:
+    if not fields:
+        return "it is empty"
+    return f"no {', '.join(missing[:3])} column"
 
 
 _TEXT_COLUMNS = (
@@ -140,23 +155,30 @@ _TEXT_COLUMNS = (
 )
 
 
-def read_frame(source: Path | list[dict[str, Any]]) -> Any:
+def read_frame(source: Path | list[dict[str, Any]], notes: list[str] | None = None) -> Any:
     """The report as a pandas DataFrame with ``COLUMNS``: from a CSV path, or from rows
     as ``stamp_rows`` makes them. Text columns stay text (``""`` where empty; a label
-    ``"007"`` stays ``"007"``); number columns are numbers (NaN where not applicable)."""
+    ``"007"`` stays ``"007"``); number columns are numbers (NaN where not applicable).
+    A last row cut mid-write is left out (``notes``, when given, receives one line)."""
     import io
 
     import pandas as pd
 
-    if not isinstance(source, Path):
-        buffer = io.StringIO()
+    buffer = io.StringIO()
+    if isinstance(source, Path):
+        with source.open(newline="", encoding="utf-8") as handle:
+            rows = CompleteRows(handle)
+            buffer.writelines(rows)
+        note = cut_note(source, rows)
+        if note is not None and notes is not None:
+            notes.append(note)
+    else:
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(source)
-        buffer.seek(0)
-        source = buffer  # type: ignore[assignment]
+    buffer.seek(0)
     frame = pd.read_csv(
-        source,
+        buffer,
         dtype={c: str for c in _TEXT_COLUMNS},
         keep_default_na=False,
         na_values={c: [""] for c in COLUMNS if c not in _TEXT_COLUMNS},

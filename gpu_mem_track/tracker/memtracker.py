@@ -26,11 +26,21 @@ from .. import __version__
 from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
-from .census import LiveTensorFinder, TensorSource, full_scan, take_census
+from .census import TensorSource, take_census
+from .classic import ClassicMethods
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
+from .finder import FullScan, LiveTensorFinder
 from .listeners import notify, redirected_folder
-from .naming import Registry, frame_roots
-from .probe import ProbeError, ProbeResult, cached_probe
+from .naming import Registry, frame_roots, merge_roots
+from .options import (
+    PROBE_HINT,
+    Probe,
+    check_options,
+    cuda_unavailable_note,
+    cuda_usable,
+    probe_function,
+)
+from .probe import ProbeError
 from .readers import MemoryReader, reader_for
 from .records import Census, Ledger, Stamp, diff_census
 from .render import render_census, render_header, render_stamp
@@ -39,15 +49,16 @@ from .saved import SavedTensorRecorder
 __all__ = ["MemTracker"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-Probe = Callable[[str], "ProbeResult | None"]
 
 
-class MemTracker:
+class MemTracker(ClassicMethods):
     """Line-stamped live-tensor reports that add up, byte for byte.
 
     ``MemTracker()`` needs no arguments; the classic ``MemTracker(inspect.currentframe())``
     and ``MemTracker(detail, path, verbose, device)`` forms work too (the frame is not
-    needed: each ``track()`` reads its caller's frame itself).
+    needed: each ``track()`` reads its caller's frame itself). The classic helpers
+    ``get_tensors``, ``get_tensor_usage``, ``get_allocate_usage``, ``clear_cache`` and
+    ``print_all_gpu_tensor`` are there too (see ``classic.ClassicMethods``).
 
     Args:
         frame: accepted for compatibility with the classic tool; ignored.
@@ -55,19 +66,25 @@ class MemTracker:
         path: the classic name of ``out_dir``.
         verbose: the classic switch; True means ``verbosity=2``.
         device: ``"cuda:1"``, ``"cuda"``, ``"cpu"``, a ``torch.device`` or a CUDA index.
-            Default: the current CUDA device when CUDA is available, else the CPU.
+            Default: the current CUDA device when CUDA is available, else the CPU. A CUDA
+            device asked for where CUDA is not available is reported on the CPU instead,
+            with a note saying so (unless ``reader`` is given: it stands for the device).
         out_dir: folder of the text log and CSV (created if missing); None writes no files.
         run_name: base name of the report files; default ``<script>-<date>-<time>``.
         verbosity: 0 prints nothing, 1 prints each stamp, 2 also lists every live group.
         stream: where stamps are printed (default: ``sys.stdout`` at call time).
-        probe: measure the CUDA context cost once per GPU in a subprocess and split the
-            framework cost with it (True), skip it (False), or a callable
-            ``device -> ProbeResult`` (tests, or results measured elsewhere).
+        probe: split the framework cost with the CUDA context cost measured for this GPU
+            by ``gpu-mem-track probe`` (True: read from the probe's cache; when there is
+            none, a note says once how to measure it; nothing is ever measured from here),
+            skip it (False), or a callable ``device -> ProbeResult | None``.
         census: ``"fast"`` (``census.LiveTensorFinder``: a heap walk only after a collection
             that moved objects into the oldest generation, else a scan of the young ones) or
             ``"full"`` (filter all of ``gc.get_objects()``; slower, to check the fast one).
         reader: the memory reader (default: CUDA allocator + NVML, or process RSS on CPU).
-        source: the object source for the census (default: per ``census``).
+        source: the object source for the census (default: per ``census``). A source with
+            a ``roots()`` method (``finder.LiveTensorFinder``, ``finder.FullScan``) also
+            gives the live models and optimizers it met, which name parameters and
+            optimizer state without ``watch()``.
         clock: the wall clock, seconds since the epoch.
         activations: record the tensors autograd saves for backward (category
             ``Activation``, named ``saved at file:line (module)``) and the inputs of watched
@@ -96,14 +113,15 @@ class MemTracker:
     ) -> None:
         if isinstance(frame, bool):  # the classic MemTracker(detail, path, verbose, device)
             frame, detail, path, verbose, device = None, frame, detail, path, verbose  # type: ignore[assignment]
-        _check_options(frame, census, verbosity)
+        check_options(frame, census, verbosity)
         self.detail = detail
         self.verbosity = 2 if verbose else verbosity
         self._device: Device | None = None if device is None else parse_device(device)
         self._stream = stream
-        self._probe: Probe | None = _probe_function(probe)
-        self._source = source or (full_scan if census == "full" else LiveTensorFinder())
+        self._probe: Probe | None = probe_function(probe)
+        self._source = source or (FullScan() if census == "full" else LiveTensorFinder())
         self._reader = reader
+        self._reader_given = reader is not None
         self._clock = clock
         self._registry = Registry()
         self._recorder = SavedTensorRecorder()
@@ -138,8 +156,11 @@ class MemTracker:
     def watch(self, *objects: Any, **named: Any) -> MemTracker:
         """Name and classify the tensors of models, optimizers and tensors.
 
-        Positional objects are named from their own structure (``features.0.weight``,
-        ``exp_avg of features.0.weight``); keyword objects get the keyword as prefix
+        Optional for models and optimizers: the census finds them wherever the program
+        keeps them. Watching chooses their names, names plain tensors, and lets
+        ``saved_activations`` name modules and mark a model's inputs. Positional objects
+        are named from their own structure (``features.0.weight``, ``exp_avg of
+        features.0.weight``); keyword objects get the keyword as prefix
         (``watch(teacher=t)`` names ``teacher.fc.weight``). Held by weak reference.
         Returns the tracker.
         """
@@ -223,6 +244,12 @@ class MemTracker:
     def device(self) -> str:
         """The device being tracked, resolved now (``"cpu"``, ``"cuda:0"``, ...)."""
         chosen = self._device
+        if chosen is not None and chosen.is_cuda and not self._reader_given:
+            if self._cuda_available is None:
+                self._cuda_available = cuda_usable()
+            if not self._cuda_available:
+                self._note(cuda_unavailable_note(str(chosen)))
+                return "cpu"
         if chosen is not None and (chosen.type == "cpu" or chosen.index is not None):
             if chosen.index is not None and torch.cuda.is_initialized():
                 count = torch.cuda.device_count()
@@ -234,9 +261,7 @@ class MemTracker:
             return str(self._device)
         if self._cuda_available is None:
             # Asked once: is_available() starts the CUDA driver (no context) to count devices.
-            self._cuda_available = chosen is not None or (
-                torch.cuda._is_compiled() and torch.cuda.is_available()
-            )
+            self._cuda_available = chosen is not None or cuda_usable()
         return "cuda:0" if self._cuda_available else "cpu"
 
     @property
@@ -253,10 +278,8 @@ class MemTracker:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            roots = self._registry.roots() + frame_roots(frame)
+            census = self._census(device, frame)
             frame = None
-            census = take_census(device, self._source, roots, saved=self._recorder)
-            del roots
         finally:
             if collecting:
                 gc.enable()
@@ -278,6 +301,19 @@ class MemTracker:
         self._previous = census
         self._emit(stamp, census)
         return stamp
+
+    def _census(self, device: str, frame: types.FrameType | None) -> Census:
+        """The census, with the roots that name tensors: watched, then bound to a name in
+        ``frame`` and its callers, then found by the object source (``merge_roots``)."""
+        objects = list(self._source())  # first: a finder meets new models and optimizers
+        found = getattr(self._source, "roots", None)
+        roots = merge_roots(self._registry.roots(), frame_roots(frame), found() if found else [])
+        del frame
+        if self._recorder.installed:  # saved tensors from now on name the modules running
+            for prefix, obj in roots:
+                if isinstance(obj, torch.nn.Module):
+                    self._recorder.name(obj, prefix)
+        return take_census(device, lambda given=objects: given, roots, saved=self._recorder)
 
     def _ledger(self, device: str, census: Census) -> Ledger:
         reader = self._reader or reader_for(device)
@@ -302,7 +338,8 @@ class MemTracker:
         )
 
     def _context(self, device: str) -> int | None:
-        """The probed CUDA context cost of ``device``, asked of the probe once per device."""
+        """The probed CUDA context cost of ``device``, asked of the probe once per device
+        (the default probe only reads results already measured: no process, no context)."""
         assert self._probe is not None
         if device not in self._contexts:
             try:
@@ -312,6 +349,8 @@ class MemTracker:
                 self._note(f"gpu_mem_track: no CUDA context probe ({reason}); framework cost not split")
                 self._probe = None
                 return None
+            if result is None:
+                self._note(PROBE_HINT.format(device=device))
             self._contexts[device] = None if result is None else result.context
         return self._contexts[device]
 
@@ -331,9 +370,14 @@ class MemTracker:
         notify(self, stamp)
 
     def _note(self, message: str) -> None:
-        if message not in self._notes_shown and self.verbosity >= 1:
-            self._notes_shown.add(message)
+        """Say ``message`` once: on the stream (stderr by default) and in the text log."""
+        if message in self._notes_shown:
+            return
+        self._notes_shown.add(message)
+        if self.verbosity >= 1:
             print(message, file=self._stream or sys.stderr)
+        if self.files is not None:
+            self.files.write_text(f"# {message}\n")
 
     # -- results ------------------------------------------------------------------------------
 
@@ -380,28 +424,3 @@ class _Region(contextlib.AbstractContextManager):
 def _where(frame: types.FrameType) -> tuple[str, int, str]:
     """(file, line, function) of a frame, as a stamp records them."""
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-
-
-def _check_options(frame: Any, census: str, verbosity: int) -> None:
-    if frame is not None and not isinstance(frame, types.FrameType):
-        raise UsageError(f"MemTracker's first argument is a frame or None, not {type(frame).__name__}")
-    if census not in ("fast", "full"):
-        raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
-    if verbosity not in (0, 1, 2):
-        raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
-
-
-def _probe_function(probe: bool | Probe) -> Probe | None:
-    if probe is True:
-        return _cached_probe
-    if probe is False or probe is None:
-        return None
-    if callable(probe):
-        return probe
-    raise UsageError(f"probe must be True, False or a callable, not {probe!r}")
-
-
-def _cached_probe(device: str) -> ProbeResult:
-    index = parse_device(device).ordinal
-    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None
-    return cached_probe(device, uuid)

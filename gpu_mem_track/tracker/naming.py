@@ -2,7 +2,13 @@
 
 A *root* is an ``nn.Module``, a ``torch.optim.Optimizer`` or a tensor, with the name it
 is known by. Roots come from ``MemTracker.watch`` (held through weak references, so
-watching keeps nothing alive) and from the frames of the code that calls ``track()``.
+watching keeps nothing alive), from the frames of the code that calls ``track()``, and
+from the census's finder (``finder.Owners``: every live model and optimizer, wherever
+the program keeps it). A name prefix is the name the program gave: a module bound at
+module level as ``cnn`` names its parameters ``cnn.21.weight``, as ``watch(cnn=cnn)``
+would; ``watch(model)`` and models found only by the finder have no prefix
+(``features.0.weight``). Of the roots for one object, the first source wins
+(``merge_roots``): watched, then bound to a name, then found.
 
 Frames are read without side effects: module-level namespaces always, function locals
 only on Python 3.13+, where ``frame.f_locals`` is a live view. On older Pythons reading
@@ -22,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Known", "Registry", "frame_roots", "known_tensors"]
+__all__ = ["Known", "Registry", "frame_roots", "known_tensors", "merge_roots"]
 
 _LIVE_LOCALS = sys.version_info >= (3, 13)
 _MAX_FRAMES = 64
@@ -65,10 +71,11 @@ class Registry:
 
 
 def frame_roots(frame: types.FrameType | None) -> list[tuple[str, Any]]:
-    """Modules, optimizers and tensors bound to names in ``frame`` and its callers.
+    """Modules, optimizers and tensors bound to names in ``frame`` and its callers, with
+    the variable name (a module's parameters are then ``<name>.<path in the tree>``).
 
-    Tensors are returned with their variable name; modules and optimizers with an
-    empty prefix (their parameters are named from the module tree).
+    A module or optimizer bound to several names keeps the first found (innermost frame
+    first, locals before globals).
     """
     roots: list[tuple[str, Any]] = []
     seen: set[int] = set()
@@ -99,7 +106,22 @@ def _namespace_roots(namespace: Any, seen: set[int]) -> Iterator[tuple[str, Any]
             yield str(name), value
         elif issubclass(cls, (nn.Module, torch.optim.Optimizer)) and id(value) not in seen:
             seen.add(id(value))
-            yield "", value
+            yield str(name), value
+
+
+def merge_roots(*sources: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The roots of all ``sources`` in order, except modules and optimizers an earlier
+    source already gave (watched before bound to a name before found)."""
+    merged = list(sources[0]) if sources else []
+    given = {id(obj) for _, obj in merged}
+    for source in sources[1:]:
+        for prefix, obj in source:
+            if issubclass(type(obj), torch.Tensor):
+                merged.append((prefix, obj))
+            elif id(obj) not in given:
+                given.add(id(obj))
+                merged.append((prefix, obj))
+    return merged
 
 
 def known_tensors(roots: list[tuple[str, Any]]) -> Iterator[Known]:

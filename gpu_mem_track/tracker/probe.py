@@ -7,7 +7,9 @@ stages, less what the allocator reserved in between, is what that stage cost out
 the allocator: the framework cost the tracker separates from tensor cost.
 
 The measurement runs in a subprocess so the measured program is never touched, and
-the result is cached per device (in memory, and on disk under
+only when asked (``gpu-mem-track probe``, ``cached_probe``): ``MemTracker.track()`` only
+reads results already measured (``load_probe``), never starting a process or a CUDA
+context. Results are cached per GPU (in memory, and on disk under
 ``$GPU_MEM_TRACK_CACHE`` or ``~/.cache/gpu_mem_track``) keyed by the GPU's UUID and the
 torch and driver versions.
 """
@@ -26,7 +28,17 @@ from ..outputs import safe_name
 from .readers import nvml_uuid
 from .records import STAGES, ProbeResult, ProbeStage
 
-__all__ = ["STAGES", "ProbeError", "ProbeResult", "ProbeStage", "cached_probe", "run_probe", "run_stages"]
+__all__ = [
+    "STAGES",
+    "ProbeError",
+    "ProbeResult",
+    "ProbeStage",
+    "cached_probe",
+    "load_probe",
+    "run_probe",
+    "run_stages",
+    "store_probe",
+]
 
 
 class ProbeError(RuntimeError):
@@ -85,30 +97,62 @@ _MEMORY_CACHE: dict[str, ProbeResult] = {}
 
 
 def cached_probe(device: str, uuid: str | None = None, cache_dir: Path | None = None) -> ProbeResult:
-    """``run_probe`` once per GPU: from memory, else from the disk cache, else measured.
+    """``run_probe`` once per GPU: from memory, else from the disk cache, else measured
+    (a subprocess and a second CUDA context for a few seconds) and stored.
 
     The cache key is the GPU's UUID (else the device name) with the torch and NVIDIA
     driver versions; a change of any of them measures again.
     """
-    key = "-".join((uuid or device, f"torch{_torch_version()}", f"driver{_driver_version()}"))
+    result = load_probe(device, uuid, cache_dir)
+    if result is None:
+        result = run_probe(device, uuid)
+        store_probe(result, cache_dir, uuid)  # under the GPU's UUID: what track() looks up
+        if uuid is None:  # and under the device name, for the next call that knows only it
+            store_probe(result, cache_dir, device)
+    return result
+
+
+def load_probe(device: str, uuid: str | None = None, cache_dir: Path | None = None) -> ProbeResult | None:
+    """The probe result already measured for this GPU (memory, then disk cache), or None.
+
+    Starts no process and no CUDA context: this is what ``MemTracker.track()`` uses.
+    """
+    key = _cache_key(uuid or device)
     if key in _MEMORY_CACHE:
-        return _MEMORY_CACHE[key]
+        return dataclasses.replace(_MEMORY_CACHE[key], device=device)
+    try:
+        text = _cache_path(key, cache_dir).read_text(encoding="utf-8")
+        result = dataclasses.replace(ProbeResult.from_dict(json.loads(text)), device=device)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    _MEMORY_CACHE[key] = result
+    return result
+
+
+def store_probe(result: ProbeResult, cache_dir: Path | None = None, uuid: str | None = None) -> Path | None:
+    """Keep ``result`` for later ``load_probe`` calls, in this process and on disk (keyed
+    by ``uuid``, else the result's GPU UUID, else its device). Returns the file, or None
+    when the cache folder cannot be written (that only costs a re-measurement)."""
+    key = _cache_key(uuid or result.uuid or result.device)
+    _MEMORY_CACHE[key] = result
+    path = _cache_path(key, cache_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result.to_dict()), encoding="utf-8")
+    except OSError:
+        return None
+    return path
+
+
+def _cache_key(gpu: str) -> str:
+    return "-".join((gpu, f"torch{_torch_version()}", f"driver{_driver_version()}"))
+
+
+def _cache_path(key: str, cache_dir: Path | None) -> Path:
     folder = cache_dir or Path(
         os.environ.get("GPU_MEM_TRACK_CACHE", Path.home() / ".cache" / "gpu_mem_track")
     )
-    path = folder / f"probe-{safe_name(key)}.json"
-    try:
-        cached = ProbeResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        result = dataclasses.replace(cached, device=device)
-    except (OSError, ValueError, KeyError, TypeError):
-        result = run_probe(device, uuid)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result.to_dict()), encoding="utf-8")
-        except OSError:
-            pass  # an unwritable cache only costs a re-measurement next time
-    _MEMORY_CACHE[key] = result
-    return result
+    return folder / f"probe-{safe_name(key)}.json"
 
 
 def _torch_version() -> str:

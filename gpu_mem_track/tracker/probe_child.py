@@ -72,6 +72,7 @@ def _measure(device: str, uuid: str | None) -> dict[str, Any]:
         driver_source=sources[-1],
         torch_version=torch.__version__,
         stages=tuple(stages),
+        uuid=str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or ""),
     )
     return result.to_dict()
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..categories import CATEGORIES, KIND_CATEGORY, LABELS, ByteCategories
+from ..units import format_bytes
 
 __all__ = [
     "CATEGORY_LABELS",
@@ -32,7 +33,8 @@ __all__ = [
 #: several tensors share counts once, in the first kind any of them has. So a weight
 #: autograd saves for backward stays a Parameter, and a model input it saves stays an
 #: Input; an Activation is a tensor autograd saves (``saved.SavedTensorRecorder``) that is
-#: nothing above; a Tensor ("other") is any other visible tensor.
+#: nothing above and whose storage the program holds under no name (a named tensor stays
+#: a Tensor); a Tensor ("other") is any other visible tensor.
 KINDS = ("Parameter", "Buffer", "Optimizer state", "Gradient", "Input", "Activation", "Tensor")
 
 #: How each kind is spelled in the categories line of the text report (its category's
@@ -42,7 +44,7 @@ CATEGORY_LABELS = {kind: LABELS[KIND_CATEGORY[kind]] for kind in KINDS}
 GroupKey = tuple[str, tuple[int, ...], str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TensorGroup:
     """Live storages of one kind, shape, dtype and device.
 
@@ -63,6 +65,12 @@ class TensorGroup:
     def key(self) -> GroupKey:
         return (self.kind, self.shape, self.dtype, self.device)
 
+    def __repr__(self) -> str:
+        return (
+            f"<TensorGroup {self.kind} {self.shape} {self.dtype} {self.device}: {self.count} x,"
+            f" {format_bytes(self.nbytes)}{_names_summary(self.names)}>"
+        )
+
 
 @dataclass(frozen=True)
 class Skipped:
@@ -78,7 +86,7 @@ class Skipped:
     nominal_bytes: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Census:
     """Every live tensor storage on one device at one moment, grouped.
 
@@ -113,6 +121,12 @@ class Census:
         """Bytes per category; they sum to ``nbytes``."""
         return Categories.from_kinds(self.bytes_by_kind())
 
+    def __repr__(self) -> str:
+        return (
+            f"<Census {self.device}: {format_bytes(self.nbytes)} in {self.storages} storages,"
+            f" {len(self.groups)} groups>"
+        )
+
 
 @dataclass(frozen=True)
 class Categories(ByteCategories):
@@ -134,7 +148,7 @@ class Categories(ByteCategories):
         return cls(**values)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GroupChange:
     """How one tensor group changed between two stamps.
 
@@ -160,8 +174,14 @@ class GroupChange:
             return "+" if self.bytes_delta > 0 else "-"
         return "+" if self.count_delta >= 0 else "-"
 
+    def __repr__(self) -> str:
+        return (
+            f"<GroupChange {self.sign}{abs(self.count_delta)} {self.kind} {self.shape} {self.dtype}"
+            f" {self.device}: {format_bytes(self.bytes_delta, signed=True)}{_names_summary(self.names)}>"
+        )
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class Ledger:
     """Where the device's memory goes at one stamp, all figures in bytes.
 
@@ -200,6 +220,16 @@ class Ledger:
     def __post_init__(self) -> None:
         if self.categories is not None and self.categories.total != self.tensors:
             raise ValueError(f"categories add up to {self.categories.total} B, not tensors {self.tensors} B")
+
+    def __repr__(self) -> str:
+        return f"<Ledger {self._summary()}>"
+
+    def _summary(self) -> str:
+        """``cuda:0 tensors 1.00 MiB, allocated ..., ...``: the measured figures that are known."""
+        figures = [("tensors", self.tensors)] + [
+            (name, getattr(self, name)) for name in ("allocated", "reserved", "driver", "rss")
+        ]
+        return f"{self.device} " + ", ".join(f"{n} {format_bytes(v)}" for n, v in figures if v is not None)
 
     @property
     def hidden(self) -> int | None:
@@ -273,12 +303,14 @@ class Ledger:
         return known
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Stamp:
     """One ``track()`` call: where and when, the ledger, and the changes since the last call.
 
     ``time`` is seconds since the epoch; ``elapsed`` seconds since the tracker started.
-    ``file`` is the caller's path as Python reports it (``co_filename``).
+    ``file`` is the caller's path as Python reports it (``co_filename``). Its ``repr`` is
+    one short line (a REPL or notebook shows it after every ``track()``); the fields hold
+    the rest.
     """
 
     seq: int
@@ -292,6 +324,12 @@ class Stamp:
     changes: tuple[GroupChange, ...] = ()
     skipped: tuple[Skipped, ...] = ()
     views: int = 0
+
+    def __repr__(self) -> str:
+        label = f" {self.label!r}" if self.label else ""
+        where = f"{self.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{self.line}"
+        changes = f"{len(self.changes)} change{'s' if len(self.changes) != 1 else ''}"
+        return f"<Stamp #{self.seq} {where}{label}: {self.ledger._summary()}; {changes}>"
 
     def to_dict(self) -> dict[str, Any]:
         """A dict of plain values (records become dicts; shapes and names stay tuples)."""
@@ -312,6 +350,14 @@ class Stamp:
         values["skipped"] = tuple(Skipped(**s) for s in values.get("skipped", ()))
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def _names_summary(names: tuple[str, ...]) -> str:
+    """`` (a, b, ... +3 more)`` for a one-line repr; empty without names."""
+    if not names:
+        return ""
+    shown = ", ".join(repr(n) for n in names[:2])
+    return f" ({shown}{f', ... +{len(names) - 2} more' if len(names) > 2 else ''})"
 
 
 def diff_census(before: Census | None, after: Census) -> tuple[GroupChange, ...]:
@@ -372,13 +418,18 @@ class ProbeStage:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Stages measured on one device, and the framework cost of each step between them."""
+    """Stages measured on one device, and the framework cost of each step between them.
+
+    ``uuid`` is the GPU's UUID as torch reports it ("" when unknown, as in results saved
+    before it was recorded).
+    """
 
     device: str
     gpu_name: str
     driver_source: str
     torch_version: str
     stages: tuple[ProbeStage, ...]
+    uuid: str = ""
 
     def costs(self) -> dict[str, int]:
         """Bytes each stage added outside the caching allocator, keyed by stage name."""

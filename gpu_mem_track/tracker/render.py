@@ -18,10 +18,26 @@ from collections.abc import Iterable, Sequence
 from ..units import format_bytes
 from .records import CATEGORY_LABELS, Census, GroupChange, Ledger, ProbeResult, Skipped, Stamp
 
-__all__ = ["MAX_NAMES", "render_census", "render_header", "render_probe", "render_stamp", "render_stamps"]
+__all__ = [
+    "MAX_NAMES",
+    "one_line",
+    "render_census",
+    "render_header",
+    "render_probe",
+    "render_stamp",
+    "render_stamps",
+]
 
 #: Names listed per change line before the rest are summarised as "... (+N more)".
 MAX_NAMES = 3
+
+
+def one_line(text: str) -> str:
+    """``text`` with each unprintable character (newline, tab, escape, ...) written as its
+    Python escape (``\\n``, ``\\t``, ``\\x1b``), so a label cannot break a report line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def render_header(run_name: str, device: str, versions: str) -> str:
@@ -50,7 +66,7 @@ def render_stamps(stamps: Iterable[Stamp], detail: bool = True) -> str:
 def _stamp_line(stamp: Stamp) -> str:
     where = f"At {os.path.basename(stamp.file)}:{stamp.line} {stamp.function}"
     if stamp.label:
-        where += f" [{stamp.label}]"
+        where += f" [{one_line(stamp.label)}]"
     ledger = stamp.ledger
     parts = [where, ledger.device, f"tensors {format_bytes(ledger.tensors)}"]
     if ledger.device.startswith("cuda"):
@@ -144,9 +160,8 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def _names(names: Sequence[str]) -> str:
-    if len(names) <= MAX_NAMES:
-        return ", ".join(names)
-    return ", ".join(names[:MAX_NAMES]) + f", ... (+{len(names) - MAX_NAMES} more)"
+    shown = ", ".join(one_line(name) for name in names[:MAX_NAMES])
+    return shown if len(names) <= MAX_NAMES else shown + f", ... (+{len(names) - MAX_NAMES} more)"
 
 
 def render_census(census: Census) -> str:

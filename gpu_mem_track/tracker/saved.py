@@ -102,6 +102,13 @@ class SavedTensorRecorder:
         if self._depth:
             self._handles.append(module.register_forward_pre_hook(self._mark_inputs, with_kwargs=True))
 
+    def name(self, module: nn.Module, prefix: str = "") -> None:
+        """Name ``module``'s submodules in labels, as ``watch`` does, but without marking
+        its inputs (for models the census found by itself). Does nothing for a module
+        already named."""
+        if self._name_of(module) is None:
+            self._name_modules(module, prefix)
+
     def _name_modules(self, module: nn.Module, prefix: str) -> None:
         self._names = {key: entry for key, entry in self._names.items() if entry[0]() is not None}
         for name, sub in module.named_modules(prefix=prefix):

@@ -1,0 +1,153 @@
+"""Values for meta tensors, so model code that reads a tensor's data can run on them.
+
+Meta tensors have no data, yet library code reads some: Hugging Face models check
+position ids and attention masks in Python (``if (mask == 0).all():``, ``.item()``,
+``.tolist()``) and index with ``nonzero``. :class:`KnownValues` is a dispatch mode that
+keeps, beside every *small* meta tensor whose value can be known, a real CPU twin
+computed by the same op: tensors made from nothing (``arange``, ``zeros``, ``full``,
+``randn``, the estimator's integer inputs, which are zeros) and everything computed
+only from such tensors, up to :data:`LIMIT` bytes of storage each. Reading a value then reads
+the twin; data-dependent ops (``nonzero``, ``equal``, copies to the CPU) run on the
+twins and their results go back to meta. Reading a tensor with no twin (one computed
+from parameters, activations or large tensors) returns a placeholder: ``item()`` gives
+0 (``False`` for bool), a copy to the CPU gives zeros. An op that writes unknown values
+into a tensor drops its twin (not the twins of other views of the same storage). Every
+read is recorded as a
+:class:`~gpu_mem_track.estimator.records.ValueRead` for the estimate's notes.
+
+The twins live on the CPU, outside the tracked device, and are never counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .records import ValueRead
+
+__all__ = ["LIMIT", "KnownValues"]
+
+#: Largest storage (bytes) given a real twin: masks and position ids of usual batches
+#: fit; larger tensors would cost real memory and time.
+LIMIT = 8 << 20
+
+_SCALAR = torch.ops.aten._local_scalar_dense.default
+_COPY = torch.ops.aten._to_copy.default
+_META = torch.device("meta")
+
+
+class KnownValues(TorchDispatchMode):
+    """Keeps real CPU twins of small meta tensors and answers reads of their values.
+
+    ``where()`` names the module running, for the records of reads. Enter this mode
+    *before* (under) the :class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` mode, so the
+    twins' own ops run with no mode active and are never counted.
+    """
+
+    def __init__(self, where: Callable[[], str] = lambda: "") -> None:
+        super().__init__()
+        self.where = where
+        self.twins: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._reads: Counter[tuple[str, str, str]] = Counter()
+
+    def restart(self) -> None:
+        """Forget the reads recorded so far (the twins stay)."""
+        self._reads.clear()
+
+    def reads(self) -> tuple[ValueRead, ...]:
+        """The values read since the start or :meth:`restart`: each (op, module, placeholder)
+        once, with its count."""
+        return tuple(
+            ValueRead(op, module, placeholder, n) for (op, module, placeholder), n in self._reads.items()
+        )
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        metas = [t for t in tree_flatten((args, kwargs))[0] if _is_meta(t)]
+        if func is _SCALAR and metas:
+            return self._scalar(args[0])
+        if not all(t in self.twins for t in metas):
+            return self._unknown(func, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError):
+            if metas:
+                return self._data_dependent(func, args, kwargs)
+            raise
+        if _small(out):
+            self._twin(out, self._real(func, args, kwargs))
+        return out
+
+    def _unknown(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """An op on a tensor without a value (the usual case): meta runs it alone."""
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError):
+            if func is _COPY and (kwargs.get("device") or _META) != _META:
+                return self._placeholder_copy(args[0], kwargs)
+            raise
+        if func._schema.is_mutable:
+            self._forget_written(func, args, kwargs)
+        return out
+
+    def _scalar(self, tensor: torch.Tensor) -> Any:
+        twin = self.twins.get(tensor)
+        if twin is not None:
+            self._reads[("item", self.where(), "")] += 1
+            return twin.item()
+        value = False if tensor.dtype == torch.bool else 0.0 if tensor.is_floating_point() else 0
+        self._reads[("item", self.where(), repr(value))] += 1
+        return value
+
+    def _data_dependent(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """An op meta cannot run (its output depends on data), run on the twins."""
+        real = self._real(func, args, kwargs)
+        device = kwargs.get("device") or _META
+        name = f"copy to {device}" if func is _COPY else func.overloadpacket.__name__
+        self._reads[(name, self.where(), "")] += 1
+        if device != _META:
+            return real  # a copy off the meta device (.tolist(), .cpu()): the values are the answer
+        out = tree_map(lambda r: r.to(_META) if isinstance(r, torch.Tensor) else r, real)
+        self._twin(out, real)
+        return out
+
+    def _placeholder_copy(self, tensor: torch.Tensor, kwargs: Any) -> torch.Tensor:
+        self._reads[("copy to " + str(kwargs["device"]), self.where(), "zeros")] += 1
+        dtype = kwargs.get("dtype") or tensor.dtype
+        return torch.zeros(tensor.shape, dtype=dtype, device=kwargs["device"])
+
+    def _real(self, func: Any, args: Any, kwargs: Any) -> Any:
+        def real(value: Any) -> Any:
+            if _is_meta(value):
+                return self.twins[value]
+            return torch.device("cpu") if isinstance(value, torch.device) and value == _META else value
+
+        return func(*tree_map(real, args), **tree_map(real, kwargs))
+
+    def _twin(self, out: Any, real: Any) -> None:
+        outs, reals = tree_flatten(out)[0], tree_flatten(real)[0]
+        for meta, twin in zip(outs, reals):
+            if _is_meta(meta) and isinstance(twin, torch.Tensor):
+                self.twins[meta] = twin
+
+    def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
+        """An op wrote unknown values into tensors: their twins are no longer true."""
+        schema = func._schema.arguments
+        for spec, value in [*zip(schema, args), *((s, kwargs.get(s.name)) for s in schema if s.kwarg_only)]:
+            if spec.alias_info is not None and spec.alias_info.is_write and _is_meta(value):
+                self.twins.pop(value, None)
+
+
+def _is_meta(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "meta"
+
+
+def _small(out: Any) -> bool:
+    metas = [t for t in tree_flatten(out)[0] if _is_meta(t)]
+    return bool(metas) and all(t.untyped_storage().nbytes() <= LIMIT for t in metas)

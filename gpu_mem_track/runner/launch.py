@@ -1,0 +1,191 @@
+"""Running the user's script as ``python script.py`` would, and ending it as it ends.
+
+``run_script`` sets ``sys.argv`` (the script path as typed, the arguments verbatim) and
+``sys.path[0]``, runs the script as ``__main__`` under the tracing engine, and turns how it
+ended into an exit code: 0, its ``sys.exit`` code, 1 after an uncaught exception (its
+traceback printed without our frames), 130 after Ctrl-C, 128 + N after SIGTERM or SIGHUP
+(which unwind the script like Ctrl-C, so the reports still get written). It restores
+``sys.argv``, ``sys.path[0]``, the working folder and the signal handlers afterwards. A
+forked child (a DataLoader worker) stops tracing and gets the default handlers back.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+import types
+import zipfile
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
+
+if TYPE_CHECKING:
+    from .run import PreparedRun
+    from .session import RunSession
+
+__all__ = ["run_script"]
+
+#: Frames of these files are left out of the script's traceback.
+_OUR_FILES = (os.path.abspath(__file__),)
+
+
+def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
+    """Run the prepared script as ``__main__`` under ``engine`` and return its exit code
+    (see the module docstring); ``session`` is the run's stamp listener
+    (``session.RunSession``), registered while the script runs, with its ``timeline``.
+    Everything it changes is restored before it returns."""
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_cwd = os.getcwd()
+    # argv[0] as the user typed it, the rest verbatim: what ``python script ...`` gives.
+    sys.argv[:] = [prepared.options.script, *prepared.options.args]
+    if sys.path:
+        sys.path[0] = str(prepared.script.parent)
+    else:
+        sys.path.append(str(prepared.script.parent))
+    add_stamp_listener(session)
+    _Forks.watch(engine, session)
+    handlers = _Terminated.install()
+    try:
+        try:
+            engine.start()
+        except RuntimeError as exc:  # no free sys.monitoring tool slot: not the script's error
+            print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
+            return 2
+        try:
+            _run_main(prepared.script)
+        finally:
+            engine.stop()
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", file=sys.stderr)
+        return 130
+    except _Terminated as exc:
+        print(
+            f"gpu_mem_track: {signal.Signals(exc.signum).name} received, writing the reports", file=sys.stderr
+        )
+        return 128 + exc.signum
+    except BaseException as exc:  # the script's own error: its traceback, then exit 1
+        traceback.print_exception(type(exc), exc, _user_traceback(exc.__traceback__), file=sys.stderr)
+        return 1
+    finally:
+        _Terminated.restore(handlers)
+        _Forks.watch(None, None)
+        remove_stamp_listener(session)
+        sys.argv[:] = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+        os.chdir(saved_cwd)
+
+
+def _run_main(script: Path) -> None:
+    """Run ``script`` as ``__main__`` as ``python script`` does: ``__file__`` absolute,
+    ``sys.argv`` left as set (``runpy.run_path`` would replace ``argv[0]`` with the path
+    it was given). A zip application goes through ``runpy``."""
+    if zipfile.is_zipfile(script):
+        runpy.run_path(str(script), run_name="__main__")
+        return
+    with io.open_code(str(script)) as handle:
+        code = compile(handle.read(), str(script), "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main  # pickle and friends find the script's classes here
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP while the script runs: unwinds it like Ctrl-C, so the reports are
+    written, and the run exits with 128 + the signal's number (the shell's convention)."""
+
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @classmethod
+    def install(cls) -> dict[int, Any]:
+        """Our handler for each signal still at its default (an ignored SIGHUP, as under
+        ``nohup``, stays ignored); returns the handlers replaced."""
+        replaced: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return replaced  # only the main thread may set handlers
+        for signum in cls.SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                replaced[signum] = signal.signal(signum, cls._raise)
+        return replaced
+
+    @staticmethod
+    def restore(replaced: dict[int, Any]) -> None:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+
+    @classmethod
+    def default_in_child(cls) -> None:
+        """A forked child (a DataLoader worker) dies of SIGTERM as it would without us."""
+        for signum in cls.SIGNALS:
+            if signal.getsignal(signum) is cls._raise:
+                signal.signal(signum, signal.SIG_DFL)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+
+class _Forks:
+    """A forked child (a DataLoader worker) stops tracing, never writes our timeline and
+    gets the default SIGTERM and SIGHUP back."""
+
+    engine: Any = None
+    session: RunSession | None = None
+    registered = False
+
+    @classmethod
+    def watch(cls, engine: Any, session: RunSession | None) -> None:
+        cls.engine, cls.session = engine, session
+        if not cls.registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=cls._in_child)
+            cls.registered = True
+
+    @classmethod
+    def _in_child(cls) -> None:
+        if cls.session is not None:
+            cls.session.timeline.discard()
+            remove_stamp_listener(cls.session)
+        if cls.engine is not None:
+            cls.engine.stop()
+        cls.engine = cls.session = None
+        _Terminated.default_in_child()
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"), as Python itself does
+    return 1
+
+
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on: ours and runpy's left out."""
+    runpy_file = os.path.abspath(runpy.__file__)
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith("<frozen runpy") or os.path.abspath(name) in (runpy_file, *_OUR_FILES)):
+            break
+        tb = tb.tb_next
+    return tb
