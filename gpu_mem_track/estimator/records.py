@@ -133,6 +133,12 @@ class Estimate:
         values["layers"] = tuple(LayerEstimate(**layer) for layer in values["layers"])
         return cls(**values)
 
+    def _repr_html_(self) -> str:
+        """HTML for Jupyter's rich display (``html.tables.estimate_html``); ``repr`` stays text."""
+        from ..html.tables import estimate_html
+
+        return estimate_html(self)
+
 
 @dataclass(frozen=True)
 class BatchProbe:

@@ -313,6 +313,12 @@ class Stamp:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
+    def _repr_html_(self) -> str:
+        """HTML for Jupyter's rich display (``html.tables.stamp_html``); ``repr`` stays text."""
+        from ..html.tables import stamp_html
+
+        return stamp_html(self)
+
 
 def diff_census(before: Census | None, after: Census) -> tuple[GroupChange, ...]:
     """Group changes from ``before`` to ``after``, largest byte change first.
