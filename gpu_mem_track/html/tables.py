@@ -18,12 +18,14 @@ from typing import Any
 from ..units import format_bytes, format_peak
 
 __all__ = [
+    "cell_html",
     "changes_html",
     "comparison_html",
     "estimate_html",
     "line_table_html",
     "run_html",
     "stamp_html",
+    "statement_html",
     "table",
 ]
 
@@ -92,7 +94,9 @@ def line_table_html(records: Sequence[Any], caption: str = "", strip: str = "") 
     of the line column (a notebook cell's pseudo-file)."""
     rows = []
     for r in sorted(records, key=lambda r: (r.file, r.line)):
-        where = str(r.line) if r.file == strip else f"{os.path.basename(r.file)}:{r.line}"
+        where = f"{os.path.basename(r.file)}:{r.line}"
+        if r.file == strip:  # a notebook cell: its line, and the function unless the cell's own
+            where = str(r.line) if r.function == "<module>" else f"{r.line} ({r.function})"
         rows.append(
             [
                 where,
@@ -188,6 +192,36 @@ def estimate_html(estimate: Any) -> str:
         f"{table(['phase', 'peak', 'op', 'module'], phases, 'phases', right=1)}"
         f"{table(['live at the peak', 'bytes'], at_peak)}</div>"
     )
+
+
+def statement_html(result: Any) -> str:
+    """A ``notebook.records.StatementMemory``: increment, peak and RSS on one row, then
+    the tensor groups the statement created or freed."""
+    what = "allocated" if result.source == "cuda allocator" else "tensors"
+    row = [
+        result.device,
+        format_bytes(result.increment, signed=True),
+        format_bytes(result.after),
+        format_peak(result.peak, result.peak_exact) + f" ({result.peak_source})",
+        "n/a"
+        if result.rss_after is None
+        else format_bytes(result.rss_after - result.rss_before, signed=True),
+        f"{result.seconds:.3f}",
+    ]
+    head = table(
+        ["device", what, "after", "peak", "RSS change", "seconds"], [row], f"%memtrack {result.statement}"
+    )
+    body = changes_html(result.changes) or "<p>no tensor group created or freed</p>"
+    return f"<div>{head}{body}</div>"
+
+
+def cell_html(profile: Any) -> str:
+    """A ``notebook.records.CellProfile``: the per-line table, then each census's
+    changes."""
+    where = f" at line {profile.peak_line}" if profile.peak_line is not None else ""
+    caption = f"%%memtrack on {profile.device} ({profile.source}): peak {format_bytes(profile.peak)}{where}"
+    censuses = "".join(stamp_html(stamp) for stamp in profile.censuses)
+    return f"<div>{line_table_html(profile.lines, caption, strip=profile.filename)}{censuses}</div>"
 
 
 def _figure(figures: Any) -> str:
