@@ -17,6 +17,7 @@
   var SVGNS = "http://www.w3.org/2000/svg";
   var COLORS = ["#1f6fb2", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c", "#5c940d"];
   var UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+  var NUMBER = /^(>=)?[-+]?[\d.]+( (B|KiB|MiB|GiB|TiB))?$|^n\/a$/;  // right-aligned cells
 
   function bytes(n, signed) {
     if (n === null || n === undefined) return "n/a";
@@ -62,6 +63,7 @@
       var tr = body.appendChild(el("tr"));
       row.forEach(function (cell) {
         var td = tr.appendChild(el("td", {}, typeof cell === "object" && cell ? cell.text : cell));
+        if (typeof cell === "string" && NUMBER.test(cell)) td.className = "num";
         if (cell && cell.color) td.style.color = cell.color;
       });
     });
@@ -83,7 +85,7 @@
     this.tip = box.appendChild(el("div", { "class": "tip", id: "gmt-tip" }));
     box.appendChild(el("p", { "class": "hint" },
       "Drag across the chart to zoom into a time range; double-click to see the whole run. " +
-      "Hover for the line and the memory after it."));
+      "Hover for the line and the memory after it; dashed lines are track() stamps."));
     this.bind();
     this.draw();
   }
