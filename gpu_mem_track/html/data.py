@@ -144,13 +144,14 @@ def _timeline_points(path: Path) -> Iterator[_Point]:
 
 
 def _censuses(source: Source) -> list[dict[str, Any]]:
-    """The stamps with their changes: the folder's ``census.csv`` and ``tracker.csv``, or
-    the MemTracker CSV itself."""
+    """The stamps with their changes: the run folder's ``census.csv`` and ``tracker.csv``
+    (the folder of a ``lines.csv`` or ``timeline.csv`` given directly), or the MemTracker
+    CSV itself."""
     if source.kind == "tracker":
         files = [source.path]
     else:
         folder = source.path if source.kind == "folder" else source.path.parent
-        files = [folder / "census.csv", folder / "tracker.csv"] if source.kind == "folder" else []
+        files = [folder / "census.csv", folder / "tracker.csv"]
     out: list[dict[str, Any]] = []
     for path in files:
         if not path.is_file():
