@@ -89,7 +89,7 @@ def test_a_run_a_comparison_and_an_estimate_render_as_html(tmp_path):
     result = estimate(torch.nn.Linear(128, 64), [InputSpec((8, 128))], device="cuda:0")
     html = result._repr_html_()
     assert "Estimated training step of Linear" in html
-    assert f">{result.peak_phase.phase}<" in html or f"peak ({result.peak_phase.phase})" in html
+    assert f"peak ({result.peak_phase.phase})" in html and "live at the peak" in html
 
 
 # -- the report's data ----------------------------------------------------------------------
@@ -113,6 +113,7 @@ def test_collect_reads_a_runner_folder_its_censuses_and_ranks(tmp_path):
     assert run["points"][2][2] == "train.py:11 main (peak while it ran)"
     (only,) = run["censuses"]
     assert only["origin"] == "census" and only["changes"][0]["names"] == ["y"]
+    assert collect([folder / "lines.csv"])["runs"][0]["censuses"] == run["censuses"]
     assert [r["rank"] for r in run["ranks"]] == [0, 1] and run["ranks"][1]["device"] == "cuda:1"
     assert data["comparison"] is None
 
@@ -261,8 +262,12 @@ def test_the_page_runs_without_errors_and_its_table_sorts_in_chromium(tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
-def test_a_script_error_is_caught_into_the_dom(tmp_path):
+def test_a_page_without_timeline_or_ranks_renders_and_a_script_error_is_caught_into_the_dom(tmp_path):
     folder = runner_folder(tmp_path, "run", two_lines())
+    dom, log = dump_dom(write_report([folder], tmp_path / "plain.html"), "#selftest")
+    body = body_attributes(dom)
+    assert (body.get("data-status"), body.get("data-errors")) == ("ready", None)
+    assert body["data-selftest"] == "sort-desc:ok sort-asc:ok" and 'id="gmt-timeline"' not in dom
     page = tmp_path / "broken.html"
     text = render_page(collect([folder])).replace(
         "function main() {", "function main() { undefinedName();", 1
