@@ -134,5 +134,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpu_mem_track``: the ``%memtrack`` and ``%%memtrack`` magics (see
+    ``gpu_mem_track.notebook``; needs IPython)."""
+    from .notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __dir__() -> list[str]:
     return sorted({*globals(), *_HOMES})

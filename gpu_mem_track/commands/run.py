@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import Command, count
+from . import Command, count, report
 
 __all__ = ["COMMAND"]
 
@@ -57,6 +57,11 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         help="record the tensors autograd saves for backward, so censuses count them as "
         "activations with the line that saved them",
     )
+    run.add_argument(
+        "--html",
+        action="store_true",
+        help="also write report.html (see the html command) into the run folder",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +87,15 @@ def run(args: argparse.Namespace) -> int:
         activations=args.activations,
         memory=args.memory,
     )
-    return execute(prepare(options)).exit_code
+    result = execute(prepare(options))
+    if args.html:  # the script's exit code stays ours even if the page cannot be written
+        from ..html.page import write_report
+
+        try:
+            write_report([result.folder], result.folder / "report.html")
+        except UsageError as exc:
+            report(f"no report.html: {exc}")
+    return result.exit_code
 
 
 COMMAND = Command(

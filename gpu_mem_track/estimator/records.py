@@ -164,6 +164,12 @@ class Estimate:
         values["value_reads"] = tuple(ValueRead(**read) for read in values.get("value_reads", ()))
         return cls(**values)
 
+    def _repr_html_(self) -> str:
+        """HTML for Jupyter's rich display (``html.tables.estimate_html``); ``repr`` stays text."""
+        from ..html.tables import estimate_html
+
+        return estimate_html(self)
+
 
 @dataclass(frozen=True)
 class BatchProbe:

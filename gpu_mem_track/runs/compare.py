@@ -85,6 +85,12 @@ class Comparison:
             return None
         return self.b.peak - self.a.peak
 
+    def _repr_html_(self) -> str:
+        """HTML for Jupyter's rich display (``html.tables.comparison_html``); ``repr`` stays text."""
+        from ..html.tables import comparison_html
+
+        return comparison_html(self)
+
 
 def compare_files(
     a: str | Path, b: str | Path, by: str | None = None, points: int = DEFAULT_POINTS

@@ -133,6 +133,12 @@ class Run:
     notes: tuple[str, ...] = ()
     info: RunInfo | None = None
 
+    def _repr_html_(self) -> str:
+        """HTML for Jupyter's rich display (``html.tables.run_html``); ``repr`` stays text."""
+        from ..html.tables import run_html
+
+        return run_html(self)
+
 
 def detect(path: str | Path) -> Source:
     """What ``path`` holds; ``UsageError`` (one line) when it is missing, unreadable or

@@ -351,6 +351,12 @@ class Stamp:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
+    def _repr_html_(self) -> str:
+        """HTML for Jupyter's rich display (``html.tables.stamp_html``); ``repr`` stays text."""
+        from ..html.tables import stamp_html
+
+        return stamp_html(self)
+
 
 def _names_summary(names: tuple[str, ...]) -> str:
     """`` (a, b, ... +3 more)`` for a one-line repr; empty without names."""

@@ -1,0 +1,91 @@
+"""The IPython magics ``%memtrack`` (one statement) and ``%%memtrack`` (a cell, line by
+line). Each returns its record, which Jupyter shows as an HTML table and a terminal
+IPython as text; a usage mistake prints one line (``gpu_mem_track: ...``) and returns None.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from ..devices import parse_device
+from ..errors import UsageError
+from ..units import parse_bytes
+from .measure import CellOptions, default_device, measure_statement, profile_cell
+
+__all__ = ["MemtrackMagics", "parse_cell_options"]
+
+USAGE = """%memtrack [--device DEV] STATEMENT
+    What STATEMENT allocated (CUDA allocated bytes on a GPU; on the CPU the live tensors'
+    bytes, with the process RSS), its peak, and the tensor groups it created or freed.
+%%memtrack [--census-threshold SIZE] [--activations] [--top N] [--device DEV]
+    The cell line by line: memory after each line, increment, peak, hits (the runner's
+    engine); options as for `python -m gpu_mem_track run`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would exit the kernel
+        raise UsageError(f"%%memtrack: {message}")
+
+
+def _cell_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="%%memtrack", add_help=False)
+    parser.add_argument("--census-threshold", metavar="SIZE")
+    parser.add_argument("--activations", action="store_true")
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--device")
+    return parser
+
+
+def parse_cell_options(line: str) -> CellOptions:
+    """``%%memtrack``'s options from its line; ``UsageError`` naming a bad one."""
+    args = _cell_parser().parse_args(shlex.split(line))
+    try:
+        threshold = None if args.census_threshold is None else parse_bytes(args.census_threshold)
+    except ValueError as exc:
+        raise UsageError(f"%%memtrack --census-threshold: {exc}") from None
+    if args.top < 0:
+        raise UsageError(f"%%memtrack --top: not a count >= 0: {args.top}")
+    return CellOptions(threshold, args.activations, args.top, _device(args.device))
+
+
+def _device(text: str | None) -> str | None:
+    return None if text is None else str(parse_device(text))
+
+
+def _statement(line: str) -> tuple[str | None, str]:
+    """``--device DEV`` (or ``--device=DEV``) in front of the statement, and the statement."""
+    rest = line.strip()
+    for prefix in ("--device=", "--device "):
+        if rest.startswith(prefix):
+            device, _, statement = rest[len(prefix) :].lstrip().partition(" ")
+            return _device(device), statement.strip()
+    return None, rest
+
+
+@magics_class
+class MemtrackMagics(Magics):
+    """``%memtrack`` and ``%%memtrack``; see ``USAGE``."""
+
+    @line_cell_magic
+    def memtrack(self, line: str, cell: str | None = None) -> Any:
+        try:  # the docstring (``%memtrack?``) is USAGE, set below
+            if cell is None:
+                return self._statement(line)
+            return profile_cell(cell, self.shell.user_ns, parse_cell_options(line))
+        except UsageError as exc:
+            print(f"gpu_mem_track: {exc}", file=sys.stderr)
+            return None
+
+    memtrack.__doc__ = USAGE
+
+    def _statement(self, line: str) -> Any:
+        device, statement = _statement(line)
+        if not statement:
+            raise UsageError("%memtrack needs a statement, e.g. %memtrack y = model(x)")
+        code = self.shell.compile(self.shell.transform_cell(statement), "<memtrack>", "exec")
+        return measure_statement(code, self.shell.user_ns, device or default_device(), text=statement)

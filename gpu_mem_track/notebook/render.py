@@ -1,0 +1,79 @@
+"""The notebook magics' results as text (a terminal IPython, ``print``)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from ..runner.records import hottest
+from ..tracker.render import render_stamp
+from ..units import format_bytes, format_peak
+from .records import CellProfile, StatementMemory
+
+__all__ = ["render_cell", "render_statement"]
+
+
+def render_statement(result: StatementMemory) -> str:
+    """The statement's increment, peak, RSS and the groups it created or freed."""
+    what = "allocated" if result.source == "cuda allocator" else "tensors"
+    peak_rise = format_bytes(result.peak - result.peak_before, signed=True)
+    lines = [
+        f"%memtrack on {result.device}: {what} {format_bytes(result.increment, signed=True)} "
+        f"({format_bytes(result.before)} -> {format_bytes(result.after)}) | peak "
+        f"{format_peak(result.peak, result.peak_exact)} {result.peak_source} ({peak_rise} over before) "
+        f"| {result.seconds:.3f} s"
+    ]
+    if result.rss_before is not None and result.rss_after is not None:
+        lines.append(
+            f"  process RSS {format_bytes(result.rss_after - result.rss_before, signed=True)} "
+            f"({format_bytes(result.rss_before)} -> {format_bytes(result.rss_after)})"
+        )
+    for change in result.changes:
+        shape = "x".join(map(str, change.shape)) or "scalar"
+        names = f"  {', '.join(change.names)}" if change.names else ""
+        lines.append(
+            f"  {format_bytes(change.bytes_delta, signed=True):>12} {change.count_delta:+d} "
+            f"{change.kind} {shape} {change.dtype.replace('torch.', '')}{names}"
+        )
+    if not result.changes:
+        lines.append("  no tensor group created or freed")
+    return "\n".join(lines) + "\n"
+
+
+def render_cell(profile: CellProfile) -> str:
+    """The cell's per-line table (line order), its top lines and its censuses."""
+    rows = [
+        [
+            _where(r.line, r.function),
+            r.hits,
+            format_bytes(r.memory),
+            format_bytes(r.increment, signed=True),
+            format_peak(r.peak, r.peak_exact),
+            r.code,
+        ]
+        for r in sorted(profile.lines, key=lambda r: (r.file, r.line))
+    ]
+    head = (
+        f"%%memtrack on {profile.device} ({profile.source}): peak {format_bytes(profile.peak)}"
+        + (f" at line {profile.peak_line}" if profile.peak_line is not None else "")
+        + f" | {profile.seconds:.3f} s"
+    )
+    table = tabulate(
+        rows,
+        ["line", "hits", "memory", "increment", "peak", "code"],
+        tablefmt="simple",
+        disable_numparse=True,
+    )
+    out = [head, table]
+    top = hottest(list(profile.lines), profile.top)
+    if top:
+        out.append(
+            "Largest increments: "
+            + ", ".join(f"line {r.line} {format_bytes(r.increment, signed=True)}" for r in top)
+        )
+    out.extend(render_stamp(stamp).rstrip("\n") for stamp in profile.censuses)
+    return "\n".join(out) + "\n"
+
+
+def _where(line: int, function: str) -> str:
+    """A cell line, with its function when it is not the cell's own code."""
+    return str(line) if function == "<module>" else f"{line} ({function})"
