@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .estimator.cli import add_commands as add_estimate_commands
 
     add_estimate_commands(commands)
+    from .snapshots.command import add_parser as add_snapshot_parser
+
+    add_snapshot_parser(commands)
     return parser
 
 
@@ -68,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .estimator.cli import run_command
 
             return run_command(args, _fail)
+        if args.command == "snapshot":
+            from .snapshots.command import run as run_snapshot
+
+            return run_snapshot(args)
         return _show(args.report, not args.totals_only)
     except BrokenPipeError:
         return 0
