@@ -154,21 +154,25 @@ def replay(snapshot: Snapshot, device: int) -> Replay:
     trace = _trace(snapshot, device)
     segments = snapshot.device_segments(device)
     layout = _Layout.at_start(segments, trace, snapshot.allocator_settings)
-    start_blocks = tuple(sorted(layout.counted.items()))
-    allocated, reserved = sum(layout.counted.values()), sum(layout.segments.values())
-    start = (allocated, reserved)
-    steps = []
+    changes = []
     for index, entry in enumerate(trace):
         change = layout.apply(entry)
-        if change is None:
-            continue
+        if change is not None:
+            changes.append((index, entry, change))
+    # Allocations in the trace may pin the tails of blocks from before it: start from
+    # the sizes known at the end of the replay.
+    start_blocks = tuple(sorted(layout.start_counted.items()))
+    allocated = start_allocated = sum(layout.start_counted.values())
+    reserved = start_reserved = layout.start_reserved
+    steps = []
+    for index, entry, change in changes:
         if entry.action in _GROW:
             reserved += change
         else:
             allocated += change
         steps.append(Step(index, entry, change, allocated, reserved))
     check = layout.check(segments, allocated, reserved)
-    return Replay(device, start[0], start[1], tuple(steps), start_blocks, check)
+    return Replay(device, start_allocated, start_reserved, tuple(steps), start_blocks, check)
 
 
 def free_blocks_at(snapshot: Snapshot, device: int, index: int | None) -> list[int]:
@@ -195,7 +199,9 @@ class _Layout:
     ``segments``: start address -> bytes; ``used``: per segment, the sorted start
     addresses of blocks in use; ``size``: block bytes by address; ``counted``: blocks
     counted in allocated bytes (in use and not yet free_requested), address -> bytes;
-    ``tails``: blocks from before the trace whose tail is unknown, address -> gap bytes.
+    ``start_counted``: the blocks counted at the start, with tails pinned later included;
+    ``tails``: blocks from before the trace whose tail is unknown, address -> the most it
+    could add (bytes).
     """
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
@@ -207,6 +213,8 @@ class _Layout:
         self.used: dict[int, list[int]] = {}
         self.size: dict[int, int] = {}
         self.counted: dict[int, int] = {}
+        self.start_counted: dict[int, int] = {}
+        self.start_reserved = 0
         self.tails: dict[int, int] = {}
         self.trace_allocated: set[int] = set()
         self.misfits = 0
@@ -253,6 +261,8 @@ class _Layout:
         layout.size = {a: s for a, s in used.items() if s >= 0}
         layout.start_sizes(unknown)
         layout.counted = {a: layout.size.get(a, round_size(unknown.get(a, 0), settings)) for a in counted}
+        layout.start_counted = dict(layout.counted)
+        layout.start_reserved = sum(spans.values())
         return layout
 
     def start_sizes(self, unknown: Mapping[int, int]) -> None:
@@ -339,8 +349,9 @@ class _Layout:
         end = before + self.size[before]
         if end <= addr <= end + _SMALL:
             self.size[before] = addr - before
-            if before in self.counted:
-                self.counted[before] = addr - before
+            for sizes in (self.counted, self.start_counted):
+                if before in sizes:
+                    sizes[before] = addr - before
         elif addr < end:
             self.misfits += 1
 
