@@ -139,6 +139,7 @@ class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
         self._stacks: dict[tuple[Any, ...], tuple[Frame, ...]] = {}
+        self._frames: dict[tuple[Any, Any, Any], Frame] = {}
 
     def many(self, items: Any, where: str, convert: Callable[[Any], Any]) -> tuple[Any, ...]:
         out = []
@@ -160,8 +161,15 @@ class _Reader:
             key = tuple((f.get("filename", ""), f.get("line", 0), f.get("name", "")) for f in items)
         stack = self._stacks.get(key)
         if stack is None:
-            stack = self._stacks[key] = tuple(Frame(str(f), int(n or 0), str(m)) for f, n, m in key)
+            # Distinct stacks share most frames: build each distinct frame once.
+            known = self._frames
+            stack = self._stacks[key] = tuple(known.get(k) or self._frame(k) for k in key)
         return stack
+
+    def _frame(self, key: tuple[Any, Any, Any]) -> Frame:
+        filename, line, name = key
+        frame = self._frames[key] = Frame(str(filename), int(line or 0), str(name))
+        return frame
 
     def segment(self, data: dict[str, Any]) -> Segment:
         address = int(data["address"])
