@@ -161,7 +161,7 @@ class _Tokens:
 
     def take(self, expected: str | None = None) -> str:
         if self.i >= len(self.items):
-            self.fail(f"expected {expected or 'a value'} at the end")
+            self.fail(f"expected {repr(expected) if expected else 'a value'} at the end")
         token = self.items[self.i]
         self.i += 1
         if expected is not None and token != expected:

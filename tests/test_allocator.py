@@ -1,0 +1,443 @@
+"""The caching-allocator simulator: each rule against hand-computed expectations (from
+c10/cuda/CUDACachingAllocator.cpp's constants), torch's own roundup oracles, settings
+parsing, expandable segments, and the trace replay on small hand-built snapshots."""
+
+from __future__ import annotations
+
+import pytest
+import snapshotfiles as sf
+
+from gpu_mem_track.allocator import (
+    Allocator,
+    AllocatorSettings,
+    SimulatedOutOfMemory,
+    parse_alloc_conf,
+    round_size,
+    settings_from_snapshot,
+)
+from gpu_mem_track.allocator.rebuild import rebuild_start
+from gpu_mem_track.allocator.replay import plan_calls, replay_snapshot
+from gpu_mem_track.allocator.rules import rule_violations
+from gpu_mem_track.errors import UsageError
+from gpu_mem_track.snapshots import snapshot_from_data
+
+MIB = 2**20
+
+
+def _layout(allocator: Allocator) -> list[list[tuple[int, int, str]]]:
+    """Each segment's blocks as (offset from the segment, size, state)."""
+    return [[(b.address - s.address, b.size, b.state) for b in s.blocks] for s in allocator.segments()]
+
+
+def _segment_events(allocator: Allocator) -> list[tuple[str, int]]:
+    return [(e.action, e.size) for e in allocator.events if e.action.startswith("segment")]
+
+
+@pytest.mark.parametrize(
+    ("request_size", "segment", "block", "pool"),
+    [
+        (1, 2 * MIB, 512, "small"),
+        (512, 2 * MIB, 512, "small"),
+        (MIB, 2 * MIB, MIB, "small"),
+        (MIB + 1, 20 * MIB, MIB + 512, "large"),  # split: 20 MiB - 1 MiB - 512 B stays cached
+        (int(9.9 * MIB), 20 * MIB, 10_381_312, "large"),  # 10,380,902 B rounded to 512 B
+        (10 * MIB, 10 * MIB, 10 * MIB, "large"),  # not under 10 MiB: its own segment
+        (25 * MIB, 26 * MIB, 26 * MIB, "large"),  # 1 MiB remainder is not over 1 MiB: handed out whole
+    ],
+)
+def test_segment_and_block_sizes(request_size: int, segment: int, block: int, pool: str) -> None:
+    a = Allocator()
+    address = a.malloc(request_size)
+    (seg,) = a.segments()
+    assert (seg.total_size, seg.segment_type, seg.address) == (segment, pool, address)
+    assert seg.blocks[0].size == block and a.allocated == block
+    assert (a.reserved, a.requested) == (segment, request_size)
+    assert _segment_events(a) == [("segment_alloc", segment)]
+
+
+def test_small_pool_packs_blocks_into_one_segment() -> None:
+    a = Allocator()
+    first, second, third = a.malloc(512), a.malloc(513), a.malloc(100)
+    assert (second - first, third - second) == (512, 1024)
+    assert _layout(a) == [
+        [(0, 512, "active_allocated"), (512, 1024, "active_allocated"), (1536, 512, "active_allocated")]
+        + [(2048, 2 * MIB - 2048, "inactive")]
+    ]
+
+
+def test_large_split_only_when_remainder_over_1_mib() -> None:
+    a = Allocator()
+    a.malloc(19 * MIB)  # 20 MiB segment, 1 MiB remainder: handed out whole
+    a.malloc(17 * MIB - 512)  # 18 MiB segment, 1 MiB + 512 B remainder: split off and cached
+    assert _layout(a) == [
+        [(0, 20 * MIB, "active_allocated")],
+        [(0, 17 * MIB - 512, "active_allocated"), (17 * MIB - 512, MIB + 512, "inactive")],
+    ]
+    assert a.allocated == 20 * MIB + 17 * MIB - 512
+
+
+def test_split_then_reuse_remainder() -> None:
+    a = Allocator()
+    x = a.malloc(4 * MIB)
+    y = a.malloc(4 * MIB)
+    assert y == x + 4 * MIB
+    assert _layout(a) == [
+        [
+            (0, 4 * MIB, "active_allocated"),
+            (4 * MIB, 4 * MIB, "active_allocated"),
+            (8 * MIB, 12 * MIB, "inactive"),
+        ]
+    ]
+    assert a.reserved == 20 * MIB and a.stats.get("inactive_split").current == 1
+
+
+def test_free_blocks_merge_with_free_neighbours() -> None:
+    a = Allocator()
+    x, y, z = (a.malloc(4 * MIB) for _ in range(3))
+    a.free(y)
+    assert [s for _, s, st in _layout(a)[0] if st == "inactive"] == [4 * MIB, 8 * MIB]
+    assert a.stats.get("inactive_split").current == 2
+    a.free(x)  # merges with y's block
+    assert _layout(a)[0][:2] == [(0, 8 * MIB, "inactive"), (8 * MIB, 4 * MIB, "active_allocated")]
+    a.free(z)  # merges both ways: the whole segment again
+    assert _layout(a) == [[(0, 20 * MIB, "inactive")]]
+    assert a.stats.get("inactive_split").current == 0 and a.allocated == 0 and a.reserved == 20 * MIB
+
+
+def test_best_fit_by_size() -> None:
+    a = Allocator()
+    x = a.malloc(8 * MIB)
+    a.malloc(12 * MIB)  # takes the 12 MiB remainder of x's segment whole
+    a.malloc(8 * MIB)  # a new segment, leaving a free 12 MiB block in it
+    a.free(x)  # free blocks now: 8 MiB (x) and 12 MiB
+    assert a.malloc(7 * MIB) == x  # the smallest block that fits
+    assert a.allocated == 8 * MIB + 12 * MIB + 8 * MIB  # 1 MiB remainder: handed out whole
+
+
+def test_equal_sizes_go_to_the_lower_address() -> None:
+    a = Allocator()
+    first = a.malloc(10 * MIB)
+    second = a.malloc(10 * MIB)
+    a.free(second)
+    a.free(first)
+    assert a.malloc(10 * MIB) == min(first, second)
+
+
+def test_blocks_are_reused_only_on_their_stream() -> None:
+    a = Allocator()
+    x = a.malloc(4 * MIB, stream=7)
+    a.free(x)
+    y = a.malloc(4 * MIB, stream=0)
+    assert y != x and _segment_events(a) == [("segment_alloc", 20 * MIB)] * 2
+    assert a.malloc(4 * MIB, stream=7) == x  # back on stream 7: the cached block
+    assert {s.stream for s in a.segments()} == {0, 7}
+
+
+def test_max_split_size_oversize_blocks() -> None:
+    a = Allocator(parse_alloc_conf("max_split_size_mb:40"))
+    big = a.malloc(50 * MIB)
+    a.free(big)
+    small = a.malloc(4 * MIB)  # under max_split_size: may not take the 50 MiB oversize block
+    assert small != big and a.reserved == 70 * MIB
+    assert a.malloc(45 * MIB) == big  # oversize request within 20 MiB of the block: reused whole
+    assert a.allocated == 4 * MIB + 50 * MIB
+    assert a.stats.oversize_allocations.current == 1 and a.stats.oversize_segments.current == 1
+
+
+def test_max_split_size_rounding_limit() -> None:
+    a = Allocator(parse_alloc_conf("max_split_size_mb:40"))
+    big = a.malloc(62 * MIB)
+    a.free(big)
+    assert a.malloc(41 * MIB) != big  # 62 MiB >= 41 + 20 MiB: not reused, its own 42 MiB segment
+    assert _segment_events(a) == [("segment_alloc", 62 * MIB), ("segment_alloc", 42 * MIB)]
+
+
+def test_oversize_blocks_are_not_split() -> None:
+    a = Allocator(parse_alloc_conf("max_split_size_mb:40"))
+    a.malloc(45 * MIB - 512)  # 46 MiB segment, remainder over 1 MiB, but the block is oversize
+    assert _layout(a) == [[(0, 46 * MIB, "active_allocated")]]
+
+
+def test_max_split_size_releases_oversize_blocks_first() -> None:
+    a = Allocator(parse_alloc_conf("max_split_size_mb:40"), capacity=100 * MIB)
+    a.free(a.malloc(50 * MIB))
+    a.free(a.malloc(4 * MIB))  # a cached 20 MiB segment besides the 50 MiB one
+    a.malloc(60 * MIB)  # 70 + 60 > 100: release the oversize 50 MiB (not enough), then everything
+    assert _segment_events(a)[2:] == [
+        ("segment_free", 50 * MIB),
+        ("segment_free", 20 * MIB),
+        ("segment_alloc", 60 * MIB),
+    ]
+    assert a.stats.num_alloc_retries == 1 and a.reserved == 60 * MIB
+
+
+@pytest.mark.parametrize(
+    ("conf", "allocated"),
+    [
+        ("", 88_080_384),
+        ("roundup_power2_divisions:4", 100_663_296),
+        ("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]", 92_274_688),
+    ],
+)
+def test_torch_roundup_oracles(conf: str, allocated: int) -> None:
+    """test/test_cuda.py: torch.rand(21 * 2**20) (88,080,384 B) under each setting."""
+    a = Allocator(parse_alloc_conf(conf))
+    a.malloc(21 * 2**20 * 4)
+    assert (a.allocated, a.requested) == (allocated, 88_080_384)
+
+
+def test_round_size_rules() -> None:
+    four = parse_alloc_conf("roundup_power2_divisions:4")
+    assert [round_size(n) for n in (0, 1, 512, 513, 1025)] == [512, 512, 512, 1024, 1536]
+    assert round_size(1200, four) == 1536  # not over 512 B x 4 divisions: 512 B rounding
+    assert round_size(9000, four) == 10240  # 8192 + a quarter of 8192, not 9216
+    assert round_size(8192, four) == 8192  # powers of two stay
+
+
+def test_parse_alloc_conf() -> None:
+    s = parse_alloc_conf(" max_split_size_mb:128, expandable_segments:True,garbage_collection_threshold:0.6 ")
+    assert (s.max_split_size, s.expandable_segments, s.garbage_collection_threshold) == (128 * MIB, True, 0.6)
+    table = parse_alloc_conf(
+        "roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]"
+    ).roundup_power2_divisions
+    assert table == (8,) * 7 + (2, 2, 2, 1, 1, 1, 1, 1, 1)
+    assert parse_alloc_conf("").conf_string() == "" and parse_alloc_conf(
+        "max_split_size_mb:64"
+    ).conf_string() == ("max_split_size_mb:64")
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ("max_split_size_mb:10", "at least 20"),
+        ("max_split_size_mb:big", "needs a number"),
+        ("roundup_power2_divisions:3", "power of 2"),
+        ("expandable_segments:yes", "True or False"),
+        ("colour:blue", "unknown option 'colour'"),
+        ("backend:cudaMallocAsync", "only the native"),
+        ("max_split_size_mb", "expected ':'"),
+    ],
+)
+def test_bad_alloc_conf(conf: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_alloc_conf(conf)
+
+
+def test_settings_from_snapshot() -> None:
+    assert settings_from_snapshot(sf.SETTINGS) == AllocatorSettings()
+    data = dict(sf.SETTINGS, max_split_size=256 * MIB, expandable_segments=True)
+    data["roundup_power2_divisions"] = dict(data["roundup_power2_divisions"], **{"64": 8, "128": 2})
+    s = settings_from_snapshot(data)
+    assert (s.max_split_size, s.expandable_segments) == (256 * MIB, True)
+    assert s.divisions_for(100 * MIB) == 8 and s.divisions_for(200 * MIB) == 2
+    assert settings_from_snapshot({}) == AllocatorSettings()
+
+
+def test_oom_retry_after_releasing_the_cache() -> None:
+    a = Allocator(capacity=30 * MIB)
+    a.free(a.malloc(4 * MIB))  # a cached 20 MiB segment
+    a.malloc(25 * MIB)  # 20 + 26 > 30: release the cache, retry
+    assert _segment_events(a) == [
+        ("segment_alloc", 20 * MIB),
+        ("segment_free", 20 * MIB),
+        ("segment_alloc", 26 * MIB),
+    ]
+    assert (a.reserved, a.stats.num_alloc_retries, a.device.used) == (26 * MIB, 1, 26 * MIB)
+
+
+def test_out_of_memory_when_nothing_can_be_released() -> None:
+    a = Allocator(capacity=30 * MIB)
+    a.malloc(4 * MIB)  # its segment stays: a block in it is allocated
+    with pytest.raises(SimulatedOutOfMemory, match="tried to allocate 26214400 B") as info:
+        a.malloc(25 * MIB)
+    assert (info.value.allocated, info.value.reserved) == (4 * MIB, 20 * MIB)
+    assert a.events[-1].action == "oom" and a.stats.num_ooms == 1
+    assert a.reserved == 20 * MIB  # state untouched
+
+
+def test_empty_cache_releases_segments_without_allocated_blocks() -> None:
+    a = Allocator()
+    keep = a.malloc(4 * MIB)
+    a.malloc(4 * MIB)
+    small = a.malloc(512)
+    other = a.malloc(30 * MIB)
+    lone = a.malloc(14 * MIB)  # its own segment: the free 12 MiB block is too small
+    for address in (other, lone, small):
+        a.free(address)
+    a.empty_cache()
+    # large pool first, in size order, then the small pool; the split segment stays
+    assert _segment_events(a)[-3:] == [
+        ("segment_free", 14 * MIB),
+        ("segment_free", 30 * MIB),
+        ("segment_free", 2 * MIB),
+    ]
+    assert a.reserved == 20 * MIB and a.allocated == 8 * MIB
+    a.free(keep)
+    a.empty_cache()
+    assert a.reserved == 20 * MIB  # one block still allocated in that segment
+
+
+def test_deferred_free_holds_the_block() -> None:
+    a = Allocator()
+    x = a.malloc(4 * MIB)
+    a.free(x, deferred=True)
+    assert a.allocated == 0 and a.stats.get("active_bytes").current == 4 * MIB
+    assert _layout(a)[0][0] == (0, 4 * MIB, "active_pending_free")
+    assert a.malloc(4 * MIB) == x + 4 * MIB  # the pending block is not reused
+    a.complete_free(x)
+    assert a.malloc(4 * MIB) == x
+    with pytest.raises(KeyError):
+        a.free(12345)
+
+
+def test_stats_use_torch_names_and_peaks() -> None:
+    a = Allocator()
+    x = a.malloc(3 * MIB)
+    a.free(x)
+    a.malloc(1000)
+    stats = a.memory_stats()
+    assert stats["allocated_bytes.all.peak"] == 3 * MIB
+    assert stats["allocated_bytes.all.current"] == 1024
+    assert stats["requested_bytes.large_pool.allocated"] == 3 * MIB
+    assert stats["reserved_bytes.all.current"] == 22 * MIB
+    assert stats["segment.small_pool.current"] == 1 and stats["num_device_alloc"] == 2
+    assert a.largest_free_block() == 20 * MIB
+
+
+def test_expandable_segments_map_pages() -> None:
+    a = Allocator(parse_alloc_conf("expandable_segments:True"), capacity=80 * 2**30)
+    addresses = [a.malloc(3 * MIB) for _ in range(7)]
+    assert [y - x for x, y in zip(addresses, addresses[1:])] == [3 * MIB] * 6  # contiguous across pages
+    assert _segment_events(a) == [("segment_map", 20 * MIB), ("segment_map", 20 * MIB)]
+    assert a.reserved == 40 * MIB and len(a.segments()) == 1 and a.segments()[0].is_expandable
+    big = a.malloc(25 * MIB)  # split at 512 B granularity: exactly 25 MiB, pages mapped as needed
+    assert a.allocated == 21 * MIB + 25 * MIB and a.reserved == 60 * MIB
+    for address in (*addresses, big):
+        a.free(address)
+    a.empty_cache()
+    assert a.reserved == 0 and _segment_events(a)[-1] == ("segment_unmap", 60 * MIB)
+
+
+def test_expandable_small_pool_pages_are_2_mib() -> None:
+    a = Allocator(parse_alloc_conf("expandable_segments:True"))
+    a.malloc(512)
+    assert _segment_events(a) == [("segment_map", 2 * MIB)] and a.reserved == 2 * MIB
+
+
+def test_expandable_out_of_memory() -> None:
+    a = Allocator(parse_alloc_conf("expandable_segments:True"), capacity=40 * MIB)
+    a.malloc(30 * MIB)
+    with pytest.raises(SimulatedOutOfMemory):
+        a.malloc(30 * MIB)
+
+
+# -- trace replay ---------------------------------------------------------------------
+
+BASE = sf.BASE
+CACHE_FRAMES = [{"name": "empty_cache", "filename": "/torch/cuda/memory.py", "line": 218}]
+
+
+def _tail_snapshot(sighting: bool = True) -> dict:
+    """Before the trace: a 20 MiB segment holding A (a 16.5 MiB request handed out whole
+    as 17 MiB) and 3 MiB free; a cached small segment. The trace allocates C (3 MiB) in
+    the free 3 MiB, frees A, empties the cache, and allocates 100 B."""
+    a_req, c_at, small_at, new_small = int(16.5 * MIB), BASE + 17 * MIB, BASE + 32 * MIB, BASE + 64 * MIB
+    trace = []
+    if sighting:
+        trace.append(sf.entry("alloc", c_at, 3 * MIB, 1))
+    trace += [sf.entry("free_requested", BASE, a_req, 2), sf.entry("free_completed", BASE, a_req, 3)]
+    freeing = sf.entry("segment_free", small_at, 2 * MIB, 4)
+    freeing["frames"] = CACHE_FRAMES
+    trace += [freeing, sf.entry("segment_alloc", new_small, 2 * MIB, 5), sf.entry("alloc", new_small, 100, 5)]
+    large = [(17 * MIB, 0, "inactive"), (3 * MIB, 3 * MIB, "active_allocated")]
+    if not sighting:
+        large = [(20 * MIB, 0, "inactive")]
+    segments = [
+        sf.segment(BASE, large),
+        sf.segment(new_small, [(512, 100, "active_allocated"), (2 * MIB - 512, 0, "inactive")], "small"),
+    ]
+    return sf.snapshot(segments, trace)
+
+
+def test_rebuild_pins_the_unsplit_tail_with_a_later_allocation() -> None:
+    snap = snapshot_from_data(_tail_snapshot())
+    start = rebuild_start(snap.segments, snap.device_traces[0], AllocatorSettings())
+    assert (start.tails, start.pinned, start.problems) == (1, 1, ())
+    first = start.segments[0]
+    assert [(b.size, b.state) for b in first.blocks] == [
+        (17 * MIB, "active_allocated"),
+        (3 * MIB, "inactive"),
+    ]
+    assert [s.address for s in start.segments] == [
+        BASE,
+        BASE + 32 * MIB,
+    ]  # the released small segment is back
+
+
+def test_rebuild_without_a_sighting_takes_the_rounded_size() -> None:
+    snap = snapshot_from_data(_tail_snapshot(sighting=False))
+    start = rebuild_start(snap.segments, snap.device_traces[0], AllocatorSettings())
+    assert (start.tails, start.pinned) == (1, 0)
+    assert [b.size for b in start.segments[0].blocks] == [int(16.5 * MIB), int(3.5 * MIB)]
+
+
+def test_replay_of_a_hand_built_trace_matches() -> None:
+    report = replay_snapshot(snapshot_from_data(_tail_snapshot(), "tail.pickle"))
+    assert report.all_match, report.mismatches
+    assert (report.allocs.matched, report.segment_allocs.matched, report.segment_frees.matched) == (2, 1, 1)
+    assert (report.final_segments.matched, report.final_blocks.matched) == (2, 4)
+    assert (report.empty_cache_calls, report.tails, report.pinned) == (1, 1, 1)
+    assert report.to_dict()["all_match"] is True
+
+
+def test_replay_finds_a_decision_the_model_would_not_make() -> None:
+    data = _tail_snapshot()
+    alloc = data["device_traces"][0][-1]
+    alloc["addr"] += 1024  # torch "put" the 100 B block 1 KiB into its new segment
+    data["segments"][1] = sf.segment(
+        BASE + 64 * MIB,
+        [(1024, 0, "inactive"), (512, 100, "active_allocated"), (2 * MIB - 1536, 0, "inactive")],
+        "small",
+    )
+    report = replay_snapshot(snapshot_from_data(data))
+    assert not report.all_match
+    assert report.allocs.matched == 1 and report.mismatches[0].what == "alloc address"
+    assert report.final_blocks.matched == 2  # the large segment's two blocks
+
+
+def test_plan_calls_groups_events() -> None:
+    trace = snapshot_from_data(_tail_snapshot()).device_traces[0]
+    calls, skipped = plan_calls(trace)
+    assert [c.kind for c in calls] == ["malloc", "free", "empty_cache", "malloc"]
+    assert [len(c.segment_events) for c in calls] == [0, 0, 1, 1] and skipped == 0
+    deferred = snapshot_from_data(
+        sf.snapshot(
+            [],
+            [
+                sf.entry("free_requested", BASE, 10),
+                sf.entry("alloc", BASE + MIB, 10),
+                sf.entry("free_completed", BASE, 10),
+            ],
+        )
+    ).device_traces[0]
+    calls, _ = plan_calls(deferred)
+    assert [(c.kind, c.deferred) for c in calls] == [("free", True), ("malloc", False), ("complete", False)]
+
+
+def test_rules_flag_impossible_states() -> None:
+    good = snapshot_from_data(_tail_snapshot()).segments
+    assert rule_violations(good, AllocatorSettings()) == (6, [])
+    bad = snapshot_from_data(
+        sf.snapshot(
+            [
+                sf.segment(BASE, [(MIB, 0, "inactive"), (MIB, 0, "inactive")], "small"),
+                sf.segment(BASE + 4 * MIB, [(3 * MIB, 10, "active_allocated"), (17 * MIB, 0, "inactive")]),
+            ]
+        )
+    ).segments
+    _, problems = rule_violations(bad, AllocatorSettings())
+    assert len(problems) == 2
+    assert (
+        "should have merged" in problems[0]
+        and "large block of 3145728 B for a request of 10 B" in problems[1]
+    )
