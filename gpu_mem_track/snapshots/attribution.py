@@ -54,6 +54,7 @@ class Site:
 PRE_TRACE = Site("<before recording>", "live when the trace starts", 0)
 _NO_FRAMES = Site("<no frames>", "", 0)
 _NO_PYTHON = Site("<no Python frame>", "", 0)
+_USER, _LIBRARY_PY, _CPP = "user", "library", "C++"
 
 
 class Attributor:
@@ -69,13 +70,14 @@ class Attributor:
         self._patterns = tuple(_pattern(value) for value in self.include)
         self._matched: set[str] = set()
         self._seen: dict[int, tuple[Sequence[Frame], Site, str]] = {}
+        self._kinds: dict[int, tuple[Frame, tuple[str, str | None]]] = {}
 
     def describe(self, frames: Sequence[Frame]) -> tuple[Site, str]:
         """The site and the category (one of ``CATEGORIES``) of one stack."""
         known = self._seen.get(id(frames))
         if known is not None and known[0] is frames:
             return known[1], known[2]
-        site, category = self.site(frames), _category(frames)
+        site, category = self.site(frames), self.category(frames)
         self._seen[id(frames)] = (frames, site, category)
         return site, category
 
@@ -89,11 +91,11 @@ class Attributor:
             return _NO_FRAMES
         python = None
         for frame in frames:
-            if not _is_python(frame):
-                continue
-            if self.is_user(frame.filename):
+            kind = self._kind(frame)[0]
+            if kind == _USER:
                 return Site(frame.filename, frame.name, frame.line)
-            python = python or frame
+            if kind == _LIBRARY_PY and python is None:
+                python = frame
         for frame in frames:
             match = _NODE.search(frame.name) if "autograd" in frame.name else None
             if match:
@@ -101,6 +103,27 @@ class Attributor:
         if python is not None:
             return Site(python.filename, python.name, python.line)
         return _NO_PYTHON
+
+    def category(self, frames: Sequence[Frame]) -> str:
+        """The phase of a stack (see the module docstring)."""
+        phases = {self._kind(frame)[1] for frame in frames}
+        for phase in ("optimizer", "backward", "forward"):
+            if phase in phases:
+                return phase
+        return "other"
+
+    def _kind(self, frame: Frame) -> tuple[str, str | None]:
+        """(user, library Python or C++; the phase the frame alone shows), per frame."""
+        known = self._kinds.get(id(frame))
+        if known is not None and known[0] is frame:
+            return known[1]
+        if frame.filename.endswith(".py"):
+            kind = _USER if self.is_user(frame.filename) else _LIBRARY_PY
+        else:
+            kind = _CPP
+        answer = (kind, _phase(frame))
+        self._kinds[id(frame)] = (frame, answer)
+        return answer
 
     def is_user(self, filename: str) -> bool:
         """Whether a Python file counts as user code (see the module docstring)."""
@@ -119,21 +142,15 @@ def _pattern(value: str) -> str:
     return "/" + text.lstrip("/")
 
 
-def _is_python(frame: Frame) -> bool:
-    return frame.filename.endswith(".py")
-
-
-def _category(frames: Sequence[Frame]) -> str:
-    forward = backward = False
-    for frame in frames:
-        name, file = frame.name, frame.filename.replace("\\", "/")
-        if file.endswith(".py"):
-            if "/torch/optim/" in file:
-                return "optimizer"
-            if name == "backward" and ("/torch/autograd/" in file or file.endswith("/torch/_tensor.py")):
-                backward = True
-            elif name in ("_call_impl", "_wrapped_call_impl") and file.endswith("torch/nn/modules/module.py"):
-                forward = True
-        elif "torch::autograd::Engine" in name or "PythonEngine" in name:
-            backward = True
-    return "backward" if backward else "forward" if forward else "other"
+def _phase(frame: Frame) -> str | None:
+    name, file = frame.name, frame.filename.replace("\\", "/")
+    if file.endswith(".py"):
+        if "/torch/optim/" in file:
+            return "optimizer"
+        if name == "backward" and ("/torch/autograd/" in file or file.endswith("/torch/_tensor.py")):
+            return "backward"
+        if name in ("_call_impl", "_wrapped_call_impl") and file.endswith("torch/nn/modules/module.py"):
+            return "forward"
+    elif "torch::autograd::Engine" in name or "PythonEngine" in name:
+        return "backward"
+    return None

@@ -206,6 +206,9 @@ class _Layout:
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.settings = settings
+        table = settings.get("roundup_power2_divisions")
+        self.power2 = bool(table.values() if isinstance(table, Mapping) else table)
+        self.power2 = self.power2 and any(_divisions(2**i << 20, table) > 1 for i in range(16))
         limit = settings.get("max_split_size", -1)
         self.max_split = limit if isinstance(limit, int) and limit > 0 else None
         self.segments: dict[int, int] = {}
@@ -312,7 +315,10 @@ class _Layout:
         return 0 if action == "oom" else None
 
     def alloc(self, addr: int, request: int) -> int:
-        rounded = round_size(request, self.settings)
+        if self.power2:
+            rounded = round_size(request, self.settings)
+        else:
+            rounded = _MIN_BLOCK if request < _MIN_BLOCK else -(-request // _MIN_BLOCK) * _MIN_BLOCK
         segment = self.segment_of(addr)
         size = rounded
         if segment is not None and not self.expandable:
