@@ -138,27 +138,8 @@ def not_covered(traced: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(meta: dict, results: list[dict], control_rows: list[dict]) -> str:
-    traced = [r for r in results if "replay" in r]
-    lines = [
-        "# Allocator check",
-        "",
-        f"Commit {meta['commit']}, {meta['date']}; written by `{meta['command']}` "
-        f"(snapshots from {meta['folder']}).",
-        "",
-        "The simulator (`gpu_mem_track/allocator/`) replays each recorded trace from the cache "
-        "rebuilt at the trace's start (end state minus the net of the trace). The device answers "
-        "as the recorded GPU did (a `cudaMalloc` refused until the model has released as many "
-        "segments as torch did in that call; the recorded address when the segment size agrees), "
-        "so every count below is a decision of the model: segment sizes and when they are "
-        "allocated, which segments `empty_cache()` releases and in which order, the address of "
-        "every block, and the end state block for block (address, size, state, request).",
-        "",
-        "## Replays of the recorded traces",
-        "",
-        *replay_rows(traced),
-        "",
-    ]
+def replay_notes(traced: list[dict]) -> list[str]:
+    lines = []
     for r in traced:
         p = r["replay"]
         lines.append(
@@ -171,9 +152,12 @@ def markdown(meta: dict, results: list[dict], control_rows: list[dict]) -> str:
             lines.append(
                 f"  - event {m['index']}: {m['what']}: recorded {m['recorded']}, predicted {m['predicted']}"
             )
-        for problem in p["problems"]:
-            lines.append(f"  - rebuild: {problem}")
-    lines += ["", "## Snapshots without a trace: state round trip", ""]
+        lines.extend(f"  - rebuild: {problem}" for problem in p["problems"])
+    return lines
+
+
+def round_trip_notes(results: list[dict]) -> list[str]:
+    lines = []
     for r in results:
         if "round_trip" in r:
             t = r["round_trip"]
@@ -184,20 +168,58 @@ def markdown(meta: dict, results: list[dict], control_rows: list[dict]) -> str:
                 f"(recorded {t['recorded_reserved']:,}); "
                 f"largest free block {format_bytes(t['largest_free_block'])}."
             )
-    lines += ["", "## The recorded end states against the model's rules", ""]
-    lines.append("| snapshot | checks | violations |")
-    lines.append("|---|---:|---:|")
-    for r in results:
-        lines.append(f"| {r['file']} | {r['rule_checks']:,} | {len(r['rule_violations'])} |")
-    for r in results:
-        for problem in r["rule_violations"][:10]:
-            lines.append(f"- {r['file']}: {problem}")
-    lines += [
+    return lines
+
+
+def rule_notes(results: list[dict]) -> list[str]:
+    lines = ["| snapshot | checks | violations |", "|---|---:|---:|"]
+    lines += [f"| {r['file']} | {r['rule_checks']:,} | {len(r['rule_violations'])} |" for r in results]
+    lines += [f"- {r['file']}: {problem}" for r in results for problem in r["rule_violations"][:10]]
+    return lines
+
+
+INTRO = (
+    "The simulator (`gpu_mem_track/allocator/`) replays each recorded trace from the cache "
+    "rebuilt at the trace's start (end state minus the net of the trace). The device answers "
+    "as the recorded GPU did (a `cudaMalloc` refused until the model has released as many "
+    "segments as torch did in that call; the recorded address when the segment size agrees), "
+    "so every count below is a decision of the model: segment sizes and when they are "
+    "allocated, which segments `empty_cache()` releases and in which order, the address of "
+    "every block, and the end state block for block (address, size, state, request)."
+)
+RULES = (
+    "Rules checked (`allocator/rules.py`): segment sizes (2 MiB small; 20 MiB or a 2 MiB multiple "
+    "of at least 10 MiB large), blocks tiling their segment in 512 B multiples, no two free "
+    "neighbours, small-pool blocks of exactly the rounded request, large-pool blocks at most "
+    "1 MiB over it, free remainders in split large segments over 1 MiB."
+)
+
+
+def markdown(meta: dict, results: list[dict], control_rows: list[dict]) -> str:
+    traced = [r for r in results if "replay" in r]
+    lines = [
+        "# Allocator check",
         "",
-        "Rules checked (`allocator/rules.py`): segment sizes (2 MiB small; 20 MiB or a 2 MiB multiple "
-        "of at least 10 MiB large), blocks tiling their segment in 512 B multiples, no two free "
-        "neighbours, small-pool blocks of exactly the rounded request, large-pool blocks at most "
-        "1 MiB over it, free remainders in split large segments over 1 MiB.",
+        f"Commit {meta['commit']}, {meta['date']}; written by `{meta['command']}` "
+        f"(snapshots from {meta['folder']}).",
+        "",
+        INTRO,
+        "",
+        "## Replays of the recorded traces",
+        "",
+        *replay_rows(traced),
+        "",
+        *replay_notes(traced),
+        "",
+        "## Snapshots without a trace: state round trip",
+        "",
+        *round_trip_notes(results),
+        "",
+        "## The recorded end states against the model's rules",
+        "",
+        *rule_notes(results),
+        "",
+        RULES,
         "",
         "## Control: the longest trace under settings it was not recorded with",
         "",
