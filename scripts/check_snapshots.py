@@ -108,8 +108,8 @@ def _markdown(results: list[dict], folder: Path) -> str:
         "# Snapshot analysis on recorded snapshots",
         "",
         f"`python scripts/check_snapshots.py` on the snapshots in `{folder.name}/` (recorded on an "
-        "80 GB GPU; see the fixtures' README). Memory is the caching allocator's allocated bytes replayed from "
-        "the trace, blocks counted as the allocator counts them.",
+        "80 GB GPU; see the fixtures' README). Memory is the caching allocator's allocated bytes "
+        "replayed from the trace, blocks counted as the allocator counts them.",
         "",
     ]
     for result in results:
