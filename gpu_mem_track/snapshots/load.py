@@ -140,6 +140,7 @@ class _Reader:
         self.source = source
         self._stacks: dict[tuple[Any, ...], tuple[Frame, ...]] = {}
         self._frames: dict[tuple[Any, Any, Any], Frame] = {}
+        self._lists: dict[int, tuple[Any, tuple[Frame, ...]]] = {}
 
     def many(self, items: Any, where: str, convert: Callable[[Any], Any]) -> tuple[Any, ...]:
         out = []
@@ -155,6 +156,15 @@ class _Reader:
     def frames(self, items: Any) -> tuple[Frame, ...]:
         if not items:
             return ()
+        # torch's pickles share one list among the entries with the same stack.
+        seen = self._lists.get(id(items))
+        if seen is not None and seen[0] is items:
+            return seen[1]
+        stack = self._stack(items)
+        self._lists[id(items)] = (items, stack)
+        return stack
+
+    def _stack(self, items: Any) -> tuple[Frame, ...]:
         try:
             key = tuple(map(_FRAME_KEYS, items))
         except KeyError:
