@@ -80,7 +80,7 @@ class Stacks:
     def stack(self, phase: str, site: int) -> list[dict]:
         key = (phase, site)
         if key not in self.stacks:
-            self.stacks[key] = self.cpp(OPS[site % len(OPS)], 14 + site % 26) + self.python(phase, site)
+            self.stacks[key] = self.cpp(OPS[site % len(OPS)], 18 + site % 30) + self.python(phase, site)
         return self.stacks[key]
 
     def python(self, phase: str, site: int) -> list[dict]:
@@ -247,6 +247,7 @@ def _result(data: dict, size: int, runs: list[dict[str, float]], command: float)
         "command_seconds": command,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "runs": runs,
     }
 
@@ -256,8 +257,9 @@ def _markdown(result: dict) -> str:
     return (
         "# Snapshot analysis speed\n\n"
         "`python scripts/bench_snapshot.py` (synthetic snapshot built through the allocator model; "
-        f"Python {result['python']}, {result['cpus']} CPU cores shared with other work; medians of "
-        f"{result['repeat']} runs in one process).\n\n"
+        f"Python {result['python']}, {result['cpus']} CPU cores shared with other work, load average "
+        f"{result['load_average']:.1f} at the end; medians of {result['repeat']} runs in one process; "
+        "CPU seconds are this process's, wall seconds include waiting for a core).\n\n"
         f"Snapshot: {result['file_bytes'] / 1e6:.2f} MB of pickle, {result['entries']:,} trace entries, "
         f"{result['segments']} segments, {result['distinct_stacks']:,} distinct stacks, "
         f"{result['frames_per_entry']:.1f} frames per entry.\n\n"
