@@ -110,6 +110,10 @@ class FreeBlocks:
         del self._keys[i]
         del self._blocks[block.address]
 
+    def get(self, address: int) -> Block | None:
+        """The free block starting at ``address``, if any."""
+        return self._blocks.get(address)
+
     def lower_bound(self, stream: int, size: int) -> int:
         """Index of the first block ordered at or after (stream, size, 0)."""
         return bisect_left(self._keys, (stream, size, 0))

@@ -12,8 +12,9 @@ have been handed out whole with up to 1 MiB more (the unsplit remainder). While 
 block lives a block starts where it ends, and large-pool blocks are over 1 MiB, so any
 block start seen in ``[a + r, a + r + 1 MiB]`` during its life (a live neighbour, an
 allocation in the trace before its free, the segment's end) is its end. Without such
-a sighting the remainder cannot have mattered to where later blocks went; it is taken
-as 0 and counted as unpinned.
+a sighting the remainder is taken as 0 unless the caller gives the end (``ends``): the
+remainder then shows only through the free block after it, whose size may decide a
+later best fit, and ``replay`` infers it from such a decision.
 """
 
 from __future__ import annotations
@@ -25,21 +26,38 @@ from dataclasses import dataclass
 from ..snapshots.records import Block, Segment, TraceEntry
 from .settings import K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorSettings, round_size
 
-__all__ = ["StartState", "rebuild_start"]
+__all__ = ["StartState", "Tail", "rebuild_start"]
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A live block at the start whose size the trace had to settle: it starts at
+    ``address``, its rounded request ends at ``low``, it may end up to ``high``, and
+    ``end`` is where it was taken to end, ``how``: ``"seen"`` (a block start seen
+    there), ``"given"`` (set by the caller, e.g. inferred from a replayed decision) or
+    ``"assumed"`` (no evidence: no remainder)."""
+
+    address: int
+    low: int
+    high: int
+    end: int
+    how: str
 
 
 @dataclass(frozen=True)
 class StartState:
     """The cache when the trace began. ``segments``: as snapshot segments (free blocks
-    carry requested_size 0, their stale value being unknown); ``tails``: live blocks
-    whose size the trace had to pin down (large pool, allocated before the trace and
-    freed in it); ``pinned``: how many of them a sighting fixed; ``problems``: trace
-    events that contradict the end state (each one line)."""
+    carry requested_size 0, their stale value being unknown); ``tails``: the large-pool
+    blocks allocated before the trace and freed in it, whose unsplit remainder had to be
+    settled; ``problems``: trace events that contradict the end state (one line each)."""
 
     segments: tuple[Segment, ...]
-    tails: int
-    pinned: int
+    tails: tuple[Tail, ...]
     problems: tuple[str, ...]
+
+    def count(self, how: str) -> int:
+        """How many tails were settled that way."""
+        return sum(1 for t in self.tails if t.how == how)
 
 
 @dataclass
@@ -51,9 +69,13 @@ class _Live:
 
 
 def rebuild_start(
-    segments: Sequence[Segment], trace: Sequence[TraceEntry], settings: AllocatorSettings
+    segments: Sequence[Segment],
+    trace: Sequence[TraceEntry],
+    settings: AllocatorSettings,
+    ends: dict[int, int] | None = None,
 ) -> StartState:
-    """The cache before ``trace[0]``, given the segments after its last event."""
+    """The cache before ``trace[0]``, given the segments after its last event; ``ends``:
+    where given tail blocks (by address) end, when a sighting does not settle them."""
     problems: list[str] = []
     live = _live_at_start(segments, trace, problems)
     spans = _segments_at_start(segments, trace, problems)
@@ -66,15 +88,14 @@ def rebuild_start(
             continue
         by_segment[starts[i]].append(address)
     allocs = sorted((e.addr, i) for i, e in enumerate(trace) if e.action == "alloc")
-    tails = pinned = 0
+    tails: list[Tail] = []
     out = []
     for start in starts:
         size, stream, kind = spans[start]
         addresses = sorted(by_segment[start])
-        blocks, t, p = _blocks(start, size, kind, addresses, live, allocs, settings)
-        tails, pinned = tails + t, pinned + p
-        out.append(_segment(start, size, stream, kind, blocks))
-    return StartState(tuple(out), tails, pinned, tuple(problems))
+        context = (live, allocs, settings, ends or {}, tails)
+        out.append(_segment(start, size, stream, kind, _blocks(start, size, kind, addresses, context)))
+    return StartState(tuple(out), tuple(tails), tuple(problems))
 
 
 def _live_at_start(segments: Sequence[Segment], trace: Sequence[TraceEntry], problems: list[str]) -> dict:
@@ -123,13 +144,12 @@ def _tail_limit(rounded: int, settings: AllocatorSettings) -> int:
     return max(settings.max_non_split_rounding_size, K_ROUND_LARGE)
 
 
-def _blocks(start, size, kind, addresses, live, allocs, settings):
-    """The segment's blocks: live ones with their sizes settled, gaps as free blocks;
-    also the number of unknown tails and of those pinned."""
+def _blocks(start: int, size: int, kind: str, addresses: list[int], context: tuple) -> list[Block]:
+    """The segment's blocks: live ones with their sizes settled, gaps as free blocks."""
+    live, allocs, settings, ends, tails = context
     end = start + size
     out: list[Block] = []
     at = start
-    tails = pinned = 0
     for k, address in enumerate(addresses):
         if address > at:
             out.append(Block(at, address - at, 0, "inactive"))
@@ -138,24 +158,34 @@ def _blocks(start, size, kind, addresses, live, allocs, settings):
         if length is None:
             length = round_size(info.request, settings)
             if kind == "large":
-                tails += 1
-                nxt = addresses[k + 1] if k + 1 < len(addresses) else end
-                seen = _sighting(address + length, _tail_limit(length, settings), nxt, end, info, allocs)
-                if seen is not None:
-                    pinned += 1
-                    length = seen - address
+                following = addresses[k + 1] if k + 1 < len(addresses) else end
+                tail = _settle(address, length, following, info, allocs, settings, ends)
+                tails.append(tail)
+                length = tail.end - address
         out.append(Block(address, length, info.request, info.state))
         at = address + length
     if at < end:
         out.append(Block(at, end - at, 0, "inactive"))
-    return out, tails, pinned
+    return out
 
 
-def _sighting(low: int, limit: int, following: int, end: int, info: _Live, allocs) -> int | None:
-    """The lowest block start seen in [low, low + limit] while the block lived."""
-    seen = [x for x in (following, end) if low <= x <= low + limit]
+def _settle(address, rounded, following, info, allocs, settings, ends) -> Tail:
+    low = address + rounded
+    high = min(low + _tail_limit(rounded, settings), following)
+    seen = _sighting(low, high, following, info, allocs)
+    if seen is not None:
+        return Tail(address, low, high, seen, "seen")
+    if address in ends:
+        return Tail(address, low, high, min(max(ends[address], low), high), "given")
+    return Tail(address, low, high, low, "assumed")
+
+
+def _sighting(low: int, high: int, following: int, info: _Live, allocs) -> int | None:
+    """The lowest block start seen in [low, high] while the block lived: the next live
+    block or the segment's end, or an allocation in the trace before its free."""
+    seen = [following] if low <= following <= high else []
     i = bisect_right(allocs, (low, -1))
-    while i < len(allocs) and allocs[i][0] <= low + limit:
+    while i < len(allocs) and allocs[i][0] <= high:
         address, index = allocs[i]
         if info.freed_at < 0 or index < info.freed_at:
             seen.append(address)

@@ -21,34 +21,19 @@ Expandable-segment traces (``segment_map``/``segment_unmap``) are not replayed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from ..snapshots.records import Snapshot, TraceEntry
+from ..snapshots.records import Snapshot
 from .caching import Allocator
-from .device import SimulatedDevice
-from .rebuild import rebuild_start
+from .calls import Call, ReplayDevice, plan_calls
+from .rebuild import StartState, Tail, rebuild_start
 from .records import SimulatedOutOfMemory
-from .settings import AllocatorSettings, settings_from_snapshot
+from .settings import K_MIN_BLOCK_SIZE, AllocatorSettings, round_size, settings_from_snapshot
 from .tally import Tally, compare_final
 
 __all__ = ["Call", "Mismatch", "ReplayReport", "plan_calls", "replay_snapshot"]
 
 _SEGMENT_ACTIONS = ("segment_alloc", "segment_free")
-
-
-@dataclass(frozen=True)
-class Call:
-    """One call to replay: ``kind`` (``malloc``, ``oom``, ``free``, ``complete``,
-    ``empty_cache``), the index and entry of its recorded event (for ``empty_cache``,
-    its first ``segment_free``), the segment events torch recorded for it, and for a
-    ``free`` whether its completion comes later (``deferred``)."""
-
-    kind: str
-    index: int
-    entry: TraceEntry
-    segment_events: tuple[tuple[int, TraceEntry], ...] = ()
-    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,8 +55,10 @@ class ReplayReport:
     ``segment_allocs``/``segment_frees``: recorded, predicted, and matched (same call,
     address and size). ``ooms``: recorded, predicted, matched. ``final_segments`` /
     ``final_blocks``: the end state, recorded vs simulated, matched when equal (address,
-    size, type; blocks: address, size, state, and request when live). ``tails`` and
-    ``pinned``: start-state blocks whose unsplit remainder the trace had to settle.
+    size, type; blocks: address, size, state, and request when live). ``tails``:
+    start-state blocks whose unsplit remainder the trace had to settle; of them ``pinned``
+    by a block start seen at their end, ``inferred`` from a replayed best-fit decision,
+    the rest taken as having none. ``rounds``: replays run (one more per inference).
     ``mismatches``: the first ones, in order. ``peak_allocated``/``peak_reserved``: the
     simulated peaks over the replay (bytes).
     """
@@ -84,6 +71,8 @@ class ReplayReport:
     start_live_blocks: int
     tails: int
     pinned: int
+    inferred: int
+    rounds: int
     allocs: Tally
     segment_allocs: Tally
     segment_frees: Tally
@@ -117,91 +106,17 @@ class ReplayReport:
         return out
 
 
-class ReplayDevice(SimulatedDevice):
-    """A device that answers each call as the recorded GPU did (see the module doc)."""
-
-    def __init__(self) -> None:
-        super().__init__(None, base=1 << 60)  # fresh addresses never collide with real ones
-        self.expected: list[TraceEntry] = []
-        self.frees_needed = 0
-        self.refuse = False
-        self.frees_done = lambda: 0
-
-    def plan(self, call: Call, frees_done) -> None:
-        recorded = [e for _, e in call.segment_events]
-        self.expected = [e for e in recorded if e.action == "segment_alloc"]
-        self.frees_needed = sum(1 for e in recorded if e.action == "segment_free")
-        self.refuse = call.kind == "oom"
-        self.frees_done = frees_done
-
-    def malloc(self, size: int) -> int | None:
-        if self.refuse or self.frees_done() < self.frees_needed:
-            return None
-        if self.expected:
-            recorded = self.expected.pop(0)
-            if recorded.size == size:
-                self._used += size
-                return recorded.addr
-        return super().malloc(size)
-
-
-def _empty_cache_frames(entry: TraceEntry, cache: dict) -> bool:
-    key = id(entry.frames)
-    if key not in cache:
-        cache[key] = any("empty_cache" in f.name or "emptyCache" in f.name for f in entry.frames)
-    return cache[key]
-
-
-def plan_calls(trace: Sequence[TraceEntry]) -> tuple[list[Call], int]:
-    """The calls to replay, in order, and the number of events left out (expandable
-    segments' map/unmap). See the module doc for how events are grouped."""
-    calls: list[Call] = []
-    waiting: list[tuple[int, TraceEntry]] = []
-    frames: dict = {}
-    skipped = 0
-
-    def flush() -> None:
-        if waiting:  # segment frees no allocation claimed: an empty_cache without frames
-            calls.append(Call("empty_cache", waiting[0][0], waiting[0][1], tuple(waiting)))
-            waiting.clear()
-
-    for index, e in enumerate(trace):
-        action = e.action
-        if action == "segment_free" and _empty_cache_frames(e, frames):
-            flush()
-            last = calls[-1] if calls else None
-            if last is not None and last.kind == "empty_cache" and last.segment_events[-1][0] == index - 1:
-                calls[-1] = Call("empty_cache", last.index, last.entry, (*last.segment_events, (index, e)))
-            else:
-                calls.append(Call("empty_cache", index, e, ((index, e),)))
-        elif action in _SEGMENT_ACTIONS:
-            waiting.append((index, e))
-        elif action in ("alloc", "oom"):
-            calls.append(Call("malloc" if action == "alloc" else "oom", index, e, tuple(waiting)))
-            waiting.clear()
-        elif action == "free_requested":
-            flush()
-            following = trace[index + 1] if index + 1 < len(trace) else None
-            soon = following is not None and following.action == "free_completed" and following.addr == e.addr
-            calls.append(Call("free", index, e, deferred=not soon))
-        elif action == "free_completed":
-            flush()
-            previous = trace[index - 1] if index else None
-            if previous is None or previous.action != "free_requested" or previous.addr != e.addr:
-                calls.append(Call("complete", index, e))
-        elif action in ("segment_map", "segment_unmap"):
-            skipped += 1
-    flush()
-    return calls, skipped
-
-
 @dataclass
 class _Run:
-    """The replay's running state and counts."""
+    """The replay's running state and counts. ``open_tails``: start blocks whose end was
+    not seen, by their assumed end, while they live; ``hint``: (tail address, an end it
+    must reach) from the first decision that contradicts the assumption."""
 
     allocator: Allocator
     device: ReplayDevice
     keep: int
+    open_tails: dict[int, Tail] = field(default_factory=dict)
+    hint: tuple[int, int] | None = None
     addresses: dict[int, int] = field(default_factory=dict)  # recorded -> simulated
     counts: Counter = field(default_factory=Counter)
     mismatches: list[Mismatch] = field(default_factory=list)
@@ -217,16 +132,34 @@ def replay_snapshot(
     snapshot: Snapshot, device: int = 0, settings: AllocatorSettings | None = None, keep: int = 20
 ) -> ReplayReport:
     """Replay ``snapshot``'s trace for ``device`` (settings: the snapshot's own unless
-    given); ``keep``: how many mismatches to describe."""
+    given); ``keep``: how many mismatches to describe. An unsplit remainder the trace
+    shows only through a best-fit decision is inferred and the replay run again."""
     settings = settings or settings_from_snapshot(snapshot.allocator_settings)
     trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else ()
     end = snapshot.device_segments(device)
-    start = rebuild_start(end, trace, settings)
+    calls, skipped = plan_calls(trace)
+    ends: dict[int, int] = {}
+    rounds = 0
+    while True:
+        rounds += 1
+        start = rebuild_start(end, trace, settings, ends)
+        run = _replay(start, calls, settings, keep)
+        if run.hint is None or ends.get(run.hint[0]) == run.hint[1] or rounds > 4 * len(start.tails):
+            break
+        ends[run.hint[0]] = run.hint[1]
+    return _report(snapshot, device, settings, trace, end, start, run, skipped, rounds)
+
+
+def _replay(start: StartState, calls: list[Call], settings: AllocatorSettings, keep: int) -> _Run:
     replay_device = ReplayDevice()
     run = _Run(Allocator.from_segments(start.segments, settings, device=replay_device), replay_device, keep)
-    calls, skipped = plan_calls(trace)
+    run.open_tails = {t.end: t for t in start.tails if t.how != "seen"}
     for call in calls:
         _replay_call(run, call)
+    return run
+
+
+def _report(snapshot, device, settings, trace, end, start, run, skipped, rounds) -> ReplayReport:
     stats = run.allocator.stats
     c = run.counts
     final = compare_final(end, run.allocator.segments(device))
@@ -237,8 +170,10 @@ def replay_snapshot(
         settings=settings.conf_string(),
         start_segments=len(start.segments),
         start_live_blocks=sum(1 for s in start.segments for b in s.blocks if b.state != "inactive"),
-        tails=start.tails,
-        pinned=start.pinned,
+        tails=len(start.tails),
+        pinned=start.count("seen"),
+        inferred=start.count("given"),
+        rounds=rounds,
         allocs=Tally(c["alloc.recorded"], c["alloc.predicted"], c["alloc.matched"]),
         segment_allocs=Tally(
             c["segment_alloc.recorded"], c["segment_alloc.predicted"], c["segment_alloc.matched"]
@@ -263,17 +198,9 @@ def _replay_call(run: _Run, call: Call) -> None:
     allocator = run.allocator
     mark = len(allocator.events)
     run.device.plan(call, lambda: sum(1 for ev in allocator.events[mark:] if ev.action == "segment_free"))
-    e = call.entry
-    if call.kind == "malloc":
-        _replay_malloc(run, call)
-    elif call.kind == "oom":
-        run.counts["oom.recorded"] += 1
-        try:
-            allocator.malloc(e.size, e.stream)
-            run.miss(call.index, "oom", f"out of memory for {e.size} B", "allocated")
-        except SimulatedOutOfMemory:
-            run.counts["oom.predicted"] += 1
-            run.counts["oom.matched"] += 1
+    if call.kind in ("malloc", "oom"):
+        (_replay_malloc if call.kind == "malloc" else _replay_oom)(run, call)
+        _complete_absorbed(run, call)
     elif call.kind in ("free", "complete"):
         _replay_free(run, call)
     else:
@@ -282,9 +209,32 @@ def _replay_call(run: _Run, call: Call) -> None:
     _compare_segments(run, call, mark)
 
 
+def _replay_oom(run: _Run, call: Call) -> None:
+    e = call.entry
+    run.counts["oom.recorded"] += 1
+    try:
+        address = run.allocator.malloc(e.size, e.stream)
+    except SimulatedOutOfMemory:
+        run.counts["oom.predicted"] += 1
+        run.counts["oom.matched"] += 1
+        return
+    run.miss(call.index, "oom", f"out of memory for {e.size} B", f"allocated at {address:#x}")
+
+
+def _complete_absorbed(run: _Run, call: Call) -> None:
+    """Complete the deferred frees recorded within an allocation that the simulator's
+    own release did not complete."""
+    for _, e in call.segment_events:
+        if e.action == "free_completed":
+            block = run.allocator.active.get(run.addresses.get(e.addr, e.addr))
+            if block is not None and block.pending:
+                run.allocator.complete_free(block.address)
+
+
 def _replay_malloc(run: _Run, call: Call) -> None:
     e = call.entry
     run.counts["alloc.recorded"] += 1
+    after_tails = _free_after_tails(run) if run.open_tails and run.hint is None else {}
     try:
         address = run.allocator.malloc(e.size, e.stream)
     except SimulatedOutOfMemory:
@@ -295,8 +245,28 @@ def _replay_malloc(run: _Run, call: Call) -> None:
     run.addresses[e.addr] = address
     if address == e.addr:
         run.counts["alloc.matched"] += 1
-    else:
-        run.miss(call.index, "alloc address", f"{e.addr:#x} ({e.size} B)", f"{address:#x}")
+        return
+    run.miss(call.index, "alloc address", f"{e.addr:#x} ({e.size} B)", f"{address:#x}")
+    if address in after_tails:
+        # torch did not take the free block after an open tail: it was too small for the
+        # request, so the tail ends later, leaving less than the rounded request.
+        tail = run.open_tails[address]
+        wanted = (
+            address + after_tails[address] - round_size(e.size, run.allocator.settings) + K_MIN_BLOCK_SIZE
+        )
+        if tail.end < wanted <= tail.high:
+            run.hint = (tail.address, wanted)
+
+
+def _free_after_tails(run: _Run) -> dict[int, int]:
+    """The size of the free large-pool block starting at each open tail's end."""
+    free = run.allocator.large_pool.free
+    sizes = {}
+    for end in run.open_tails:
+        block = free.get(end)
+        if block is not None:
+            sizes[end] = block.size
+    return sizes
 
 
 def _replay_free(run: _Run, call: Call) -> None:
@@ -312,10 +282,13 @@ def _replay_free(run: _Run, call: Call) -> None:
         return
     if call.kind == "complete" or not call.deferred:
         run.addresses.pop(e.addr, None)
+    for end, tail in list(run.open_tails.items()):
+        if tail.address == address:
+            del run.open_tails[end]
 
 
 def _compare_segments(run: _Run, call: Call, mark: int) -> None:
-    recorded = [(e.action, e.addr, e.size) for _, e in call.segment_events]
+    recorded = [(e.action, e.addr, e.size) for _, e in call.segment_events if e.action in _SEGMENT_ACTIONS]
     predicted = [
         (ev.action, ev.address, ev.size)
         for ev in run.allocator.events[mark:]
