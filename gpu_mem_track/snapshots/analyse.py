@@ -75,7 +75,9 @@ class Peak:
     """The highest allocated bytes and the moment: ``index`` in the trace (None: the end
     state of a snapshot without a trace, or the trace's start), ``time_us`` (epoch
     microseconds; None if unknown), ``reserved`` then, the ``site`` and ``category`` of
-    the allocation that reached it and its ``block`` and ``request`` bytes (0 if none)."""
+    the allocation that reached it and its ``block`` and ``request`` bytes (0 if none).
+    ``bound``: the most the true peak could be, when blocks from before the trace kept
+    unknown tails (``replay.Replay.tails``; equal to ``allocated`` otherwise)."""
 
     allocated: int
     reserved: int
@@ -85,6 +87,7 @@ class Peak:
     category: str
     block: int = 0
     request: int = 0
+    bound: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "site": self.site.label}
@@ -217,6 +220,7 @@ def _peak_step(replayed: Replay) -> int | None:
 
 
 def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any]) -> Peak:
+    bound = _peak_bound(replayed)
     if at is None:
         return Peak(
             replayed.start_allocated,
@@ -225,6 +229,7 @@ def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Seque
             trace[0].time_us or None,
             PRE_TRACE,
             "before recording",
+            bound=max(bound, replayed.start_allocated),
         )
     step = replayed.steps[at]
     site, category = attributor.describe(step.entry.frames)
@@ -237,7 +242,23 @@ def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Seque
         category,
         step.bytes,
         step.entry.size,
+        max(bound, step.allocated),
     )
+
+
+def _peak_bound(replayed: Replay) -> int:
+    """The highest allocated bytes could reach with every unknown tail at its largest."""
+    if not replayed.tails:
+        return 0
+    best = replayed.start_allocated + replayed.uncertainty(None)
+    pending = sorted(replayed.tails, key=lambda tail: tail[1])
+    extra, position = sum(bound for bound, _ in pending), 0
+    for step in replayed.steps:
+        while position < len(pending) and pending[position][1] <= step.index:
+            extra -= pending[position][0]
+            position += 1
+        best = max(best, step.allocated + extra)
+    return best
 
 
 def _empty_cache_runs(steps: Iterable[Step]) -> tuple[tuple[int, int, int], ...]:
@@ -363,7 +384,7 @@ def _without_trace(snapshot: Snapshot, replayed: Replay, attributor: Attributor)
                 site, category = attributor.describe(block.frames)
                 tally.block(site, category, block.size, allocated)
     free = free_blocks_at(snapshot, replayed.device, None)
-    peak = Peak(allocated, reserved, None, None, Site("<snapshot>", "end state", 0), "")
+    peak = Peak(allocated, reserved, None, None, Site("<snapshot>", "end state", 0), "", bound=allocated)
     return SnapshotAnalysis(
         snapshot.source, replayed.device, snapshot.devices(), 0, None, None, allocated, reserved,
         allocated, reserved, reserved, peak, reserved - allocated, free[0] if free else 0, len(free),

@@ -100,7 +100,9 @@ class ReplayCheck:
 class Replay:
     """The replayed trace of one device: bytes allocated and reserved at its start,
     ``steps`` in order, ``start_blocks`` (address, block bytes) allocated at the start,
-    and the ``check`` against the recorded end state."""
+    the ``check`` against the recorded end state, and ``tails``: (the most bytes its
+    unknown tail could add, the trace index of its ``free_requested``) per block from
+    before the trace whose tail stayed unknown (see the module docstring)."""
 
     device: int
     start_allocated: int
@@ -108,6 +110,12 @@ class Replay:
     steps: tuple[Step, ...]
     start_blocks: tuple[tuple[int, int], ...]
     check: ReplayCheck
+    tails: tuple[tuple[int, int], ...] = ()
+
+    def uncertainty(self, index: int | None) -> int:
+        """The most bytes the allocated figure right after trace entry ``index`` (None:
+        at the start) could be low by: the unknown tails of blocks still counted then."""
+        return sum(bound for bound, freed in self.tails if index is None or freed > index)
 
     @property
     def final_allocated(self) -> int:
@@ -154,8 +162,10 @@ def replay(snapshot: Snapshot, device: int) -> Replay:
     trace = _trace(snapshot, device)
     segments = snapshot.device_segments(device)
     layout = _Layout.at_start(segments, trace, snapshot.allocator_settings)
-    changes = []
+    changes, tails = [], []
     for index, entry in enumerate(trace):
+        if entry.action == "free_requested" and entry.addr in layout.tails and entry.addr in layout.counted:
+            tails.append((layout.tails[entry.addr], index))
         change = layout.apply(entry)
         if change is not None:
             changes.append((index, entry, change))
@@ -172,7 +182,7 @@ def replay(snapshot: Snapshot, device: int) -> Replay:
             allocated += change
         steps.append(Step(index, entry, change, allocated, reserved))
     check = layout.check(segments, allocated, reserved)
-    return Replay(device, start_allocated, start_reserved, tuple(steps), start_blocks, check)
+    return Replay(device, start_allocated, start_reserved, tuple(steps), start_blocks, check, tuple(tails))
 
 
 def free_blocks_at(snapshot: Snapshot, device: int, index: int | None) -> list[int]:

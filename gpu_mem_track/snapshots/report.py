@@ -79,7 +79,8 @@ def _peak_line(analysis: SnapshotAnalysis) -> str:
     if not analysis.has_trace:
         return f"allocated {format_bytes(peak.allocated)} | reserved {format_bytes(peak.reserved)} (no trace)"
     when = _when(analysis, peak.time_us)
-    return f"peak allocated {format_bytes(peak.allocated)} {when} by {_site(peak.site.label)}"
+    upto = f" (<= {format_bytes(peak.bound)})" if peak.bound > peak.allocated else ""
+    return f"peak allocated {format_bytes(peak.allocated)}{upto} {when} by {_site(peak.site.label)}"
 
 
 def _when(analysis: SnapshotAnalysis, time_us: int | None) -> str:
@@ -100,6 +101,11 @@ def _peak(analysis: SnapshotAnalysis) -> str:
                 f"{format_bytes(peak.request)} [{peak.category}]"
             )
         out.append(f"  at {_site(peak.site.label)}")
+        if peak.bound > peak.allocated:
+            out.append(
+                f"  (up to {format_bytes(peak.bound)} if the unknown tails of blocks from before the trace "
+                "were at their largest; see the check below)"
+            )
     else:
         out.append(
             f"allocated {format_bytes(peak.allocated)} when the snapshot was taken (the peak is not known)"
