@@ -18,6 +18,7 @@ from runfiles import line as run_line
 from runfiles import runner_folder
 from snapshotfiles import SETTINGS
 
+from gpu_mem_track.allocator.settings import round_size, settings_from_snapshot
 from gpu_mem_track.runner.files import read_lines
 from gpu_mem_track.runs.compare import compare_files
 from gpu_mem_track.runs.load import load_run
@@ -25,7 +26,7 @@ from gpu_mem_track.snapshots import snapshot_from_data
 from gpu_mem_track.snapshots.analyse import analyse
 from gpu_mem_track.snapshots.attribution import PRE_TRACE, Attributor, Site
 from gpu_mem_track.snapshots.records import Frame
-from gpu_mem_track.snapshots.replay import replay, round_size
+from gpu_mem_track.snapshots.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -244,14 +245,29 @@ def test_longer_gap_is_pinned_by_an_allocation_or_reported_unresolved():
     assert not replayed.check.exact
 
 
-def test_round_size_follows_torch_oracles():
+def test_rounding_read_from_the_snapshot_settings_follows_torch_oracles():
     size = 21 * 2**20 * 4  # torch.rand(21 * 2**20): 88,080,384 B
-    assert round_size(size, SETTINGS) == 88_080_384
-    assert round_size(4, SETTINGS) == 512
+    assert round_size(size, settings_from_snapshot(SETTINGS)) == 88_080_384
+    assert round_size(4, settings_from_snapshot(SETTINGS)) == 512
     four = {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}
-    assert round_size(size, four) == 100_663_296
+    assert round_size(size, settings_from_snapshot(four)) == 100_663_296
     table = {"roundup_power2_divisions": {**{str(2**i): 0 for i in range(16)}, "64": 8, "128": 2}}
-    assert round_size(size, table) == 92_274_688
+    assert round_size(size, settings_from_snapshot(table)) == 92_274_688
+
+
+def test_power2_divisions_in_the_snapshot_change_the_replayed_blocks():
+    data = training_data()
+    data["device_traces"] = [[entry("alloc", SMALL + MIB, 600 * 1024 + 1, user(10), 1)]]
+    data["allocator_settings"] = {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}
+    small = data["segments"][0]
+    small["blocks"][1:] = [
+        block(SMALL + MIB, 640 * 1024, 600 * 1024 + 1, "active_allocated", user(10)),
+        block(SMALL + MIB + 640 * 1024, 384 * 1024, 0, "inactive"),
+    ]
+    _, replayed = analysed(data)
+    # 600 KiB + 1 B lies between 512 KiB and 1 MiB: four divisions of 128 KiB, so 640 KiB
+    assert replayed.steps[0].bytes == 640 * 1024
+    assert replayed.check.blocks_matching == replayed.check.blocks_checked == 1
 
 
 def frames(*items: tuple[str, int, str]) -> tuple[Frame, ...]:

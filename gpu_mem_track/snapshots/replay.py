@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..allocator.settings import AllocatorSettings, round_size, settings_from_snapshot
 from .records import Segment, Snapshot, TraceEntry
 
-__all__ = ["Replay", "ReplayCheck", "Step", "free_blocks_at", "replay", "round_size"]
+__all__ = ["Replay", "ReplayCheck", "Step", "free_blocks_at", "replay"]
 
 _MIN_BLOCK = 512
 _SMALL = 1 << 20  # largest small-pool request; also the largest unsplit tail
@@ -126,42 +127,11 @@ class Replay:
         return self.steps[-1].reserved if self.steps else self.start_reserved
 
 
-def round_size(size: int, settings: Mapping[str, Any]) -> int:
-    """The block bytes the allocator rounds a request of ``size`` bytes to, under the
-    snapshot's ``allocator_settings`` (``roundup_power2_divisions``: divisions per power
-    of two, keyed ``"1"``, ``"2"``, ... ``"32768"`` for the MiB interval the size is in)."""
-    if size < _MIN_BLOCK:
-        return _MIN_BLOCK
-    divisions = _divisions(size, settings.get("roundup_power2_divisions"))
-    if divisions > 1 and size > _MIN_BLOCK * divisions:
-        if size & (size - 1) == 0:
-            return size
-        floor = 1 << (size.bit_length() - 1)
-        step = floor >> (divisions.bit_length() - 1)
-        if step == 0:
-            return floor << 1
-        low = size & ~(step - 1)
-        return size if low == size else low + step
-    return -(-size // _MIN_BLOCK) * _MIN_BLOCK
-
-
-def _divisions(size: int, table: Any) -> int:
-    if isinstance(table, int):
-        return table
-    if not isinstance(table, Mapping) or not table:
-        return 0
-    index = min(max(size.bit_length() - 1 - 20, 0), 15)
-    try:
-        return int(table.get(str(1 << index), 0) or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def replay(snapshot: Snapshot, device: int) -> Replay:
     """Replay ``device``'s trace (empty: the end state only) as the module docstring says."""
     trace = _trace(snapshot, device)
     segments = snapshot.device_segments(device)
-    layout = _Layout.at_start(segments, trace, snapshot.allocator_settings)
+    layout = _Layout.at_start(segments, trace, _settings(snapshot))
     changes, tails = [], []
     for index, entry in enumerate(trace):
         if entry.action == "free_requested" and entry.addr in layout.tails and entry.addr in layout.counted:
@@ -192,10 +162,18 @@ def free_blocks_at(snapshot: Snapshot, device: int, index: int | None) -> list[i
     if index is None:
         return sorted((b.size for s in segments for b in s.blocks if b.state == "inactive"), reverse=True)
     trace = _trace(snapshot, device)
-    layout = _Layout.at_start(segments, trace, snapshot.allocator_settings)
+    layout = _Layout.at_start(segments, trace, _settings(snapshot))
     for entry in trace[: index + 1]:
         layout.apply(entry)
     return layout.gaps()
+
+
+def _settings(snapshot: Snapshot) -> AllocatorSettings:
+    """The snapshot's allocator settings (the defaults where they cannot be read)."""
+    try:
+        return settings_from_snapshot(snapshot.allocator_settings)
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return AllocatorSettings()
 
 
 def _trace(snapshot: Snapshot, device: int) -> Sequence[TraceEntry]:
@@ -214,13 +192,10 @@ class _Layout:
     could add (bytes).
     """
 
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    def __init__(self, settings: AllocatorSettings) -> None:
         self.settings = settings
-        table = settings.get("roundup_power2_divisions")
-        self.power2 = bool(table.values() if isinstance(table, Mapping) else table)
-        self.power2 = self.power2 and any(_divisions(2**i << 20, table) > 1 for i in range(16))
-        limit = settings.get("max_split_size", -1)
-        self.max_split = limit if isinstance(limit, int) and limit > 0 else None
+        self.power2 = any(d > 1 for d in settings.roundup_power2_divisions)
+        self.max_split = settings.split_limit
         self.segments: dict[int, int] = {}
         self.starts: list[int] = []
         self.used: dict[int, list[int]] = {}
@@ -237,7 +212,7 @@ class _Layout:
 
     @classmethod
     def at_start(
-        cls, segments: Sequence[Segment], trace: Sequence[TraceEntry], settings: Mapping[str, Any]
+        cls, segments: Sequence[Segment], trace: Sequence[TraceEntry], settings: AllocatorSettings
     ) -> _Layout:
         layout = cls(settings)
         layout.expandable = any(s.is_expandable for s in segments)
@@ -353,7 +328,7 @@ class _Layout:
 
     def splits(self, rounded: int, free: int) -> bool:
         """Whether the allocator cuts a large free block of ``free`` bytes for ``rounded``."""
-        if self.max_split is not None and rounded >= self.max_split:
+        if rounded >= self.max_split:
             return False
         return free - rounded > _SMALL
 
