@@ -8,8 +8,10 @@ FOLDER (default: ../shared/fixtures/snapshots beside the clone, else
 one with a trace: rebuild the cache at the trace's start, replay every call through the
 simulator and count the decisions it got right (``gpu_mem_track.allocator.replay``).
 For each without: load its segments into the simulator and export them back. For all:
-check the recorded end state against the model's rules. Then, as a control, replay the
-longest trace under settings it was not recorded with, to show the check can fail.
+check the recorded end state against the model's rules. Each trace is also replayed
+cut at seeded random points, as a smaller ring buffer would have kept it. Then, as a
+control, replay the longest trace under settings it was not recorded with, to show the
+check can fail.
 """
 
 from __future__ import annotations

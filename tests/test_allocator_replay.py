@@ -4,7 +4,9 @@ from their own event log cut at a random point, as a ring buffer would cut it.""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 import snapshotfiles as sf
@@ -13,7 +15,7 @@ from gpu_mem_track.allocator import Allocator, AllocatorSettings, SimulatedOutOf
 from gpu_mem_track.allocator.rebuild import rebuild_start
 from gpu_mem_track.allocator.replay import plan_calls, replay_snapshot
 from gpu_mem_track.allocator.rules import rule_violations
-from gpu_mem_track.snapshots import snapshot_from_data
+from gpu_mem_track.snapshots import load_snapshot, snapshot_from_data
 
 MIB = 2**20
 
@@ -233,3 +235,40 @@ def test_replay_of_random_workloads_cut_anywhere(seed: int) -> None:
     report = replay_snapshot(snapshot_from_data(data))
     assert report.all_match, (report.mismatches[:3], report.problems[:3])
     assert report.allocs.recorded == sum(1 for e in trace[cut:] if e["action"] == "alloc")
+
+
+def test_a_completion_with_other_frames_was_forced_later() -> None:
+    """free_requested then free_completed of the same block: at once when both carry the
+    free's stack; a completion with another stack (the allocation that forced it by
+    releasing the cache) means the free was deferred and belongs to that allocation."""
+    free = sf.entry("free_requested", BASE, 10)
+    forced = dict(sf.entry("free_completed", BASE, 10), frames=MALLOC)
+    release = dict(sf.entry("segment_free", BASE, 20 * MIB), frames=MALLOC)
+    new = [sf.entry("segment_alloc", BASE + 64 * MIB, 20 * MIB), sf.entry("alloc", BASE + 64 * MIB, 3 * MIB)]
+    calls, _ = plan_calls(snapshot_from_data(sf.snapshot([], [free, forced, release, *new])).device_traces[0])
+    assert [(c.kind, c.deferred) for c in calls] == [("free", True), ("malloc", False)]
+    recorded = [e.action for _, e in calls[1].segment_events]
+    assert recorded == ["free_completed", "segment_free", "segment_alloc"]
+    at_once = dict(sf.entry("free_completed", BASE, 10))
+    calls, _ = plan_calls(snapshot_from_data(sf.snapshot([], [free, at_once])).device_traces[0])
+    assert [(c.kind, c.deferred) for c in calls] == [("free", False)]
+
+
+def _fixtures() -> Path | None:
+    for shared in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")):
+        folder = shared / "fixtures" / "snapshots"
+        if folder.is_dir():
+            return folder
+    return None
+
+
+FIXTURES = _fixtures()
+
+
+@pytest.mark.skipif(FIXTURES is None, reason="../shared/fixtures/snapshots not present")
+def test_recorded_forward_pass_replays_whole_and_cut() -> None:
+    snap = load_snapshot(FIXTURES / "transformer-2.7b-ctx128-forward-amp.pickle.gz")
+    whole = replay_snapshot(snap)
+    assert whole.all_match and (whole.allocs.matched, whole.segment_allocs.matched) == (2703, 461)
+    cut = replay_snapshot(dataclasses.replace(snap, device_traces=(snap.device_traces[0][2122:],)))
+    assert cut.all_match and cut.tails == cut.pinned == 8

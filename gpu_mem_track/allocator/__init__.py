@@ -5,7 +5,9 @@
 (``memory_stats()``, ``allocated``, ``reserved``, ``requested``), and the log of what
 it did (``events``: allocs, frees, segment allocations and frees). Settings come from a
 ``PYTORCH_CUDA_ALLOC_CONF`` string (``parse_alloc_conf``) or a memory snapshot
-(``settings_from_snapshot``). ``replay`` checks the model against a recorded trace.
+(``settings_from_snapshot``). ``replay.replay_snapshot`` checks the model against a
+memory snapshot's trace: ``rebuild`` recovers the cache at the trace's start, ``calls``
+groups the events into calls, ``rules`` checks a recorded state.
 """
 
 from __future__ import annotations
