@@ -140,19 +140,43 @@ def _write_timeline(path: Path, analysis: SnapshotAnalysis, replayed: Replay, at
 def _timeline_rows(
     analysis: SnapshotAnalysis, replayed: Replay, attributor: Attributor
 ) -> Iterator[list[Any]]:
-    """Rows in ``TIMELINE_COLUMNS`` order (seq, elapsed, event, file, function, line,
-    label, memory, increment, peak, allocated, reserved, driver, rss)."""
+    """Rows in ``TIMELINE_COLUMNS`` order (see the module docstring)."""
     t0 = analysis.time_start_us
     allocated, reserved = replayed.start_allocated, replayed.start_reserved
     seq, elapsed = 0, 0.0
-    yield [
+    yield _mark(seq, elapsed, "start", "", allocated, reserved, analysis.source)
+    marks = {at for at, _, _ in analysis.empty_cache}
+    for step in replayed.steps:
+        entry = step.entry
+        seq += 1
+        elapsed = (entry.time_us - t0) / 1e6 if t0 is not None and entry.time_us else float(step.index)
+        if entry.action == "oom" or (entry.action == "segment_free" and entry.time_us in marks):
+            marks.discard(entry.time_us)
+            label = "out of memory" if entry.action == "oom" else "empty_cache()"
+            yield _mark(seq, elapsed, "track", label, allocated, reserved)
+            seq += 1
+        site, _ = attributor.describe(entry.frames)
+        allocated, reserved = step.allocated, step.reserved
+        increment = step.bytes if entry.action in ("alloc", "free_requested") else 0
+        yield [
+            seq, elapsed, "line", site.file, site.function, site.line or None, entry.action,
+            allocated, increment, None, allocated, reserved, None, None,
+        ]  # fmt: skip
+    yield _mark(seq + 1, elapsed, "end", "", allocated, reserved)
+
+
+def _mark(
+    seq: int, elapsed: float, event: str, label: str, allocated: int, reserved: int, file: str = ""
+) -> list:
+    """A row that is not a trace event: the start, the end, a ``track`` label."""
+    return [
         seq,
-        0.0,
-        "start",
-        analysis.source,
+        elapsed,
+        event,
+        file,
         "",
         None,
-        "",
+        label,
         allocated,
         None,
         None,
@@ -161,39 +185,6 @@ def _timeline_rows(
         None,
         None,
     ]
-    marks = {at for at, _, _ in analysis.empty_cache}
-    for step in replayed.steps:
-        entry = step.entry
-        seq += 1
-        elapsed = (entry.time_us - t0) / 1e6 if t0 is not None and entry.time_us else float(step.index)
-        changes = entry.action in ("alloc", "free_requested")
-        if entry.action == "oom" or (entry.action == "segment_free" and entry.time_us in marks):
-            label = "out of memory" if entry.action == "oom" else "empty_cache()"
-            marks.discard(entry.time_us)
-            yield [
-                seq,
-                elapsed,
-                "track",
-                "",
-                "",
-                None,
-                label,
-                allocated,
-                None,
-                None,
-                allocated,
-                reserved,
-                None,
-                None,
-            ]
-            seq += 1
-        site, _ = attributor.describe(entry.frames)
-        allocated, reserved = step.allocated, step.reserved
-        yield [
-            seq, elapsed, "line", site.file, site.function, site.line or None, entry.action, allocated,
-            step.bytes if changes else 0, None, allocated, reserved, None, None,
-        ]  # fmt: skip
-    yield [seq + 1, elapsed, "end", "", "", None, "", allocated, None, None, allocated, reserved, None, None]
 
 
 def _write_snapshot_lines(path: Path, analysis: SnapshotAnalysis) -> None:

@@ -39,6 +39,8 @@ def render_summary(analysis: SnapshotAnalysis, folder: Path, top: int = 5) -> st
         out.extend(f"  {format_bytes(u.live_at_peak):>12}  {_where(u)}" for u in best)
     if not analysis.check.exact:
         out.append(f"Note: {_check_line(analysis.check)}")
+    if analysis.unmatched_include:
+        out.append(f"Note: --include matched no frame: {', '.join(analysis.unmatched_include)}")
     out.append(f"Reports: {folder}{os.sep} (report.txt, lines.csv, timeline.csv, snapshot_lines.csv)")
     return "\n".join(out) + "\n"
 
@@ -116,24 +118,27 @@ def _peak(analysis: SnapshotAnalysis) -> str:
         f"({analysis.free_blocks} free blocks)"
     )
     if analysis.has_trace:
-        out.append(
-            f"allocated {format_bytes(analysis.start_allocated)} at the trace's start (before recording), "
-            f"{format_bytes(analysis.final_allocated)} at its end"
-        )
-        out.append(
-            f"reserved {format_bytes(analysis.start_reserved)} at the start, "
-            f"{format_bytes(analysis.final_reserved)} at the end, highest "
-            f"{format_bytes(analysis.max_reserved)}; segments: "
-            f"{analysis.segments_allocated} allocated, {analysis.segments_freed} freed"
-        )
-        for at, released, count in analysis.empty_cache:
-            out.append(
-                f"empty_cache() {_when(analysis, at or None)} released {format_bytes(released)} "
-                f"in {count} segments"
-            )
-        for at in analysis.ooms:
-            out.append(f"out of memory recorded {_when(analysis, at or None)}")
+        out += _over_the_trace(analysis)
     return "\n".join(out) + "\n"
+
+
+def _over_the_trace(analysis: SnapshotAnalysis) -> list[str]:
+    """Allocated and reserved bytes at the trace's start and end, segments, empty_cache()."""
+    out = [
+        f"allocated {format_bytes(analysis.start_allocated)} at the trace's start (before recording), "
+        f"{format_bytes(analysis.final_allocated)} at its end",
+        f"reserved {format_bytes(analysis.start_reserved)} at the start, "
+        f"{format_bytes(analysis.final_reserved)} at the end, highest "
+        f"{format_bytes(analysis.max_reserved)}; segments: "
+        f"{analysis.segments_allocated} allocated, {analysis.segments_freed} freed",
+    ]
+    for at, released, count in analysis.empty_cache:
+        out.append(
+            f"empty_cache() {_when(analysis, at or None)} released {format_bytes(released)} "
+            f"in {count} segments"
+        )
+    out.extend(f"out of memory recorded {_when(analysis, at or None)}" for at in analysis.ooms)
+    return out
 
 
 def _phases(analysis: SnapshotAnalysis) -> str:
