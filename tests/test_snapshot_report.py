@@ -395,7 +395,17 @@ def test_snapshot_without_trace_reports_live_blocks_per_line(tmp_path):
     assert not any(r.peak_exact for r in records.values())
     with (tmp_path / "end" / "timeline.csv").open() as handle:
         assert [row["event"] for row in csv.DictReader(handle)] == ["start", "end"]
-    assert "trace: none recorded" in (tmp_path / "end" / "report.txt").read_text()
+    report = (tmp_path / "end" / "report.txt").read_text()
+    assert "trace: none recorded" in report
+    assert "segments when the snapshot was taken: 2 (1 small, 1 large)" in report
+    assert "reserved then 22.00 MiB; cache (reserved - allocated) 19.50 MiB" in report
+
+
+def test_device_option_names_a_device_of_the_snapshot(tmp_path):
+    source = write(tmp_path / "step.pickle", training_data())
+    done = cli("snapshot", str(source), "--device", "3", "--out-dir", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert done.stderr == f"gpu_mem_track: {source}: no device 3 in the snapshot (devices: 0)\n"
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ class SnapshotAnalysis:
     ``largest_free``/``free_blocks``: the largest free cached block then and how many;
     ``empty_cache``: (time_us, bytes released, segments) per ``empty_cache()`` run;
     ``ooms``: times of recorded out-of-memory errors; ``unmatched_include``: ``--include``
-    values no frame matched.
+    values no frame matched; ``segments_at_end``: (small, large) segments recorded.
     """
 
     source: str
@@ -129,6 +129,7 @@ class SnapshotAnalysis:
     check: ReplayCheck
     include: tuple[str, ...] = ()
     unmatched_include: tuple[str, ...] = ()
+    segments_at_end: tuple[int, int] = (0, 0)
 
     @property
     def has_trace(self) -> bool:
@@ -206,7 +207,13 @@ def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> Sna
         check=replayed.check,
         include=attributor.include,
         unmatched_include=attributor.unmatched(),
+        segments_at_end=_segment_counts(snapshot, device),
     )
+
+
+def _segment_counts(snapshot: Snapshot, device: int) -> tuple[int, int]:
+    kinds = [s.segment_type for s in snapshot.device_segments(device)]
+    return kinds.count("small"), len(kinds) - kinds.count("small")
 
 
 def _peak_step(replayed: Replay) -> int | None:
@@ -389,5 +396,5 @@ def _without_trace(snapshot: Snapshot, replayed: Replay, attributor: Attributor)
         snapshot.source, replayed.device, snapshot.devices(), 0, None, None, allocated, reserved,
         allocated, reserved, reserved, peak, reserved - allocated, free[0] if free else 0, len(free),
         0, 0, (), (), tally.lines(), tally.categories(), replayed.check, attributor.include,
-        attributor.unmatched(),
+        attributor.unmatched(), _segment_counts(snapshot, replayed.device),
     )  # fmt: skip

@@ -117,6 +117,8 @@ def _peak(analysis: SnapshotAnalysis) -> str:
         f"{format_bytes(analysis.cache_at_peak)}; largest free block {format_bytes(analysis.largest_free)} "
         f"({analysis.free_blocks} free blocks)"
     )
+    small, large = analysis.segments_at_end
+    out.append(f"segments when the snapshot was taken: {small + large:,} ({small:,} small, {large:,} large)")
     if analysis.has_trace:
         out += _over_the_trace(analysis)
     return "\n".join(out) + "\n"
