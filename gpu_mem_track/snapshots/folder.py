@@ -10,8 +10,9 @@
   after its last allocation or free, ``increment`` bytes allocated minus freed there,
   ``peak`` the highest allocated bytes right after one of its allocations (exact;
   without a trace, the snapshot's figure, marked as a lower bound), ``seconds`` 0 (not
-  recorded); the ``<before recording>`` row's increment is what was allocated when the
-  trace starts, so the increments add up to the final allocated bytes;
+  recorded); the ``<before recording>`` row's increment, memory and peak are what was
+  allocated when the trace starts (its peak a lower bound), so the increments add up to
+  the final allocated bytes;
 - ``timeline.csv``: ``start``, one ``line`` row per event that changed allocated or
   reserved bytes (``label``: the trace action; ``elapsed``: seconds since the trace's
   first entry), ``track`` rows for ``empty_cache()`` runs and out-of-memory errors, ``end``;
@@ -36,7 +37,7 @@ from ..outputs import claim_name, safe_name
 from ..runner.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
 from ..runner.records import LineRecord, RunInfo
 from .analyse import LineUsage, SnapshotAnalysis
-from .attribution import Attributor
+from .attribution import PRE_TRACE, Attributor
 from .replay import Replay
 from .report import render_report
 
@@ -83,7 +84,7 @@ def line_records(analysis: SnapshotAnalysis) -> list[LineRecord]:
             memory=u.memory,
             increment=u.allocated - u.freed,
             peak=u.peak,
-            peak_exact=exact,
+            peak_exact=exact and u.site != PRE_TRACE,
             seconds=0.0,
         )
         for u in analysis.lines
