@@ -77,7 +77,8 @@ class Attributor:
         known = self._seen.get(id(frames))
         if known is not None and known[0] is frames:
             return known[1], known[2]
-        site, category = self.site(frames), self.category(frames)
+        kinds = self._kinds_of(frames)
+        site, category = self._site(frames, kinds), _category(kinds)
         self._seen[id(frames)] = (frames, site, category)
         return site, category
 
@@ -87,11 +88,17 @@ class Attributor:
 
     def site(self, frames: Sequence[Frame]) -> Site:
         """The innermost user frame, else the fallbacks in the module docstring."""
+        return self._site(frames, self._kinds_of(frames))
+
+    def category(self, frames: Sequence[Frame]) -> str:
+        """The phase of a stack (see the module docstring)."""
+        return _category(self._kinds_of(frames))
+
+    def _site(self, frames: Sequence[Frame], kinds: Sequence[tuple[str, str | None]]) -> Site:
         if not frames:
             return _NO_FRAMES
         python = None
-        for frame in frames:
-            kind = self._kind(frame)[0]
+        for frame, (kind, _) in zip(frames, kinds):
             if kind == _USER:
                 return Site(frame.filename, frame.name, frame.line)
             if kind == _LIBRARY_PY and python is None:
@@ -104,26 +111,23 @@ class Attributor:
             return Site(python.filename, python.name, python.line)
         return _NO_PYTHON
 
-    def category(self, frames: Sequence[Frame]) -> str:
-        """The phase of a stack (see the module docstring)."""
-        phases = {self._kind(frame)[1] for frame in frames}
-        for phase in ("optimizer", "backward", "forward"):
-            if phase in phases:
-                return phase
-        return "other"
+    def _kinds_of(self, frames: Sequence[Frame]) -> list[tuple[str, str | None]]:
+        """Per frame: user code, library Python or C++, and the phase the frame alone
+        shows; each distinct frame is classified once."""
+        cache, out = self._kinds, []
+        for frame in frames:
+            known = cache.get(id(frame))
+            if known is None or known[0] is not frame:
+                known = cache[id(frame)] = (frame, self._classify(frame))
+            out.append(known[1])
+        return out
 
-    def _kind(self, frame: Frame) -> tuple[str, str | None]:
-        """(user, library Python or C++; the phase the frame alone shows), per frame."""
-        known = self._kinds.get(id(frame))
-        if known is not None and known[0] is frame:
-            return known[1]
+    def _classify(self, frame: Frame) -> tuple[str, str | None]:
         if frame.filename.endswith(".py"):
             kind = _USER if self.is_user(frame.filename) else _LIBRARY_PY
         else:
             kind = _CPP
-        answer = (kind, _phase(frame))
-        self._kinds[id(frame)] = (frame, answer)
-        return answer
+        return kind, _phase(frame)
 
     def is_user(self, filename: str) -> bool:
         """Whether a Python file counts as user code (see the module docstring)."""
@@ -140,6 +144,14 @@ def _pattern(value: str) -> str:
     if "/" not in text and not text.endswith(".py"):
         text = text.replace(".", "/")  # a module name: pkg.mod -> pkg/mod
     return "/" + text.lstrip("/")
+
+
+def _category(kinds: Sequence[tuple[str, str | None]]) -> str:
+    phases = {phase for _, phase in kinds}
+    for phase in ("optimizer", "backward", "forward"):
+        if phase in phases:
+            return phase
+    return "other"
 
 
 def _phase(frame: Frame) -> str | None:
