@@ -138,9 +138,10 @@ class _Reader:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self._stacks: dict[tuple[Any, ...], tuple[Frame, ...]] = {}
+        self._stacks: dict[tuple[int, ...], tuple[Frame, ...]] = {}
         self._frames: dict[tuple[Any, Any, Any], Frame] = {}
         self._lists: dict[int, tuple[Any, tuple[Frame, ...]]] = {}
+        self._dicts: dict[int, tuple[Any, Frame]] = {}
 
     def many(self, items: Any, where: str, convert: Callable[[Any], Any]) -> tuple[Any, ...]:
         out = []
@@ -165,20 +166,29 @@ class _Reader:
         return stack
 
     def _stack(self, items: Any) -> tuple[Frame, ...]:
-        try:
-            key = tuple(map(_FRAME_KEYS, items))
-        except KeyError:
-            key = tuple((f.get("filename", ""), f.get("line", 0), f.get("name", "")) for f in items)
+        # torch's pickles also share each frame dict among stacks: convert each once.
+        by_dict, frames = self._dicts, []
+        for item in items:
+            known = by_dict.get(id(item))
+            if known is None or known[0] is not item:
+                known = by_dict[id(item)] = (item, self._frame(item))
+            frames.append(known[1])
+        key = tuple(map(id, frames))  # equal frames are one object (``_frame``)
         stack = self._stacks.get(key)
         if stack is None:
-            # Distinct stacks share most frames: build each distinct frame once.
-            known = self._frames
-            stack = self._stacks[key] = tuple(known.get(k) or self._frame(k) for k in key)
+            stack = self._stacks[key] = tuple(frames)
         return stack
 
-    def _frame(self, key: tuple[Any, Any, Any]) -> Frame:
-        filename, line, name = key
-        frame = self._frames[key] = Frame(str(filename), int(line or 0), str(name))
+    def _frame(self, item: Any) -> Frame:
+        """The one ``Frame`` for a frame dict's values (equal dicts give the same object)."""
+        try:
+            key = _FRAME_KEYS(item)
+        except KeyError:
+            key = (item.get("filename", ""), item.get("line", 0), item.get("name", ""))
+        frame = self._frames.get(key)
+        if frame is None:
+            filename, line, name = key
+            frame = self._frames[key] = Frame(str(filename), int(line or 0), str(name))
         return frame
 
     def segment(self, data: dict[str, Any]) -> Segment:
