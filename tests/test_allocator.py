@@ -16,6 +16,7 @@ from gpu_mem_track.allocator import (
     settings_from_snapshot,
 )
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.snapshots import snapshot_from_data
 
 MIB = 2**20
 
@@ -325,3 +326,28 @@ def test_expandable_out_of_memory() -> None:
     a.malloc(30 * MIB)
     with pytest.raises(SimulatedOutOfMemory):
         a.malloc(30 * MIB)
+
+
+def test_from_segments_round_trip_and_stats() -> None:
+    base = sf.BASE
+    data = sf.snapshot(
+        [
+            sf.segment(base, [(4 * MIB, 4_000_000, "active_allocated"), (16 * MIB, 0, "inactive")]),
+            sf.segment(
+                base + 32 * MIB, [(512, 100, "active_pending_free"), (2 * MIB - 512, 0, "inactive")], "small"
+            ),
+        ]
+    )
+    segments = snapshot_from_data(data).segments
+    a = Allocator.from_segments(segments)
+    assert [[(b.address, b.size, b.state) for b in s.blocks] for s in a.segments()] == [
+        [(b.address, b.size, b.state) for b in s.blocks] for s in segments
+    ]
+    assert (a.allocated, a.reserved, a.requested) == (4 * MIB, 22 * MIB, 4_000_100)
+    assert a.stats.get("inactive_split").current == 2 and a.stats.get("active").current == 2
+    assert a.malloc(4 * MIB) == base + 4 * MIB  # the cached remainder serves the next request
+    a.complete_free(base + 32 * MIB)
+    assert a.requested == 4_000_000 + 4 * MIB
+    expandable = dict(data["segments"][0], is_expandable=True)
+    with pytest.raises(ValueError, match="expandable"):
+        Allocator.from_segments(snapshot_from_data(sf.snapshot([expandable])).segments)
