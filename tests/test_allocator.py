@@ -4,6 +4,8 @@ parsing, expandable segments, and the trace replay on small hand-built snapshots
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import snapshotfiles as sf
 
@@ -351,3 +353,36 @@ def test_from_segments_round_trip_and_stats() -> None:
     expandable = dict(data["segments"][0], is_expandable=True)
     with pytest.raises(ValueError, match="expandable"):
         Allocator.from_segments(snapshot_from_data(sf.snapshot([expandable])).segments)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_expandable_segments_stay_consistent(seed: int) -> None:
+    """Random allocations and frees on two streams with expandable segments: the mapped
+    ranges are tiled by blocks, free neighbours merged, the statistics agree with the
+    blocks, and freeing everything then emptying the cache unmaps every page."""
+    rng = random.Random(seed)
+    a = Allocator(parse_alloc_conf("expandable_segments:True"), capacity=400 * MIB)
+    live = []
+    for _ in range(300):
+        if rng.random() < 0.6 or not live:
+            size = rng.choice((rng.randint(1, MIB), rng.randint(MIB, 30 * MIB)))
+            try:
+                live.append(a.malloc(size, stream=rng.choice((0, 3))))
+            except SimulatedOutOfMemory:
+                pass
+        else:
+            a.free(live.pop(rng.randrange(len(live))))
+        if rng.random() < 0.05:
+            a.empty_cache()
+        segments = a.segments()
+        blocks = [b for s in segments for b in s.blocks]
+        assert a.reserved == sum(s.total_size for s in segments) == a.device.used <= 400 * MIB
+        assert a.allocated == sum(b.size for b in blocks if b.state == "active_allocated")
+        for s in segments:
+            assert s.total_size % (2 * MIB if s.segment_type == "small" else 20 * MIB) == 0
+            states = [b.state for b in s.blocks]
+            assert all(x != "inactive" or y != "inactive" for x, y in zip(states, states[1:]))
+    for address in live:
+        a.free(address)
+    a.empty_cache()
+    assert a.reserved == 0 and a.segments() == () and a.device.used == 0
