@@ -21,6 +21,7 @@ command in a fresh process. Writes reports/bench_snapshot.md and .json.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import pickle
@@ -203,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench_snapshot.md")
+    parser.add_argument(
+        "--recorded", type=Path, help="a recorded snapshot to time too (default: the fixture)"
+    )
     args = parser.parse_args(argv)
     data, truth = build(args.entries)
     with tempfile.TemporaryDirectory() as tmp:
@@ -225,10 +229,46 @@ def main(argv: list[str] | None = None) -> int:
             tail_bytes=check.tail_bytes,
             segments_matching=f"{check.segments_matching}/{check.segments}",
         )
+        recorded = _recorded(args.recorded, args.repeat, Path(tmp) / "recorded")
+    result["recorded"] = recorded
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    args.out.write_text(_markdown(result), encoding="utf-8")
-    print(_markdown(result))
+    text = _markdown(result) + (_recorded_markdown(recorded) if recorded else "")
+    args.out.write_text(text, encoding="utf-8")
+    print(text)
     return 0
+
+
+def _recorded(path: Path | None, repeat: int, out: Path) -> dict | None:
+    """The same timings on a recorded snapshot (the training-step fixture when present)."""
+    if path is None:
+        found = [ROOT.parent / "shared", ROOT.parent.parent / "shared"]
+        name = "fixtures/snapshots/transformer-2.7b-ctx128-train-step.pickle.gz"
+        path = next((p / name for p in found if (p / name).is_file()), None)
+    if path is None:
+        return None
+    runs = [_analyse(path, out)[0] for _ in range(repeat)]
+    raw = path.read_bytes()
+    trace = load_snapshot(path).device_traces[0]
+    return {
+        "file": path.name,
+        "file_bytes": len(raw),
+        "pickle_bytes": len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw),
+        "entries": len(trace),
+        "frames_per_entry": sum(len(e.frames) for e in trace) / max(len(trace), 1),
+        "median_seconds": {key: statistics.median(r[key] for r in runs) for key in runs[0]},
+    }
+
+
+def _recorded_markdown(recorded: dict) -> str:
+    m = recorded["median_seconds"]
+    return (
+        f"\nThe recorded snapshot `{recorded['file']}` ({recorded['file_bytes'] / 1e3:.0f} kB on disk, "
+        f"{recorded['pickle_bytes'] / 1e6:.2f} MB of pickle, {recorded['entries']:,} entries, "
+        f"{recorded['frames_per_entry']:.1f} frames per entry), the same way: load "
+        f"{m['load']:.3f} s wall / {m['load_cpu']:.3f} s CPU, analyse {m['analyse']:.3f} / "
+        f"{m['analyse_cpu']:.3f}, load + analyse {m['load'] + m['analyse']:.3f} / "
+        f"{m['load_cpu'] + m['analyse_cpu']:.3f}.\n"
+    )
 
 
 def _result(data: dict, size: int, runs: list[dict[str, float]], command: float) -> dict:
