@@ -180,9 +180,8 @@ def not_covered(traced: list[dict], cuts: list[dict]) -> list[str]:
     if sum(p["unsupported_events"] for p in replays):
         lines.append("- Expandable-segment events (`segment_map`/`segment_unmap`) were not replayed.")
     lines.append(
-        "- Known limit, found by replaying random workloads cut at random points: a trace cut between "
-        "a `segment_alloc` and its `alloc`, under a `max_split_size` that makes the new segment "
-        "oversize, starts with a block the model would not hand out from the cache."
+        "- In a trace recorded without stacks, a free whose completion follows at once is taken as "
+        "immediate (with stacks, a completion forced later by a cache release is told by its stack)."
     )
     return lines
 

@@ -272,3 +272,17 @@ def test_recorded_forward_pass_replays_whole_and_cut() -> None:
     assert whole.all_match and (whole.allocs.matched, whole.segment_allocs.matched) == (2703, 461)
     cut = replay_snapshot(dataclasses.replace(snap, device_traces=(snap.device_traces[0][2122:],)))
     assert cut.all_match and cut.tails == cut.pinned == 8
+
+
+def test_trace_cut_between_a_segment_alloc_and_its_alloc() -> None:
+    """With max_split_size 20 MiB a fresh 20 MiB segment is oversize: a cached one would
+    not serve a 3 MiB request, so the first allocation shows that the ring buffer dropped
+    the segment_alloc just before it."""
+    data = sf.snapshot(
+        [sf.segment(BASE, [(3 * MIB, 3 * MIB, "active_allocated"), (17 * MIB, 0, "inactive")])],
+        [sf.entry("alloc", BASE, 3 * MIB, 1)],
+    )
+    data["allocator_settings"] = dict(sf.SETTINGS, max_split_size=20 * MIB)
+    report = replay_snapshot(snapshot_from_data(data))
+    assert report.all_match and report.started_mid_call and report.rounds == 2
+    assert report.segment_allocs.recorded == report.segment_allocs.predicted == 0

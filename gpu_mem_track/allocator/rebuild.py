@@ -73,12 +73,17 @@ def rebuild_start(
     trace: Sequence[TraceEntry],
     settings: AllocatorSettings,
     ends: dict[int, int] | None = None,
+    absent: frozenset[int] = frozenset(),
 ) -> StartState:
     """The cache before ``trace[0]``, given the segments after its last event; ``ends``:
-    where given tail blocks (by address) end, when a sighting does not settle them."""
+    where given tail blocks (by address) end, when a sighting does not settle them;
+    ``absent``: segments (by address) known not to exist yet, whose ``segment_alloc``
+    the cut left out."""
     problems: list[str] = []
     live = _live_at_start(segments, trace, problems)
     spans = _segments_at_start(segments, trace, problems)
+    for address in absent:
+        spans.pop(address, None)
     starts = sorted(spans)
     by_segment: dict[int, list[int]] = {s: [] for s in starts}
     for address in live:

@@ -20,15 +20,23 @@ Expandable-segment traces (``segment_map``/``segment_unmap``) are not replayed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from ..snapshots.records import Snapshot
+from ..snapshots.records import Snapshot, TraceEntry
 from .caching import Allocator
 from .calls import Call, ReplayDevice, plan_calls
 from .rebuild import StartState, Tail, rebuild_start
 from .records import SimulatedOutOfMemory
-from .settings import K_MIN_BLOCK_SIZE, AllocatorSettings, round_size, settings_from_snapshot
+from .settings import (
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_SIZE,
+    AllocatorSettings,
+    allocation_size,
+    round_size,
+    settings_from_snapshot,
+)
 from .tally import Tally, compare_final
 
 __all__ = ["Call", "Mismatch", "ReplayReport", "plan_calls", "replay_snapshot"]
@@ -60,7 +68,8 @@ class ReplayReport:
     by a block start seen at their end, ``inferred`` from a replayed best-fit decision,
     the rest taken as having none. ``rounds``: replays run (one more per inference).
     ``mismatches``: the first ones, in order. ``peak_allocated``/``peak_reserved``: the
-    simulated peaks over the replay (bytes).
+    simulated peaks over the replay (bytes). ``started_mid_call``: the trace begins with
+    an allocation whose ``segment_alloc`` the ring buffer dropped (inferred; not counted).
     """
 
     source: str
@@ -86,6 +95,7 @@ class ReplayReport:
     mismatch_count: int
     mismatches: tuple[Mismatch, ...] = ()
     problems: tuple[str, ...] = ()
+    started_mid_call: bool = False
 
     @property
     def all_match(self) -> bool:
@@ -117,6 +127,7 @@ class _Run:
     keep: int
     open_tails: dict[int, Tail] = field(default_factory=dict)
     hint: tuple[int, int] | None = None
+    cut: TraceEntry | None = None  # the segment_alloc a cut may have left out
     addresses: dict[int, int] = field(default_factory=dict)  # recorded -> simulated
     counts: Counter = field(default_factory=Counter)
     mismatches: list[Mismatch] = field(default_factory=list)
@@ -139,15 +150,25 @@ def replay_snapshot(
     end = snapshot.device_segments(device)
     calls, skipped = plan_calls(trace)
     ends: dict[int, int] = {}
+    absent: frozenset[int] = frozenset()
     rounds = 0
     while True:
         rounds += 1
-        start = rebuild_start(end, trace, settings, ends)
+        start = rebuild_start(end, trace, settings, ends, absent)
         run = _replay(start, calls, settings, keep)
-        if run.hint is None or ends.get(run.hint[0]) == run.hint[1] or rounds > 4 * len(start.tails):
+        if run.cut is not None and not absent:
+            absent, calls = frozenset({run.cut.addr}), [_with_cut_segment(calls[0], run.cut), *calls[1:]]
+        elif run.hint is None or ends.get(run.hint[0]) == run.hint[1] or rounds > 4 * len(start.tails) + 1:
             break
-        ends[run.hint[0]] = run.hint[1]
-    return _report(snapshot, device, settings, trace, end, start, run, skipped, rounds)
+        else:
+            ends[run.hint[0]] = run.hint[1]
+    report = _report(snapshot, device, settings, trace, end, start, run, skipped, rounds)
+    return dataclasses.replace(report, started_mid_call=bool(absent))
+
+
+def _with_cut_segment(call: Call, segment: TraceEntry) -> Call:
+    """The first call with the ``segment_alloc`` the cut left out (index -1: not counted)."""
+    return dataclasses.replace(call, segment_events=((-1, segment), *call.segment_events))
 
 
 def _replay(start: StartState, calls: list[Call], settings: AllocatorSettings, keep: int) -> _Run:
@@ -251,11 +272,25 @@ def _replay_malloc(run: _Run, call: Call) -> None:
         # torch did not take the free block after an open tail: it was too small for the
         # request, so the tail ends later, leaving less than the rounded request.
         tail = run.open_tails[address]
-        wanted = (
-            address + after_tails[address] - round_size(e.size, run.allocator.settings) + K_MIN_BLOCK_SIZE
-        )
+        rounded = round_size(e.size, run.allocator.settings)
+        wanted = address + after_tails[address] - rounded + K_MIN_BLOCK_SIZE
         if tail.end < wanted <= tail.high:
             run.hint = (tail.address, wanted)
+            return
+    if call.index == 0:
+        run.cut = _cut_segment(run, e)
+
+
+def _cut_segment(run: _Run, e: TraceEntry) -> TraceEntry | None:
+    """When the trace's first allocation went to the start of a wholly free segment of
+    the size it would have needed, the cut may have fallen between that segment's
+    ``segment_alloc`` and the allocation: the segment did not exist before."""
+    rounded = round_size(e.size, run.allocator.settings)
+    pool = run.allocator.small_pool if rounded <= K_SMALL_SIZE else run.allocator.large_pool
+    block = pool.free.get(e.addr)
+    if block is None or block.is_split or block.size != allocation_size(rounded):
+        return None
+    return TraceEntry("segment_alloc", e.addr, block.size, block.stream)
 
 
 def _free_after_tails(run: _Run) -> dict[int, int]:
@@ -288,12 +323,16 @@ def _replay_free(run: _Run, call: Call) -> None:
 
 
 def _compare_segments(run: _Run, call: Call, mark: int) -> None:
-    recorded = [(e.action, e.addr, e.size) for _, e in call.segment_events if e.action in _SEGMENT_ACTIONS]
+    recorded = [(e.action, e.addr, e.size) for i, e in call.segment_events if e.action in _SEGMENT_ACTIONS]
     predicted = [
         (ev.action, ev.address, ev.size)
         for ev in run.allocator.events[mark:]
         if ev.action in _SEGMENT_ACTIONS
     ]
+    for index, e in call.segment_events:
+        if index < 0 and (e.action, e.addr, e.size) in predicted:  # left out by the cut
+            recorded.remove((e.action, e.addr, e.size))
+            predicted.remove((e.action, e.addr, e.size))
     if not recorded and not predicted:
         return
     common = Counter(recorded) & Counter(predicted)
