@@ -13,7 +13,7 @@ import snapshotfiles as sf
 
 from gpu_mem_track.allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, parse_alloc_conf
 from gpu_mem_track.allocator.rebuild import rebuild_start
-from gpu_mem_track.allocator.replay import plan_calls, replay_snapshot
+from gpu_mem_track.allocator.replay import ReplayReport, plan_calls, replay_snapshot
 from gpu_mem_track.allocator.rules import rule_violations
 from gpu_mem_track.snapshots import load_snapshot, snapshot_from_data
 
@@ -286,3 +286,10 @@ def test_trace_cut_between_a_segment_alloc_and_its_alloc() -> None:
     report = replay_snapshot(snapshot_from_data(data))
     assert report.all_match and report.started_mid_call and report.rounds == 2
     assert report.segment_allocs.recorded == report.segment_allocs.predicted == 0
+
+
+def test_report_round_trips_through_dicts() -> None:
+    data = _tail_snapshot()
+    data["device_traces"][0][-1]["addr"] += 1024  # one mismatch, so the list is not empty
+    report = replay_snapshot(snapshot_from_data(data))
+    assert report.mismatches and ReplayReport.from_dict(report.to_dict()) == report

@@ -2,11 +2,19 @@
 (``rebuild``), replay every recorded call through ``Allocator``, and compare what it
 predicts with what torch did.
 
-Calls replayed: each ``alloc`` (request size and stream) with the segment events torch
-recorded just before it; each ``free_requested``/``free_completed`` by address (a free
-whose completion does not follow at once is deferred, as with ``record_stream``); each
-``oom``; and each run of ``segment_free`` events carrying ``empty_cache`` frames (or,
-without frames, not followed by an allocation) as one ``empty_cache()``.
+Calls replayed (``calls.plan_calls``): each ``alloc`` (request size and stream) with
+the segment events torch recorded just before it; each ``free_requested`` /
+``free_completed`` by address (a free whose completion does not follow at once with
+the same stack is deferred, as with ``record_stream``; a completion forced by the
+release inside an allocation belongs to that allocation); each ``oom``; and each run
+of ``segment_free`` events carrying ``empty_cache`` frames (or, without frames, not
+claimed by an allocation) as one ``empty_cache()``.
+
+What the end state and the trace leave open is settled by the replay itself: the
+unsplit remainder of a block from before the trace that no sighting pins down is
+inferred from the first best-fit decision it contradicts, and a trace whose first
+allocation needed a segment the ring buffer dropped is recognised; each inference
+costs one more replay.
 
 The device answers as the recorded GPU did: it refuses ``cudaMalloc`` while the
 simulator has released fewer segments in this call than torch did (torch releases
@@ -114,6 +122,15 @@ class ReplayReport:
         out = asdict(self)
         out["all_match"] = self.all_match
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReplayReport:
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        for name in ("allocs", "segment_allocs", "segment_frees", "ooms", "final_segments", "final_blocks"):
+            values[name] = Tally(**values[name])
+        values["mismatches"] = tuple(Mismatch(**m) for m in values.get("mismatches", ()))
+        values["problems"] = tuple(values.get("problems", ()))
+        return cls(**values)
 
 
 @dataclass
