@@ -45,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=[],
         metavar="PATH_OR_MODULE",
         help="also count frames of this file, folder, module or package as user code (repeatable; "
-        "matched against the recorded paths); torch and the standard library never count otherwise",
+        "matched against the recorded paths as path components); otherwise only Python files outside "
+        "torch, the standard library and installed packages count",
     )
     parser.add_argument(
         "--out-dir", type=Path, default=Path("reports"), help="folder of report folders (default: reports)"
