@@ -474,3 +474,17 @@ def test_replay_agrees_with_the_allocator_model_after_every_call():
     assert analysis.peak.allocated <= true_peak <= analysis.peak.bound
     assert replayed.check.segments_matching == replayed.check.segments
     assert replayed.check.final_allocated_replayed == allocator.allocated
+
+
+def test_the_command_imports_no_torch(tmp_path):
+    source = write(tmp_path / "step.pickle.gz", training_data())
+    code = (
+        "import sys\n"
+        "from gpu_mem_track.cli import main\n"
+        f"assert main(['snapshot', {str(source)!r}, '--out-dir', {str(tmp_path)!r}]) == 0\n"
+        "print(sorted(m for m in ('torch', 'matplotlib.pyplot') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
