@@ -38,7 +38,7 @@ def test_linear_adam_on_cpu_matches_hand_arithmetic():
 
 
 def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
-    est = estimate(linear, (4, 10), device="cuda")
+    est = estimate(linear, (4, 10), device="cuda", cublas_workspace=0)
     assert est.parameter_bytes == 1024 + 512  # 800 B weight, 80 B bias
     assert est.gradient_bytes == 1536
     # Two states per parameter on the device; the two 4 B step counters stay on the host.
@@ -54,6 +54,56 @@ def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
     assert est.at_peak.total == est.peak
     # Backward: 5120 B at the step start + loss 512 + its gradient 512 + weight grad 1024 + bias grad 512.
     assert dict((p.phase, p.peak) for p in est.phases)["backward"] == 7680
+    # Every block is under 1 MiB: one 2 MiB small-pool segment holds them all.
+    assert (est.reserved_peak, est.reserved_at_peak) == (2 << 20, 2 << 20)
+    assert est.fragmentation == (2 << 20) - 8192
+    assert est.cublas_workspace == 0 and est.allocator == ""
+
+
+def test_cublas_workspaces_one_per_handle_count_in_allocated_and_share_a_segment():
+    est = estimate(linear, (4, 10), device="cuda")
+    # addmm in forward (the caller's handle) and mm in backward (autograd's thread's
+    # handle): two 8,519,680 B workspaces, never freed, in one 20 MiB large segment.
+    assert est.cublas_workspace == 2 * 8_519_680
+    assert est.peak == 8192 + 2 * 8_519_680 and est.at_peak.total == 8192
+    assert est.reserved_peak == (20 << 20) + (2 << 20)
+    assert est.largest_free_block == (20 << 20) - 2 * 8_519_680
+    hopper = estimate(linear, (4, 10), device="cuda", gpu="hopper")
+    assert hopper.cublas_workspace == 2 * 32 * 2**20 and hopper.reserved_peak == (64 << 20) + (2 << 20)
+    assert estimate(linear, (4, 10), device="cuda", cublas_workspace=":4096:8").cublas_workspace == 2 * 2**25
+    assert estimate(linear, (4, 10), device="cpu").cublas_workspace == 0
+
+
+def test_inference_allocates_only_the_forward_handles_workspace():
+    est = estimate(linear, (4, 10), device="cuda", training=False)
+    assert est.cublas_workspace == 8_519_680
+
+
+def test_a_large_block_handed_out_whole_counts_whole():
+    # A 25 MiB weight (2560 x 2560 float32) gets a 26 MiB segment; the 1 MiB left is not
+    # worth a split, so the block, and allocated memory, is 26 MiB.
+    def wide():
+        return nn.Linear(2560, 2560, bias=False)
+
+    est = estimate(wide, (1, 2560), device="cuda", optimizer="none", training=False, cublas_workspace=0)
+    assert est.parameter_bytes == 26 << 20
+    cpu = estimate(wide, (1, 2560), device="cpu", optimizer="none", training=False)
+    assert cpu.parameter_bytes == 25 << 20 and cpu.reserved_peak is None
+
+
+def test_alloc_conf_changes_the_blocks():
+    # roundup_power2_divisions:4 rounds a 25 MiB request to 28 MiB (32 MiB / 4 steps from 16).
+    def wide():
+        return nn.Linear(2560, 2560, bias=False)
+
+    conf = "roundup_power2_divisions:4"
+    est = estimate(wide, (1, 2560), device="cuda", optimizer="none", training=False, alloc_conf=conf)
+    assert (
+        est.parameter_bytes == 28 << 20
+        and est.allocator == "roundup_power2_divisions:[" + ",".join(f"{1 << i}:4" for i in range(16)) + "]"
+    )
+    with pytest.raises(UsageError, match="unknown option 'bogus'"):
+        estimate(wide, (1, 2560), alloc_conf="bogus:1")
 
 
 def test_mlp_activations_per_layer_match_hand_counts():

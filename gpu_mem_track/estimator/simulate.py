@@ -3,13 +3,14 @@
 The model is built on PyTorch's ``meta`` device, where tensors have shapes, dtypes and
 storage sizes but no data, so nothing real is allocated. A dispatch mode
 (:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) follows every storage from birth to death
-through two identical steps; the second is measured. For a CUDA target each storage
-counts as the caching allocator's 512 B-rounded block, which is what
-``torch.cuda.memory_allocated`` and ``max_memory_allocated`` count; the allocator's
-segment rounding (2 MiB for small requests, 20 MiB segments or 2 MiB multiples for
-large ones) changes *reserved* memory, not allocated, and is not modelled, nor are
-library workspaces (cuBLAS, cuDNN) and the reuse of a cached block up to 1 MiB larger
-than asked, which the allocator counts whole.
+through two identical steps (the built-in step, or the user's own); the second is
+measured. For a CUDA target every storage is allocated from a model of PyTorch's
+caching allocator (``gpu_mem_track.allocator``, see :mod:`~gpu_mem_track.estimator.memory`):
+allocated bytes count whole blocks (512 B rounding, a large block up to 1 MiB over the
+request handed out whole), as ``max_memory_allocated`` does, reserved bytes count the
+allocator's segments, and the cuBLAS workspaces (one per handle: forward and backward)
+are allocated at the first matmul-like op of each. Not modelled: cuDNN's and cuBLASLt's
+workspaces, CUDA graphs, other streams.
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
-from ..categories import CATEGORIES
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
-from ..units import cuda_block_bytes
 from .amp import SimulatedAutocast
 from .lifetimes import Lifetimes
+from .memory import CudaModel, ExactMemory
 from .options import StepOptions
-from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
+from .records import Estimate
 from .step import (
     InputsLike,
     OptimizerLike,
+    StepFunction,
     as_specs,
     build_model,
     default_loss,
@@ -40,7 +42,9 @@ from .step import (
     make_inputs,
     make_optimizer,
     run_steps,
+    run_user_steps,
 )
+from .watch import Watch
 
 __all__ = ["estimate", "estimate_step", "trace_cpu_step"]
 
@@ -57,6 +61,10 @@ def estimate(
     training: bool = True,
     device: str = "cuda",
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    step: StepFunction | None = None,
+    alloc_conf: str | None = None,
+    gpu: str | None = None,
+    cublas_workspace: int | str | None = None,
 ) -> Estimate:
     """Estimate the device memory of one step of ``model`` on ``inputs``, on meta tensors.
 
@@ -70,14 +78,27 @@ def estimate(
     ``amp`` (``True`` for float16, or a dtype) simulates CUDA autocast around forward and
     loss (see :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False``
     runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
-    target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
-    host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the sum of the
-    outputs. The options are parsed once into a
-    :class:`~gpu_mem_track.estimator.options.StepOptions` (``estimate_step`` takes one).
+    target: ``"cuda"`` (the caching allocator's model, foreach optimizers, Adam's
+    ``step`` on the host) or ``"cpu"`` (exact sizes, no allocator). ``loss_fn(output)``
+    defaults to the sum of the outputs.
+
+    ``step``: your own step instead of the built-in one, called as
+    ``step(model, optimizer, inputs)`` with the simulated model (its parameters on the
+    meta device), the optimizer made from ``optimizer`` (None for ``"none"``) and the
+    list of input tensors; it runs twice and the second call is measured, and whatever
+    it returns stays alive until the next call returns (like a loop variable). ``amp``
+    and ``loss_fn`` do not apply to it; ``training`` only sets the model's mode.
+
+    CUDA target only: ``alloc_conf`` is a ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the
+    environment variable); ``gpu`` names the architecture (``"hopper"``: 32 MiB cuBLAS
+    workspaces, see :data:`~gpu_mem_track.estimator.memory.GPU_ARCHITECTURES`);
+    ``cublas_workspace`` overrides the workspace: bytes, or a ``CUBLAS_WORKSPACE_CONFIG``
+    value (None: the environment variable, else the architecture's default).
     Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
     options = _options(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
-    return estimate_step(model, inputs, options, loss_fn=loss_fn)
+    cuda = CudaModel.parse(alloc_conf, gpu, cublas_workspace) if options.target == "cuda" else None
+    return estimate_step(model, inputs, options, loss_fn=loss_fn, step=step, cuda=cuda)
 
 
 def estimate_step(
@@ -86,9 +107,12 @@ def estimate_step(
     options: StepOptions,
     *,
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    step: StepFunction | None = None,
+    cuda: CudaModel | None = None,
 ) -> Estimate:
-    """:func:`estimate` with its options already parsed."""
-    return _trace(model, inputs, options, loss_fn, sim="meta")
+    """:func:`estimate` with its options already parsed (``cuda``: the CUDA target's
+    memory model, the defaults when None)."""
+    return _trace(model, inputs, options, loss_fn, "meta", step, cuda)
 
 
 def trace_cpu_step(
@@ -99,6 +123,7 @@ def trace_cpu_step(
     dtype: str | torch.dtype | None = None,
     training: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    step: StepFunction | None = None,
 ) -> Estimate:
     """Run the same step on real CPU tensors and measure it the same way (for validation).
 
@@ -106,7 +131,7 @@ def trace_cpu_step(
     model is built (or copied) on the CPU, so this allocates real memory.
     """
     options = _options(dtype=dtype, amp=False, optimizer=optimizer, training=training, device="cpu")
-    return _trace(model, inputs, options, loss_fn, sim="cpu")
+    return _trace(model, inputs, options, loss_fn, "cpu", step, None)
 
 
 def _options(**given: Any) -> StepOptions:
@@ -120,20 +145,26 @@ def _options(**given: Any) -> StepOptions:
         raise
 
 
+def _tracker(sim: str, target: str, cuda: CudaModel | None) -> Lifetimes:
+    if target != "cuda":
+        return Lifetimes({sim, "cpu"}, ExactMemory())
+    cuda = cuda or CudaModel.parse("", None, None)
+    return Lifetimes({sim}, cuda.memory(), cuda.workspaces())
+
+
 def _trace(
     model: ModelLike,
     inputs: InputsLike,
     options: StepOptions,
     loss_fn: Callable[[Any], torch.Tensor],
     sim: str,
+    step: StepFunction | None,
+    cuda: CudaModel | None,
 ) -> Estimate:
-    cast, amp_dtype = options.torch_dtype, options.amp_dtype
-    training, target = options.training, options.target
+    cast, training, target = options.torch_dtype, options.training, options.target
     specs = as_specs(inputs)
-    name = _model_name(model)
     module = model if isinstance(model, nn.Module) else build_model(model, sim)
-    size_of = cuda_block_bytes if target == "cuda" else (lambda nbytes: nbytes)
-    tracker = Lifetimes({sim} if target == "cuda" else {sim, "cpu"}, size_of)
+    tracker = _tracker(sim, target, cuda)
     was_training = module.training
     module.train(training)
     try:
@@ -142,35 +173,70 @@ def _trace(
         tensors = make_inputs(specs, sim, cast)
         with tracker:
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
-            opt = make_optimizer(options.optimizer, params, target) if training else None
-            watch = _Watch(tracker, module, state, tensors, opt)
+            make = training or step is not None
+            opt = make_optimizer(options.optimizer, params, target) if make else None
+            steps = 2 if training or step is not None else 1
+            watch = Watch(tracker, module, state, tensors, opt, steps)
             with watch.hooks():
-                run_steps(
-                    lambda: functional_call(module, state, tuple(tensors)),
-                    params,
-                    opt,
-                    training=training,
-                    steps=2 if training else 1,
-                    loss_fn=loss_fn,
-                    autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
-                    on_phase=watch.on_phase,
-                )
-            header = dict(
-                model=name,
-                device=target,
-                rounding="512 B blocks (CUDA caching allocator)"
-                if target == "cuda"
-                else "none (exact sizes)",
-                training=training,
-                optimizer=options.optimizer_name if training else "none",
-                dtype=options.dtype or "as built",
-                amp=amp_dtype is not None,
-                inputs=tuple(describe(t) for t in tensors),
-            )
-            return watch.result(header)
+                if step is None:
+                    _builtin_steps(module, state, tensors, params, opt, options, loss_fn, watch)
+                else:
+                    with _reparametrize_module(module, state), watch.phase_hooks():
+                        run_user_steps(step, module, opt, tensors, steps=steps, on_phase=watch.on_phase)
+            return watch.result(_header(model, options, tensors, tracker, step))
     finally:
         tracker.close()
         module.train(was_training)
+
+
+def _builtin_steps(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    tensors: list[torch.Tensor],
+    params: list[nn.Parameter],
+    opt: torch.optim.Optimizer | None,
+    options: StepOptions,
+    loss_fn: Callable[[Any], torch.Tensor],
+    watch: Watch,
+) -> None:
+    amp_dtype = options.amp_dtype
+    run_steps(
+        lambda: functional_call(module, state, tuple(tensors)),
+        params,
+        opt,
+        training=options.training,
+        steps=2 if options.training else 1,
+        loss_fn=loss_fn,
+        autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
+        on_phase=watch.on_phase,
+    )
+
+
+def _header(
+    model: ModelLike,
+    options: StepOptions,
+    tensors: list[torch.Tensor],
+    tracker: Lifetimes,
+    step: StepFunction | None,
+) -> dict[str, Any]:
+    caching = tracker.memory.allocator is not None
+    if caching:
+        conf = tracker.memory.allocator.settings.conf_string()
+        rounding = f"CUDA caching allocator ({conf or 'default settings'})"
+    else:
+        rounding = "none (exact sizes)"
+    return dict(
+        model=_model_name(model),
+        device=options.target,
+        rounding=rounding,
+        training=options.training,
+        optimizer=options.optimizer_name if options.training or step is not None else "none",
+        dtype=options.dtype or "as built",
+        amp=options.amp_dtype is not None and step is None,
+        inputs=tuple(describe(t) for t in tensors),
+        allocator=tracker.memory.allocator.settings.conf_string() if caching else "",
+        step=_model_name(step) if step is not None else "",
+    )
 
 
 def _model_name(model: ModelLike) -> str:
@@ -205,150 +271,3 @@ def _convert(tensor: torch.Tensor, device: str, cast: torch.dtype | None, privat
     ):
         copy = copy.clone()
     return copy
-
-
-class _Watch:
-    """Gives storages their roles as the step runs, then builds the :class:`Estimate`."""
-
-    def __init__(
-        self,
-        tracker: Lifetimes,
-        module: nn.Module,
-        state: dict[str, torch.Tensor],
-        inputs: list[torch.Tensor],
-        optimizer: torch.optim.Optimizer | None,
-    ) -> None:
-        self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
-        self.role: dict[int, str] = {}
-        for tensor in state.values():
-            self._give(tensor, "parameter" if isinstance(tensor, nn.Parameter) else "buffer")
-        for tensor in inputs:
-            self._give(tensor, "input")
-        self.measured = 1 if module.training else 0
-        self.step = 0
-        self.first_measured_key = 0
-        self.activations: set[int] = set()
-        self.gradients: set[int] = set()
-        self.states: set[int] = set()
-        self.host_bytes = 0
-
-    def _give(self, tensor: torch.Tensor, role: str) -> int | None:
-        key = self.tracker.adopt(tensor)
-        if key is not None:
-            self.role.setdefault(key, role)
-        return key
-
-    def on_phase(self, phase: str, step: int) -> None:
-        """``run_steps`` callback: close the phase that ended, then open ``phase``."""
-        ended, last = self.tracker.phase, self.step == self.measured
-        if ended == "forward" and last:
-            born = range(self.first_measured_key, len(self.tracker.sizes))
-            alive = self.tracker.live_keys()
-            self.activations = {k for k in born if k in alive and self.tracker.born_in[k][0] == "forward"}
-        elif ended == "backward":
-            grads = [
-                p.grad for p in self.state.values() if isinstance(p, nn.Parameter) and p.grad is not None
-            ]
-            self.gradients = {k for k in (self._give(g, "gradient") for g in grads) if k is not None}
-        elif ended == "optimizer step" and self.optimizer is not None:
-            self._take_states()
-        self.tracker.phase, self.step = phase, step
-        if phase == "step start" and step == self.measured:
-            self.first_measured_key = len(self.tracker.sizes)
-            self.tracker.start_measuring()
-
-    def _take_states(self) -> None:
-        self.states, self.host_bytes = set(), 0
-        for per_param in self.optimizer.state.values():
-            for value in per_param.values():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                key = self._give(value, "optimizer_state")
-                if key is not None:
-                    self.states.add(key)
-                else:  # a host tensor (Adam's step with capturable=False) on a CUDA target
-                    self.host_bytes += value.untyped_storage().nbytes()
-
-    @contextlib.contextmanager
-    def hooks(self) -> Any:
-        """Forward hooks keeping ``tracker.modules`` the stack of running modules."""
-        handles = []
-        for name, sub in self.module.named_modules():
-            handles.append(sub.register_forward_pre_hook(self._enter(name)))
-            handles.append(sub.register_forward_hook(self._leave, always_call=True))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def _enter(self, name: str) -> Callable[..., None]:
-        def enter(module: nn.Module, args: Any) -> None:
-            self.tracker.modules.append(name)
-
-        return enter
-
-    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self.tracker.modules:
-            self.tracker.modules.pop()
-
-    def _bytes(self, keys: set[int]) -> int:
-        return sum(self.tracker.sizes[k] for k in keys)
-
-    def _breakdown(self, keys: set[int]) -> Breakdown:
-        parts = dict.fromkeys(CATEGORIES, 0)
-        for key in keys:
-            role = self.role.get(key) or ("activation" if key in self.activations else "other")
-            parts[role] += self.tracker.sizes[key]
-        return Breakdown(**parts)
-
-    def result(self, header: dict[str, Any]) -> Estimate:
-        """The :class:`Estimate` of the measured step, with ``header``'s descriptive fields."""
-        tracker = self.tracker
-        roles = {
-            role: {k for k, r in self.role.items() if r == role} for role in ("parameter", "buffer", "input")
-        }
-        phases = tuple(PhasePeak(p, *tracker.phase_peaks[p]) for p in PHASES if p in tracker.phase_peaks)
-        params = [t for t in self.state.values() if isinstance(t, nn.Parameter)]
-        return Estimate(
-            **header,
-            parameters=sum(p.numel() for p in params),
-            parameter_bytes=self._bytes(roles["parameter"]),
-            buffer_bytes=self._bytes(roles["buffer"]),
-            gradient_bytes=self._bytes(self.gradients),
-            optimizer_states=len(self.states),
-            optimizer_state_bytes=self._bytes(self.states),
-            host_bytes=self.host_bytes,
-            input_bytes=self._bytes(roles["input"]),
-            activation_elements=sum(tracker.elements[k] for k in self.activations),
-            activation_bytes=self._bytes(self.activations),
-            peak=tracker.peak,
-            at_peak=self._breakdown(tracker.live_keys(tracker.peak_event)),
-            phases=phases,
-            layers=self._layers(),
-        )
-
-    def _layers(self) -> tuple[LayerEstimate, ...]:
-        own: dict[str, list[torch.Tensor]] = {}
-        for name, tensor in self.state.items():
-            if isinstance(tensor, nn.Parameter):
-                own.setdefault(name.rpartition(".")[0], []).append(tensor)
-        held: dict[str, list[int]] = {}
-        for key in self.activations:
-            held.setdefault(self.tracker.born_in[key][1], []).append(key)
-        rows = []
-        for name, sub in self.module.named_modules():
-            params, keys = own.get(name, []), held.get(name, [])
-            if params or keys or not any(True for _ in sub.children()):
-                size_of = self.tracker.size_of
-                rows.append(
-                    LayerEstimate(
-                        name=name,
-                        type=type(sub).__name__,
-                        parameters=sum(p.numel() for p in params),
-                        parameter_bytes=sum(size_of(p.untyped_storage().nbytes()) for p in params),
-                        activation_elements=sum(self.tracker.elements[k] for k in keys),
-                        activation_bytes=sum(self.tracker.sizes[k] for k in keys),
-                    )
-                )
-        return tuple(rows)

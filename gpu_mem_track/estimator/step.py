@@ -25,11 +25,13 @@ __all__ = [
     "FactoryError",
     "StepError",
     "InputsLike",
+    "StepFunction",
     "build_model",
     "default_loss",
     "make_inputs",
     "make_optimizer",
     "run_steps",
+    "run_user_steps",
 ]
 
 #: Optimizer names: Adam/AdamW keep exp_avg and exp_avg_sq per parameter (and a ``step``
@@ -37,6 +39,9 @@ __all__ = [
 
 OptimizerLike = Union[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer], None]
 InputsLike = Union[torch.Tensor, InputSpec, Sequence[int], Sequence[Any]]
+#: A user's step: ``step(model, optimizer, inputs)`` (optimizer None without one; inputs
+#: the list of input tensors); what it returns stays alive until its next call returns.
+StepFunction = Callable[[nn.Module, Union[torch.optim.Optimizer, None], list], Any]
 
 
 class FactoryError(UsageError):
@@ -208,4 +213,26 @@ def run_steps(
             on_phase("optimizer step", step)
             with _model_code():
                 optimizer.step()
+    on_phase("done", steps - 1)
+
+
+def run_user_steps(
+    step: StepFunction,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    inputs: list[torch.Tensor],
+    *,
+    steps: int = 2,
+    on_phase: Callable[[str, int], None] = lambda phase, step: None,
+) -> None:
+    """Call ``step(model, optimizer, inputs)`` ``steps`` times, with ``on_phase("step start",
+    i)`` before each call and ``on_phase("done", steps - 1)`` after the last. What a call
+    returns stays bound until the next call returns, as ``out = step(...)`` in a loop
+    would keep it; what the step raises is a ``StepError``."""
+    kept = None
+    for index in range(steps):
+        on_phase("step start", index)
+        with _model_code():
+            kept = step(model, optimizer, inputs)
+    del kept
     on_phase("done", steps - 1)
