@@ -49,6 +49,20 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         help="record the tensors autograd saves for backward, so censuses count them as "
         "activations with the line that saved them",
     )
+    run.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="CUDA only: record the allocator's history while the script runs (from when it starts "
+        "CUDA; torch is imported first), keep it as snapshot.pickle in the run folder with its "
+        "analysis (snapshot_lines.csv, snapshot.json), and take every line's exact peak from it",
+    )
+    run.add_argument(
+        "--snapshot-entries",
+        type=count,
+        metavar="N",
+        help="with --snapshot: trace entries kept, the last N (default: 100000; each costs host "
+        "memory, up to a few KB with its stack); lines that ran before them keep the runner's peak",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         threshold = None if args.census_threshold is None else parse_bytes(args.census_threshold)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.snapshot_entries is not None and not args.snapshot:
+        raise UsageError("--snapshot-entries only applies with --snapshot")
+    entries = {} if args.snapshot_entries is None else {"snapshot_entries": args.snapshot_entries}
     options = RunOptions(
         script=args.script,
         args=tuple(args.args),
@@ -72,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         top=args.top,
         activations=args.activations,
+        snapshot=args.snapshot,
+        **entries,
     )
     return execute(prepare(options)).exit_code
 
@@ -83,8 +102,10 @@ COMMAND = Command(
     "(and of what --include names) that runs: memory after the line, increment, the peak while "
     "it ran and hits. Writes reports/<run>/report.txt, lines.csv, timeline.csv and meta.json, "
     "also when the script fails or is interrupted, and exits with the script's exit code "
-    "(1 after an uncaught exception, 130 after Ctrl-C, 2 when it could not start). Memory is "
-    "the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the CPU.",
+    "(1 after an uncaught exception, 130 after Ctrl-C, 143 after SIGTERM, 2 when it could not "
+    "start). Memory is the CUDA caching allocator's allocated bytes on a GPU, the process's RSS "
+    "on the CPU. With --snapshot (CUDA) the run folder also keeps snapshot.pickle, and line "
+    "peaks come from its trace.",
     prepare_parser=prepare_parser,
     run=run,
 )

@@ -28,7 +28,7 @@ __all__ = ["LineProfiler"]
 _HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS = range(6)
 
 # A frame on the profiler's stack: [code, running line (or None), memory, high-water mark,
-# time] as read when that line started.
+# time, the sampler's event count] as read when that line started.
 _Frame = list
 
 
@@ -45,6 +45,9 @@ class LineProfiler:
         extras_every: seconds between readings of the sampler's slower extras (driver, RSS)
             for the timeline; rows in between leave them empty.
         clock: monotonic seconds.
+        windows: told ``windows.add(code, lineno, start, end)`` after each execution during
+            which the sampler's ``events`` count moved from ``start`` to ``end`` (the
+            allocator's allocations and frees; ``run --snapshot``), or None.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class LineProfiler:
         threshold: int | None = None,
         extras_every: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
+        windows: Any = None,
     ) -> None:
         self._sampler = sampler
         self._sample = sampler.sample
@@ -66,6 +70,7 @@ class LineProfiler:
         self._threshold = threshold
         self._extras_every = extras_every
         self._clock = clock
+        self._windows = windows
         self._stack: list[_Frame] = []
         self._stats: dict[tuple[CodeType, int], list[Any]] = {}
         self._seq = 0
@@ -79,20 +84,22 @@ class LineProfiler:
 
     def enter(self, code: CodeType) -> None:
         # No reading: the frame's first line event reads the start of its first line.
-        self._stack.append([code, None, 0, 0, 0.0])
+        self._stack.append([code, None, 0, 0, 0.0, 0])
 
     def line(self, code: CodeType, lineno: int) -> None:
         current, high = self._sample()
         now = self._clock()
         stack = self._stack
         if not stack or stack[-1][0] is not code:  # an event the engine did not send
-            stack.append([code, None, current, high, now])
+            stack.append([code, None, current, high, now, 0])
         frame = stack[-1]
         if frame[1] is not None and self._close(frame, current, high, now):
             # a census ran after the line: start the next one after it, not before
             current, high = self._sample()
             now = self._clock()
         frame[1], frame[2], frame[3], frame[4] = lineno, current, high, now
+        if self._windows is not None:
+            frame[5] = self._sampler.events
 
     def leave(self, code: CodeType) -> None:
         stack = self._stack
@@ -155,6 +162,8 @@ class LineProfiler:
         if peak > stats[_PEAK] or (peak == stats[_PEAK] and exact):
             stats[_PEAK], stats[_EXACT] = peak, exact
         stats[_SECONDS] += now - frame[4]
+        if self._windows is not None and self._sampler.events != frame[5]:
+            self._windows.add(code, lineno, frame[5], self._sampler.events)
         if peak > self.peak:
             self.peak, self.peak_at = peak, (code.co_filename, lineno)
         if self._write_text is not None:

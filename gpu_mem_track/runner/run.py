@@ -13,8 +13,10 @@ import importlib.util
 import os
 import platform
 import runpy
+import signal
 import sys
 import sysconfig
+import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -23,14 +25,16 @@ from types import CodeType, TracebackType
 from typing import Any, TextIO
 
 from .. import __version__
-from ..devices import parse_device
 from ..errors import UsageError
-from ..outputs import claim_name, safe_name
+from ..outputs import safe_name
 from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
+from .checks import check_snapshot, claim_folder, readable_script, resolve_device, resolve_includes
 from .files import RunFolder, TimelineWriter, write_lines, write_meta
+from .history import DEFAULT_ENTRIES, HistoryRecorder
 from .profiler import LineProfiler
+from .recording import SnapshotRun
 from .records import RunInfo, RunResult
-from .samplers import CudaSampler, RssSampler
+from .samplers import CudaSampler, RssSampler, Sampler
 from .session import RunSession
 from .tracer import best_engine, engine_class
 
@@ -50,6 +54,9 @@ class RunOptions:
     ``"settrace"``. ``top``: lines in the printed summary. ``activations``: record the
     tensors autograd saves for backward while the script runs, so censuses count them as
     activations with the line that saved them (see ``saved.SavedTensorRecorder``).
+    ``snapshot``: record the CUDA allocator's history while the script runs, keep it as
+    ``snapshot.pickle`` in the run folder and take every line's exact peak from it (see
+    ``recording``); ``snapshot_entries``: trace entries it keeps (a ring buffer).
     """
 
     script: str
@@ -62,6 +69,8 @@ class RunOptions:
     engine: str = "auto"
     top: int = 5
     activations: bool = False
+    snapshot: bool = False
+    snapshot_entries: int = DEFAULT_ENTRIES
 
 
 @dataclass
@@ -83,17 +92,19 @@ def prepare(options: RunOptions) -> PreparedRun:
     script, an unknown ``--include``, a bad device, an engine this Python lacks,
     ``--activations`` without torch, or an output folder that cannot be written.
     """
-    script = _readable_script(options.script)
-    files, dirs = _resolve_includes(options.include, script)
-    device = _resolve_device(options.device)
+    script = readable_script(options.script)
+    files, dirs = resolve_includes(options.include, script)
+    device = resolve_device(options.device)
     try:
         engine_class(options.engine)
     except ValueError as exc:
         raise UsageError(f"--engine {options.engine}: {exc}") from exc
     if options.activations and importlib.util.find_spec("torch") is None:
         raise UsageError("--activations needs torch, which is not installed here")
+    if options.snapshot:
+        check_snapshot(options, device)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    folder = RunFolder(_claim_folder(Path(options.out_dir), name))
+    folder = RunFolder(claim_folder(Path(options.out_dir), name))
     return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
 
 
@@ -102,18 +113,33 @@ def run(options: RunOptions, stream: TextIO | None = None) -> int:
     return execute(prepare(options), stream).exit_code
 
 
-def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
+def execute(
+    prepared: PreparedRun,
+    stream: TextIO | None = None,
+    *,
+    sampler: Sampler | None = None,
+    history: HistoryRecorder | None = None,
+) -> RunResult:
     """Run the prepared script under the line tracer, write the reports and return the
     :class:`~gpu_mem_track.runner.records.RunResult`: the script's exit code (0, the
-    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C), the run's
-    description, its line records and its automatic censuses. ``prepared`` is not changed."""
-    from .render import render_line_report, render_summary
-
+    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C, 143 after
+    SIGTERM), the run's description, its line records, its automatic censuses and, with
+    ``--snapshot``, how the snapshot was merged. ``prepared`` is not changed.
+    ``sampler`` and ``history`` replace the memory readings and torch's history recorder
+    (tests pass fakes)."""
     options, folder = prepared.options, prepared.folder
-    sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
+    if sampler is None:
+        sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
+    snapshot = _snapshot_run(prepared, sampler, history) if options.snapshot else None
     timeline = TimelineWriter(folder.timeline)
     session = RunSession(folder.path, prepared.device, timeline)
-    profiler = LineProfiler(sampler, timeline, session.census, options.census_threshold)
+    profiler = LineProfiler(
+        sampler,
+        timeline,
+        session.census,
+        options.census_threshold,
+        windows=snapshot.windows if snapshot else None,
+    )
     session.profiler = profiler
     engine = best_engine(profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
@@ -123,25 +149,60 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
     try:
         if options.activations:
             session.census_tracker(activations=True)
+        if snapshot is not None:
+            snapshot.start()
         code = _run_script(prepared, engine, session)
     finally:
         session.close()
         profiler.finish()
         profiler.event_row("end")
         timeline.close()
-        sampler.close()
         records = profiler.records()
-        where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
-        info = replace(
-            info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where, torch=_torch_version()
-        )
-        write_lines(folder.lines, records)
-        write_meta(folder.meta, info)
-        folder.report.write_text(render_line_report(info, records, session.censuses), encoding="utf-8")
-        out = stream or sys.stderr
-        out.write(render_summary(info, records, folder.path, options.top))
-        out.flush()
-    return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses))
+        if snapshot is not None:
+            records = snapshot.finish(records)
+        sampler.close()
+        info = _finished(info, code, profiler)
+        _write_reports(prepared, info, records, session, snapshot, stream)
+    merge = snapshot.result if snapshot is not None else None
+    return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
+
+
+def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder | None) -> SnapshotRun:
+    if history is None:
+        from .history import TorchHistory
+
+        history = TorchHistory()
+    include = (str(prepared.script), *sorted(prepared.include_files), *prepared.include_dirs)
+    return SnapshotRun(
+        history, sampler, prepared.folder.path, prepared.device, prepared.options.snapshot_entries, include
+    )
+
+
+def _finished(info: RunInfo, code: int, profiler: LineProfiler) -> RunInfo:
+    where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
+    return replace(
+        info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where, torch=_torch_version()
+    )
+
+
+def _write_reports(
+    prepared: PreparedRun,
+    info: RunInfo,
+    records: list[Any],
+    session: RunSession,
+    snapshot: SnapshotRun | None,
+    stream: TextIO | None,
+) -> None:
+    """lines.csv, meta.json and report.txt, then the summary on ``stream`` (stderr)."""
+    from .render import render_line_report, render_summary
+
+    folder, merge = prepared.folder, snapshot.result if snapshot is not None else None
+    write_lines(folder.lines, records)
+    write_meta(folder.meta, info)
+    folder.report.write_text(render_line_report(info, records, session.censuses, merge), encoding="utf-8")
+    out = stream or sys.stderr
+    out.write(render_summary(info, records, folder.path, prepared.options.top, merge))
+    out.flush()
 
 
 def _run_script(prepared: PreparedRun, engine: Any, session: RunSession) -> int:
@@ -154,6 +215,7 @@ def _run_script(prepared: PreparedRun, engine: Any, session: RunSession) -> int:
         sys.path.append(str(prepared.script.parent))
     add_stamp_listener(session)
     _Forks.watch(engine, session)
+    sigterm = _catch_sigterm()
     try:
         try:
             engine.start()
@@ -174,11 +236,30 @@ def _run_script(prepared: PreparedRun, engine: Any, session: RunSession) -> int:
         traceback.print_exception(type(exc), exc, _user_traceback(exc.__traceback__), file=sys.stderr)
         return 1
     finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         _Forks.watch(None, None)
         remove_stamp_listener(session)
         sys.argv[:] = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+
+
+def _catch_sigterm() -> Any:
+    """While the script runs, SIGTERM ends it as ``sys.exit(143)`` would, so the reports
+    (and a snapshot) are still written. Only where SIGTERM has its default action and in
+    the main thread; returns the handler to restore (None: nothing installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    signal.signal(signal.SIGTERM, _terminated)
+    return signal.SIG_DFL
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    print("Terminated (SIGTERM)", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 class _Forks:
@@ -223,102 +304,6 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
             break
         tb = tb.tb_next
     return tb
-
-
-def _readable_script(script: str) -> Path:
-    path = Path(script)
-    if not path.exists():
-        raise UsageError(f"no such script: {script}")
-    if path.is_dir():
-        raise UsageError(f"{script} is a folder, not a Python script")
-    try:
-        with path.open("rb") as handle:
-            handle.read(1)
-    except OSError as exc:
-        raise UsageError(f"cannot read {script}: {exc.strerror or exc}") from exc
-    return path.resolve()
-
-
-def _resolve_includes(names: tuple[str, ...], script: Path) -> tuple[set[str], tuple[str, ...]]:
-    """``--include`` values as files and folders: paths as given, else module names found
-    on the script's ``sys.path`` (a package means its folder)."""
-    files: set[str] = set()
-    dirs: list[str] = []
-    for name in names:
-        path = Path(name)
-        if path.exists():
-            (dirs.append(str(path.resolve()) + os.sep) if path.is_dir() else files.add(str(path.resolve())))
-            continue
-        origin = _module_origin(name, script)
-        if origin is None:
-            raise UsageError(f"--include {name}: no such file, folder or module")
-        if origin.name == "__init__.py":
-            dirs.append(str(origin.parent) + os.sep)
-        else:
-            files.add(str(origin))
-    return files, tuple(dirs)
-
-
-def _module_origin(name: str, script: Path) -> Path | None:
-    sys.path.insert(0, str(script.parent))
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError, AttributeError):
-        spec = None
-    finally:
-        sys.path.pop(0)
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        return None
-    return Path(spec.origin).resolve()
-
-
-def _resolve_device(device: str) -> str:
-    """``cpu`` or ``cuda:N``, decided without importing torch or starting CUDA: the script
-    may still set ``CUDA_VISIBLE_DEVICES`` before it imports torch. ``auto`` means
-    ``cuda:0`` when the NVIDIA driver shows a GPU, else ``cpu``."""
-    if device == "auto":
-        return "cuda:0" if _driver_gpu_count() else "cpu"
-    try:
-        parsed = parse_device(device)
-    except UsageError:
-        raise UsageError(f"--device takes auto, cpu, cuda or cuda:N, not {device!r}") from None
-    if not parsed.is_cuda:
-        return str(parsed)
-    if _driver_gpu_count() == 0:
-        raise UsageError(f"--device {device}: no NVIDIA GPU is visible here")
-    return str(parsed.with_index(0))
-
-
-def _driver_gpu_count() -> int:
-    """GPUs the NVIDIA driver lists (NVML when installed, else ``/proc/driver/nvidia``)."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        gpus = Path("/proc/driver/nvidia/gpus")
-        return len(list(gpus.iterdir())) if gpus.is_dir() else 0
-
-
-def _claim_folder(out_dir: Path, name: str) -> Path:
-    """Create ``out_dir/name`` (or ``name-2``, ...), a folder no earlier run used."""
-
-    def claim(candidate: str) -> bool:
-        path = out_dir / candidate
-        try:
-            path.mkdir()
-        except FileExistsError:
-            return False
-        check = path / ".write-check"  # a folder we may create but not write into fails here
-        check.write_text("")
-        check.unlink()
-        return True
-
-    return out_dir / claim_name(out_dir, name, claim)
 
 
 def _wants(prepared: PreparedRun) -> Any:

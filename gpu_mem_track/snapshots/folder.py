@@ -41,7 +41,14 @@ from .attribution import PRE_TRACE, Attributor
 from .replay import Replay
 from .report import render_report
 
-__all__ = ["SNAPSHOT_LINE_COLUMNS", "claim_folder", "default_name", "line_records", "write_folder"]
+__all__ = [
+    "SNAPSHOT_LINE_COLUMNS",
+    "claim_folder",
+    "default_name",
+    "line_records",
+    "write_folder",
+    "write_snapshot_files",
+]
 
 SNAPSHOT_LINE_COLUMNS = tuple(LineUsage.__dataclass_fields__)
 _SUFFIXES = (".gz", ".pickle", ".pkl", ".pck")
@@ -100,13 +107,17 @@ def write_folder(
         write_meta(folder.meta, _info(analysis, name))
         write_lines(folder.lines, line_records(analysis))
         _write_timeline(folder.timeline, analysis, replayed, attributor)
-        _write_snapshot_lines(folder.path / "snapshot_lines.csv", analysis)
-        (folder.path / "snapshot.json").write_text(
-            json.dumps(analysis.to_dict(), indent=2) + "\n", encoding="utf-8"
-        )
+        write_snapshot_files(folder.path, analysis)
         folder.report.write_text(render_report(analysis, name, top), encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write reports to {folder.path}: {exc.strerror or exc}") from exc
+
+
+def write_snapshot_files(path: Path, analysis: SnapshotAnalysis) -> None:
+    """Write the snapshot's own two files into the folder ``path``: ``snapshot_lines.csv``
+    and ``snapshot.json`` (also used by ``run --snapshot``)."""
+    _write_snapshot_lines(path / "snapshot_lines.csv", analysis)
+    (path / "snapshot.json").write_text(json.dumps(analysis.to_dict(), indent=2) + "\n", encoding="utf-8")
 
 
 def _info(analysis: SnapshotAnalysis, name: str) -> RunInfo:
