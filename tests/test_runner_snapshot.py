@@ -21,6 +21,8 @@ from snapshotfiles import SETTINGS
 from gpu_mem_track.allocator import Allocator
 from gpu_mem_track.runner.files import read_lines
 from gpu_mem_track.runner.history import LineWindows, TorchHistory, history_calls
+from gpu_mem_track.runner.peaks import innermost_lines, merge_peaks, window_peaks
+from gpu_mem_track.runner.records import LineRecord
 from gpu_mem_track.runner.run import RunOptions, execute, prepare
 from gpu_mem_track.runner.samplers import CudaSampler
 from gpu_mem_track.snapshots import load_snapshot
@@ -341,3 +343,32 @@ def test_torch_history_waits_for_cuda_and_uses_this_torchs_api(monkeypatch, tmp_
     assert calls[-1] == {"enabled": None} and not history.recording
     queued[0]()  # a late start after stop records nothing
     assert len(calls) == 2
+
+
+def _record(line: int, peak: int, exact: bool) -> LineRecord:
+    return LineRecord("/src/t.py", "main", line, "", 1, 0, 0, peak, exact, 0.0)
+
+
+def test_window_peaks_read_the_levels_inside_each_window_and_count_those_outside():
+    levels = [5, 9, 4, 7, 3]  # allocated after counted entries 11..15 (first = 10)
+    a, b = ("/src/t.py", "main", 1), ("/src/t.py", "main", 2)
+    windows = [(a, 10, 12), (a, 12, 14), (b, 13, 15), (b, 8, 11)]
+    peaks, outside = window_peaks(windows, levels, first=10)
+    assert peaks == {a: 9, b: 7} and outside == {b: 1}
+
+
+def test_innermost_lines_give_each_entry_the_deepest_running_line():
+    outer, inner, other = ("f", "m", 1), ("f", "g", 5), ("f", "g", 6)
+    windows = [(inner, 2, 5), (other, 6, 8), (outer, 0, 10)]  # in the order they ended
+    owners = innermost_lines(windows, first=1, traced=10)
+    assert owners == [outer, inner, inner, inner, outer, other, other, outer, outer, None]
+
+
+def test_merge_keeps_the_runners_exact_peak_only_when_the_trace_cannot_beat_it():
+    key = ("/src/t.py", "main", 1)
+    merged = merge_peaks([_record(1, 50, True)], {key: 40}, {key: 2})
+    assert (merged[0].peak, merged[0].peak_exact) == (50, True)
+    merged = merge_peaks([_record(1, 30, True)], {key: 40}, {key: 2})
+    assert (merged[0].peak, merged[0].peak_exact) == (40, False)  # an unseen run may go higher
+    merged = merge_peaks([_record(1, 30, False), _record(2, 8, False)], {key: 40}, {})
+    assert [(r.peak, r.peak_exact) for r in merged] == [(40, True), (8, True)]  # line 2: no events
