@@ -261,6 +261,28 @@ def test_the_trace_disagreeing_with_the_allocator_is_not_merged(tmp_path, gpu):
     assert (result.folder / "snapshot_lines.csv").exists()  # the analysis is still written
 
 
+def test_a_trace_missing_entries_is_caught_by_the_line_readings(tmp_path, gpu):
+    """An allocation and its free missing from the trace (as when the script pauses the
+    recording itself): the trace still ends at the right bytes, but counting back from its
+    end puts line runs on the wrong entries, and their readings disagree with the replay."""
+
+    class Gappy(FakeGpu):
+        def _record(self, seen: int, stack: bool) -> None:
+            super()._record(seen, stack)
+            if self.trace is not None:  # line 11's 16 MiB temporary is not recorded
+                kept = [e for e in self.trace if e["size"] != 16 * MIB]
+                self.trace = deque(kept, maxlen=self.trace.maxlen)
+
+    gappy = Gappy()
+    module = sys.modules["fakegpu"]
+    module.alloc, module.free, module.spike = gappy.alloc, gappy.free, gappy.spike
+    result, lines, _ = run_fake(tmp_path, gappy)
+    merge = result.snapshot
+    assert (merge.counted, merge.traced) == (13, 11)
+    assert "line runs began or ended at allocated bytes other than the replayed trace's" in merge.note
+    assert (lines[13].peak, lines[13].peak_exact) == (40 * MIB, False)  # the runner's own figure
+
+
 def test_snapshot_needs_cuda_and_stops_before_anything_runs(tmp_path, in_process):
     script = tmp_path / "main.py"
     script.write_text("open('ran', 'w').close()\n")
@@ -276,10 +298,10 @@ def test_snapshot_needs_cuda_and_stops_before_anything_runs(tmp_path, in_process
 def test_line_windows_forget_executions_older_than_the_ring_buffer():
     code = test_line_windows_forget_executions_older_than_the_ring_buffer.__code__
     windows = LineWindows(keep=5)
-    windows.add(code, 1, 0, 2)
-    windows.add(code, 2, 2, 4)
-    windows.add(code, 1, 4, 8)  # 8 - 5 = 3: the window ending at 2 can no longer be traced
-    assert [(line, start, stop) for _, line, start, stop in windows] == [(2, 2, 4), (1, 4, 8)]
+    windows.add(code, 1, 0, 2, 0, 512)
+    windows.add(code, 2, 2, 4, 512, 0)
+    windows.add(code, 1, 4, 8, 0, 0)  # 8 - 5 = 3: the window ending at 2 can no longer be traced
+    assert [(line, start, stop) for _, line, start, stop, _, _ in windows] == [(2, 2, 4), (1, 4, 8)]
     assert windows.forgotten == {(code, 1): 1}
 
 
@@ -352,14 +374,16 @@ def _record(line: int, peak: int, exact: bool) -> LineRecord:
 def test_window_peaks_read_the_levels_inside_each_window_and_count_those_outside():
     levels = [5, 9, 4, 7, 3]  # allocated after counted entries 11..15 (first = 10)
     a, b = ("/src/t.py", "main", 1), ("/src/t.py", "main", 2)
-    windows = [(a, 10, 12), (a, 12, 14), (b, 13, 15), (b, 8, 11)]
-    peaks, outside = window_peaks(windows, levels, first=10)
-    assert peaks == {a: 9, b: 7} and outside == {b: 1}
+    windows = [(a, 10, 12, 2, 9), (a, 12, 14, 9, 7), (b, 13, 15, 4, 3), (b, 8, 11, 0, 5)]
+    peaks, outside, mismatched = window_peaks(windows, levels, first=10, start_level=2)
+    assert peaks == {a: 9, b: 7} and outside == {b: 1} and mismatched == 0
+    # a run whose readings disagree with the replay (it began at 4, not 2) is counted
+    assert window_peaks([(a, 10, 12, 4, 9)], levels, first=10, start_level=2)[2] == 1
 
 
 def test_innermost_lines_give_each_entry_the_deepest_running_line():
     outer, inner, other = ("f", "m", 1), ("f", "g", 5), ("f", "g", 6)
-    windows = [(inner, 2, 5), (other, 6, 8), (outer, 0, 10)]  # in the order they ended
+    windows = [(inner, 2, 5, 0, 0), (other, 6, 8, 0, 0), (outer, 0, 10, 0, 0)]  # in the order they ended
     owners = innermost_lines(windows, first=1, traced=10)
     assert owners == [outer, inner, inner, inner, outer, other, other, outer, outer, None]
 

@@ -141,8 +141,9 @@ def history_calls(memory: Any, max_entries: int) -> tuple[Callable[[], Any], Cal
 
 class LineWindows:
     """The line executions during which the allocator counted events: (code, line, start,
-    end) with ``start``/``end`` the count (``CudaSampler.events``) when it began and
-    ended, in the order they ended (``profiler.LineProfiler``'s ``windows``).
+    end, before, after) with ``start``/``end`` the count (``CudaSampler.events``) and
+    ``before``/``after`` the allocated bytes when it began and ended, in the order they
+    ended (``profiler.LineProfiler``'s ``windows``).
 
     Bounded: the trace keeps at most ``keep`` entries, so an execution that ended more
     than ``keep`` events ago cannot be in it; it is forgotten and counted in
@@ -152,18 +153,18 @@ class LineWindows:
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.forgotten: dict[tuple[CodeType, int], int] = {}
-        self._items: deque[tuple[CodeType, int, int, int]] = deque()
+        self._items: deque[tuple[CodeType, int, int, int, int, int]] = deque()
 
-    def add(self, code: CodeType, lineno: int, start: int, end: int) -> None:
+    def add(self, code: CodeType, lineno: int, start: int, end: int, before: int, after: int) -> None:
         items = self._items
-        items.append((code, lineno, start, end))
+        items.append((code, lineno, start, end, before, after))
         floor = end - self.keep
         while items[0][3] <= floor:
             old = items.popleft()
             key = (old[0], old[1])
             self.forgotten[key] = self.forgotten.get(key, 0) + 1
 
-    def __iter__(self) -> Iterator[tuple[CodeType, int, int, int]]:
+    def __iter__(self) -> Iterator[tuple[CodeType, int, int, int, int, int]]:
         return iter(self._items)
 
     def __len__(self) -> int:

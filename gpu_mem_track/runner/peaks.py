@@ -11,7 +11,8 @@ went from ``start`` to ``stop`` (``history.LineWindows``) ran exactly the counte
 gives the allocated bytes right after each of them, so the execution's peak is the
 largest of those (the bytes before it are the runner's own reading). An execution whose
 entries are not all in the trace keeps the runner's figure, and its line's peak is not
-claimed exact.
+claimed exact. Each execution also checks the alignment: the replayed allocated bytes
+at its start and end must be the runner's readings there.
 
 A line is ``(file, function, line)`` as ``records.LineRecord`` names it.
 """
@@ -41,8 +42,9 @@ __all__ = [
 COUNTED = ("alloc", "free_requested")
 
 Key = tuple[str, str, int]
-#: One line execution: its line and the allocator's count when it started and ended.
-Window = tuple[Key, int, int]
+#: One line execution: its line, the allocator's count when it started and ended, and the
+#: allocated bytes read then.
+Window = tuple[Key, int, int, int, int]
 
 
 def counted_positions(trace: Sequence[TraceEntry]) -> list[int]:
@@ -85,21 +87,26 @@ def alignment_note(
 
 
 def window_peaks(
-    windows: Iterable[Window], levels: Sequence[int], first: int
-) -> tuple[dict[Key, int], dict[Key, int]]:
+    windows: Iterable[Window], levels: Sequence[int], first: int, start_level: int
+) -> tuple[dict[Key, int], dict[Key, int], int]:
     """Per line: the highest allocated bytes inside its executions whose counted entries
-    are all in the trace (bytes), and how many executions were not (see the module
-    docstring; ``first``: the count just before the trace's first counted entry)."""
+    are all in the trace (bytes), and how many executions were not; then how many
+    executions began or ended at allocated bytes other than the replay's (see the
+    module docstring; ``first``: the count just before the trace's first counted entry;
+    ``start_level``: the replayed allocated bytes then)."""
     peaks: dict[Key, int] = {}
     outside: dict[Key, int] = {}
-    for key, start, stop in windows:
+    mismatched = 0
+    for key, start, stop, before, after in windows:
         if start < first or stop - first > len(levels):
             outside[key] = outside.get(key, 0) + 1
             continue
+        at_start = levels[start - first - 1] if start > first else start_level
+        mismatched += at_start != before or levels[stop - first - 1] != after
         top = max(levels[start - first : stop - first])
         if top > peaks.get(key, -1):
             peaks[key] = top
-    return peaks, outside
+    return peaks, outside, mismatched
 
 
 def merge_peaks(
@@ -129,7 +136,7 @@ def innermost_lines(windows: Iterable[Window], first: int, traced: int) -> list[
     those of the lines it calls), so painting the longest first and the shortest last
     leaves each entry with its innermost line."""
     owners: list[Key | None] = [None] * traced
-    for key, start, stop in sorted(windows, key=lambda w: w[1] - w[2]):
+    for key, start, stop, _, _ in sorted(windows, key=lambda w: w[1] - w[2]):
         low, high = max(start - first, 0), min(stop - first, traced)
         if high > low:
             owners[low:high] = [key] * (high - low)

@@ -45,9 +45,10 @@ class LineProfiler:
         extras_every: seconds between readings of the sampler's slower extras (driver, RSS)
             for the timeline; rows in between leave them empty.
         clock: monotonic seconds.
-        windows: told ``windows.add(code, lineno, start, end)`` after each execution during
-            which the sampler's ``events`` count moved from ``start`` to ``end`` (the
-            allocator's allocations and frees; ``run --snapshot``), or None.
+        windows: told ``windows.add(code, lineno, start, end, before, after)`` after each
+            execution during which the sampler's ``events`` count moved from ``start`` to
+            ``end`` (the allocator's allocations and frees; ``run --snapshot``), with the
+            memory read when it started and ended; or None.
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class LineProfiler:
             stats[_PEAK], stats[_EXACT] = peak, exact
         stats[_SECONDS] += now - frame[4]
         if self._windows is not None and self._sampler.events != frame[5]:
-            self._windows.add(code, lineno, frame[5], self._sampler.events)
+            self._windows.add(code, lineno, frame[5], self._sampler.events, before, current)
         if peak > self.peak:
             self.peak, self.peak_at = peak, (code.co_filename, lineno)
         if self._write_text is not None:

@@ -113,7 +113,14 @@ class SnapshotRun:
             self._write_analysis(snapshot, replayed)
             return list(records), _with(base, note=note)
         windows = self._windows()
-        peaks, outside = window_peaks(windows, levels, first)
+        peaks, outside, mismatched = window_peaks(windows, levels, first, replayed.start_allocated)
+        if mismatched:
+            note = (
+                f"{mismatched} of {len(windows)} line runs began or ended at allocated bytes other than "
+                "the replayed trace's"
+            )
+            self._write_analysis(snapshot, replayed)
+            return list(records), _with(base, note=note)
         for key, count in self._forgotten().items():
             outside[key] = outside.get(key, 0) + count
         placed = self._analyse_placed(snapshot, windows, positions, first)
@@ -141,7 +148,7 @@ class SnapshotRun:
         write_snapshot_files(self.folder, analyse(snapshot, replayed, Attributor(self.include)))
 
     def _windows(self) -> list[Window]:
-        return [(_key(code, line), start, stop) for code, line, start, stop in self.windows]
+        return [(_key(code, line), *counts) for code, line, *counts in self.windows]
 
     def _forgotten(self) -> dict[tuple[str, str, int], int]:
         out: dict[tuple[str, str, int], int] = {}
