@@ -54,15 +54,15 @@ def parse_input(text: str) -> InputSpec:
     return InputSpec(shape, parse_dtype(dtype_text) if dtype_text else torch.float32)
 
 
-def load_factory(spec: str) -> Callable[[], Any]:
+def load_factory(spec: str, what: str = "factory") -> Callable[..., Any]:
     """The callable named by ``"package.module:name"`` or ``"path/to/file.py:name"``.
 
     The module is imported (a ``.py`` path is loaded as a fresh module); the callable is
-    not called.
+    not called. ``what`` names it in error messages (``"factory"``, ``"step"``).
     """
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
-        raise UsageError(f"not a factory: {spec!r} (examples: mypkg.models:build, models.py:build)")
+        raise UsageError(f"not a {what}: {spec!r} (examples: mypkg.models:build, models.py:build)")
     module = _load_file(target) if target.endswith(".py") else _import(target)
     factory = getattr(module, name, None)
     if not callable(factory):
