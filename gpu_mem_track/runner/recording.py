@@ -109,16 +109,11 @@ class SnapshotRun:
         if counted and not positions:
             note = f"the snapshot holds no trace for cuda:{device}"
         base = SnapshotMerge(SNAPSHOT_FILE, device, len(trace), counted, len(positions), len(records))
-        if note:
-            self._write_analysis(snapshot, replayed)
-            return list(records), _with(base, note=note)
         windows = self._windows()
         peaks, outside, mismatched = window_peaks(windows, levels, first, replayed.start_allocated)
-        if mismatched:
-            note = (
-                f"{mismatched} of {len(windows)} line runs began or ended at allocated bytes other than "
-                "the replayed trace's"
-            )
+        if mismatched and not note:
+            note = f"{mismatched} of {len(windows)} line runs began or ended at bytes other than the replay's"
+        if note:  # the analysis by stacks still holds; the placement by count does not
             self._write_analysis(snapshot, replayed)
             return list(records), _with(base, note=note)
         for key, count in self._forgotten().items():
