@@ -85,9 +85,12 @@ def estimate(
     ``step``: your own step instead of the built-in one, called as
     ``step(model, optimizer, inputs)`` with the simulated model (its parameters on the
     meta device), the optimizer made from ``optimizer`` (None for ``"none"``) and the
-    list of input tensors; it runs twice and the second call is measured, and whatever
-    it returns stays alive until the next call returns (like a loop variable). ``amp``
-    and ``loss_fn`` do not apply to it; ``training`` only sets the model's mode.
+    list of input tensors; it runs twice and the second call is measured. Whatever it
+    returns stays alive until the next call returns (as ``out = step(...)`` in a loop);
+    a tensor the loop body itself keeps bound (``out = model(x)``, which frees the
+    previous output once the new one exists) is modelled by keeping it in state of the
+    step's own (a closure or a dict). ``amp`` and ``loss_fn`` do not apply to it;
+    ``training`` only sets the model's mode.
 
     CUDA target only: ``alloc_conf`` is a ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the
     environment variable); ``gpu`` names the architecture (``"hopper"``: 32 MiB cuBLAS
