@@ -65,6 +65,7 @@ def estimate(
     alloc_conf: str | None = None,
     gpu: str | None = None,
     cublas_workspace: int | str | None = None,
+    warmup: int | None = None,
 ) -> Estimate:
     """Estimate the device memory of one step of ``model`` on ``inputs``, on meta tensors.
 
@@ -92,6 +93,10 @@ def estimate(
     step's own (a closure or a dict). ``amp`` and ``loss_fn`` do not apply to it;
     ``training`` only sets the model's mode.
 
+    ``warmup``: how many steps run before the measured one (None: 1 for training or a
+    user's step, so the optimizer state exists as in a training loop; 0 for inference).
+    ``warmup=0`` measures the very first step, with a fresh optimizer.
+
     CUDA target only: ``alloc_conf`` is a ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the
     environment variable); ``gpu`` names the architecture (``"hopper"``: 32 MiB cuBLAS
     workspaces, see :data:`~gpu_mem_track.estimator.memory.GPU_ARCHITECTURES`);
@@ -101,7 +106,7 @@ def estimate(
     """
     options = _options(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
     cuda = CudaModel.parse(alloc_conf, gpu, cublas_workspace) if options.target == "cuda" else None
-    return estimate_step(model, inputs, options, loss_fn=loss_fn, step=step, cuda=cuda)
+    return estimate_step(model, inputs, options, loss_fn=loss_fn, step=step, cuda=cuda, warmup=warmup)
 
 
 def estimate_step(
@@ -112,10 +117,11 @@ def estimate_step(
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
     step: StepFunction | None = None,
     cuda: CudaModel | None = None,
+    warmup: int | None = None,
 ) -> Estimate:
     """:func:`estimate` with its options already parsed (``cuda``: the CUDA target's
     memory model, the defaults when None)."""
-    return _trace(model, inputs, options, loss_fn, "meta", step, cuda)
+    return _trace(model, inputs, options, loss_fn, "meta", step, cuda, warmup)
 
 
 def trace_cpu_step(
@@ -127,6 +133,7 @@ def trace_cpu_step(
     training: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
     step: StepFunction | None = None,
+    warmup: int | None = None,
 ) -> Estimate:
     """Run the same step on real CPU tensors and measure it the same way (for validation).
 
@@ -134,7 +141,7 @@ def trace_cpu_step(
     model is built (or copied) on the CPU, so this allocates real memory.
     """
     options = _options(dtype=dtype, amp=False, optimizer=optimizer, training=training, device="cpu")
-    return _trace(model, inputs, options, loss_fn, "cpu", step, None)
+    return _trace(model, inputs, options, loss_fn, "cpu", step, None, warmup)
 
 
 def _options(**given: Any) -> StepOptions:
@@ -163,8 +170,13 @@ def _trace(
     sim: str,
     step: StepFunction | None,
     cuda: CudaModel | None,
+    warmup: int | None = None,
 ) -> Estimate:
     cast, training, target = options.torch_dtype, options.training, options.target
+    if warmup is None:
+        warmup = 1 if training or step is not None else 0
+    if warmup < 0:
+        raise UsageError(f"warmup must be a count of steps >= 0, not {warmup}")
     specs = as_specs(inputs)
     module = model if isinstance(model, nn.Module) else build_model(model, sim)
     tracker = _tracker(sim, target, cuda)
@@ -178,11 +190,11 @@ def _trace(
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
             make = training or step is not None
             opt = make_optimizer(options.optimizer, params, target) if make else None
-            steps = 2 if training or step is not None else 1
+            steps = warmup + 1
             watch = Watch(tracker, module, state, tensors, opt, steps)
             with watch.hooks():
                 if step is None:
-                    _builtin_steps(module, state, tensors, params, opt, options, loss_fn, watch)
+                    _builtin_steps(module, state, tensors, params, opt, options, loss_fn, watch, steps)
                 else:
                     with _reparametrize_module(module, state), watch.phase_hooks():
                         run_user_steps(step, module, opt, tensors, steps=steps, on_phase=watch.on_phase)
@@ -201,6 +213,7 @@ def _builtin_steps(
     options: StepOptions,
     loss_fn: Callable[[Any], torch.Tensor],
     watch: Watch,
+    steps: int,
 ) -> None:
     amp_dtype = options.amp_dtype
     run_steps(
@@ -208,7 +221,7 @@ def _builtin_steps(
         params,
         opt,
         training=options.training,
-        steps=2 if options.training else 1,
+        steps=steps,
         loss_fn=loss_fn,
         autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
         on_phase=watch.on_phase,
