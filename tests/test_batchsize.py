@@ -197,3 +197,32 @@ def test_cli_batch_size_exits_1_when_no_batch_fits(capsys):
 
     assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "1KiB"]) == 1
     assert capsys.readouterr().out  # the probes are still reported
+
+
+STEP_FILE = """
+def keep_last_output(model, optimizer, inputs):
+    optimizer.zero_grad()
+    out = model(*inputs)
+    out.sum().backward()
+    optimizer.step()
+    return out
+"""
+
+
+def test_cli_batch_size_with_a_user_step(tmp_path, in_process):
+    steps = tmp_path / "steps.py"
+    steps.write_text(STEP_FILE)
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "16MiB", "--json"]
+    done = in_process(*args, "--device", "cpu", "--step", f"{steps}:keep_last_output")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.estimator.specs import load_factory
+    from gpu_mem_track.examples import mlp
+
+    step = load_factory(f"{steps}:keep_last_output")
+    at = estimate(mlp, (data["batch"], 784), device="cpu", step=step).peak
+    assert at == data["peak"] <= 16 * 2**20
+    assert estimate(mlp, (data["batch"] + 1, 784), device="cpu", step=step).peak > 16 * 2**20
+    # The built-in step frees its output before backward: a larger batch fits.
+    builtin = find_max_batch_size(mlp, [(1, 784)], budget=16 * 2**20, device="cpu")
+    assert builtin.batch > data["batch"]

@@ -309,3 +309,90 @@ def test_cli_estimate_failure_end_to_end(tmp_path):
     done = _cli("estimate", f"{factories}:broken", "--input", "4x10")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "gpu_mem_track: the factory broken raised ValueError: cannot build\n"
+
+
+def test_warmup_zero_measures_the_first_step_with_a_fresh_optimizer():
+    first = estimate(linear, (4, 10), device="cpu", warmup=0)
+    steady = estimate(linear, (4, 10), device="cpu")
+    forward = {p.phase: p.peak for p in first.phases}["forward"]
+    # In the steady step Adam's states (exp_avg, exp_avg_sq and the step counters) are
+    # alive during the forward pass; in the first step they do not exist yet.
+    assert {p.phase: p.peak for p in steady.phases}["forward"] == forward + steady.optimizer_state_bytes
+    assert first.optimizer_state_bytes == steady.optimizer_state_bytes == 2 * 880 + 8
+    with pytest.raises(UsageError, match="warmup must be a count of steps >= 0, not -1"):
+        estimate(linear, (4, 10), warmup=-1)
+
+
+def test_cublas_workspace_sizes_follow_pytorchs_rules():
+    from gpu_mem_track.commands.model_args import GPU_ARCHITECTURES
+    from gpu_mem_track.estimator import memory
+
+    assert tuple(memory.GPU_ARCHITECTURES) == GPU_ARCHITECTURES
+    assert memory.workspace_bytes(None, ":4096:2:16:8") == memory.DEFAULT_WORKSPACE == 8_519_680
+    assert memory.workspace_bytes("hopper", "") == memory.HOPPER_WORKSPACE == 32 * 2**20
+    assert memory.workspace_bytes("ampere", "") == 8_519_680
+    assert memory.workspace_bytes("ampere", ":16:8") == 131_072  # the config wins over the GPU
+    with pytest.raises(UsageError, match="expected :SIZE:COUNT pairs"):
+        memory.workspace_bytes(None, "4096")
+    with pytest.raises(UsageError, match="unknown GPU architecture 'tpu'"):
+        memory.workspace_bytes("tpu", None)
+
+
+def test_cublas_workspace_config_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert estimate(linear, (4, 10), training=False).cublas_workspace == 32 * 2**20
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert estimate(linear, (4, 10), training=False).allocator == "expandable_segments:True"
+
+
+def test_render_estimate_with_the_allocator_exact_text():
+    from dataclasses import replace
+
+    est = replace(
+        _hand_built(),
+        rounding="CUDA caching allocator (default settings)",
+        peak=8192 + 2 * 8_519_680,
+        reserved_peak=23068672,
+        reserved_at_peak=23068672,
+        largest_free_block=3932160,
+        cublas_workspace=2 * 8_519_680,
+    )
+    text = render_estimate(est)
+    assert text.endswith(
+        "  at the peak: parameter 1.50 KiB + optimizer state 3.00 KiB + gradient 1.50 KiB"
+        " + input 512 B + other 1.50 KiB + cuBLAS workspace 16.25 MiB\n"
+        "  phase peaks: forward 5.50 KiB, optimizer step 8.00 KiB\n"
+        "reserved peak        22.00 MiB  (caching allocator segments; settings: defaults)\n"
+        "  at the peak: reserved 22.00 MiB, fragmentation (reserved - allocated) 5.74 MiB,"
+        " largest free block 3.75 MiB\n"
+        "cuBLAS workspace     16.25 MiB  (one per handle: forward and backward; in allocated, never freed)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--alloc-conf", "bogus:1"], "PYTORCH_CUDA_ALLOC_CONF 'bogus:1': unknown option 'bogus'"),
+        (["--gpu", "tpu"], "unknown GPU architecture 'tpu'"),
+        (["--cublas-workspace", "lots"], "--cublas-workspace: not a byte size: 'lots'"),
+        (["--step", "no_such_module_xyz:step"], "cannot import 'no_such_module_xyz'"),
+    ],
+)
+def test_cli_memory_model_mistakes_exit_2(capsys, extra, message):
+    from gpu_mem_track.cli import main
+
+    assert main(["estimate", "gpu_mem_track.examples:mlp", "--input", "2x784", *extra]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_cli_memory_model_options(in_process):
+    args = ["estimate", "gpu_mem_track.examples:mlp", "--input", "2x784", "--json"]
+    done = in_process(*args, "--gpu", "hopper", "--alloc-conf", "max_split_size_mb:64", "--warmup", "0")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.examples import mlp
+
+    expected = estimate(mlp, (2, 784), gpu="hopper", alloc_conf="max_split_size_mb:64", warmup=0)
+    assert data == json.loads(json.dumps(expected.to_dict()))
+    assert data["cublas_workspace"] == 2 * 32 * 2**20 and data["allocator"] == "max_split_size_mb:64"

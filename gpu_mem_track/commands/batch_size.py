@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import Command, print_result
-from .model_args import add_model_arguments, load_model, load_step, memory_options, step_options
+from .model_args import add_model_arguments, load_model, simulation_options, step_options
 
 __all__ = ["COMMAND"]
 
@@ -37,15 +37,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     factory, inputs = load_model(args)
+    simulation = simulation_options(args)
+    simulation["model_step"] = simulation.pop("step")  # the finder's ``step`` is a measured step(batch)
     result = find_max_batch_size(
         factory,
         inputs,
         budget=budget,
         measure=args.measure,
         budget_on=args.budget_on,
-        model_step=load_step(args),
         **step_options(args),
-        **memory_options(args),
+        **simulation,
     )
     print_result(result, args.json, render_batch_size)
     return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import Command, print_result
-from .model_args import add_model_arguments, load_model, load_step, memory_options, step_options
+from .model_args import add_model_arguments, load_model, simulation_options, step_options
 
 __all__ = ["COMMAND"]
 
@@ -20,8 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from ..estimator.simulate import estimate
 
     factory, inputs = load_model(args)
-    step = load_step(args)
-    result = estimate(factory, inputs, step=step, **step_options(args), **memory_options(args))
+    result = estimate(factory, inputs, **step_options(args), **simulation_options(args))
     print_result(result, args.json, render_estimate)
     return 0
 

@@ -7,12 +7,20 @@ import argparse
 from typing import Any
 
 from ..estimator.records import OPTIMIZERS
+from . import count
 
 #: ``--gpu`` names (kept here so building the parser imports no torch; checked against
 #: ``estimator.memory.GPU_ARCHITECTURES`` by the tests).
 GPU_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
-__all__ = ["add_model_arguments", "load_model", "load_step", "memory_options", "step_options"]
+__all__ = [
+    "add_model_arguments",
+    "load_model",
+    "load_step",
+    "memory_options",
+    "simulation_options",
+    "step_options",
+]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> None:
@@ -38,6 +46,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> Non
         metavar="MODULE:FUNCTION",
         help="your own step instead of the built-in one: package.module:function or file.py:function, "
         "called as function(model, optimizer, inputs) (see the README)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=count,
+        metavar="N",
+        help="steps run before the measured one (default: 1 for training, so the optimizer state "
+        "exists; 0 measures the very first step)",
     )
     parser.add_argument(
         "--alloc-conf",
@@ -76,6 +91,11 @@ def step_options(args: argparse.Namespace) -> dict[str, Any]:
         training=not args.inference,
         device=args.device,
     )
+
+
+def simulation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The estimator's own options: the user's ``step``, ``warmup`` and the CUDA memory model."""
+    return dict(step=load_step(args), warmup=args.warmup, **memory_options(args))
 
 
 def memory_options(args: argparse.Namespace) -> dict[str, Any]:

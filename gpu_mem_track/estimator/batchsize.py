@@ -224,6 +224,7 @@ def find_max_batch_size(
     meter: PeakMeter | None = None,
     budget_on: str = "reserved",
     model_step: StepFunction | None = None,
+    warmup: int | None = None,
     alloc_conf: str | None = None,
     gpu: str | None = None,
     cublas_workspace: int | str | None = None,
@@ -232,8 +233,8 @@ def find_max_batch_size(
 
     ``inputs`` are shapes (or :class:`~gpu_mem_track.estimator.specs.InputSpec`) whose first size
     is the batch; it is replaced by each batch tried. Peaks come from :func:`estimate`
-    (``device`` sets the target; ``model_step``, ``alloc_conf``, ``gpu`` and
-    ``cublas_workspace`` are passed on as its ``step`` and memory options) unless
+    (``device`` sets the target; ``model_step``, ``warmup``, ``alloc_conf``, ``gpu`` and
+    ``cublas_workspace`` are passed on as its ``step`` and other options) unless
     ``measure``, which runs real steps on the CUDA ``device`` and reads the peak above
     the memory held before each run (this resets the device's peak statistics).
     ``budget_on``: ``"reserved"`` (the default: the caching allocator's segments, what
@@ -267,7 +268,7 @@ def find_max_batch_size(
             source = f"measured steps on {options.device}"
         else:
             cuda = CudaModel.parse(alloc_conf, gpu, cublas_workspace) if options.target == "cuda" else None
-            peak_of = _estimated_peaks(model, specs, options, cuda, model_step, budget_on)
+            peak_of = _estimated_peaks(model, specs, options, cuda, (model_step, warmup), budget_on)
             source = f"estimator ({options.target} target)"
     if options.target == "cuda":
         source += f", peak {budget_on}"
@@ -287,11 +288,13 @@ def _estimated_peaks(
     specs: list[InputSpec],
     options: StepOptions,
     cuda: CudaModel | None,
-    model_step: StepFunction | None,
+    user: tuple[StepFunction | None, int | None],
     budget_on: str,
 ) -> PeakFunction:
+    step, warmup = user
+
     def peak_of(batch: int) -> int:
-        est = estimate_step(model, _rebatch(specs, batch), options, step=model_step, cuda=cuda)
+        est = estimate_step(model, _rebatch(specs, batch), options, step=step, cuda=cuda, warmup=warmup)
         if budget_on == "reserved" and est.reserved_peak is not None:
             return est.reserved_peak
         return est.peak
