@@ -40,6 +40,13 @@ def keep_last_output(model, optimizer, inputs):
 LOOP_VARIABLES = {}
 
 
+@pytest.fixture(autouse=True)
+def _forget_loop_variables():
+    """The loop variable would keep the last meta output (and its graph) alive after a test."""
+    yield
+    LOOP_VARIABLES.clear()
+
+
 def keep_output_in_a_loop_variable(model, optimizer, inputs):
     optimizer.zero_grad()
     # As ``out = model(x)`` in a loop body: the previous output dies once this one exists.

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .memory import CublasWorkspace, ExactMemory
+from .memory import CublasWorkspace, ExactMemory, StorageMemory
 
 __all__ = ["Lifetimes"]
 
@@ -46,7 +46,7 @@ class Lifetimes(TorchDispatchMode):
     def __init__(
         self,
         counted: Iterable[str],
-        memory: ExactMemory | Any = None,
+        memory: StorageMemory | None = None,
         workspace: CublasWorkspace | None = None,
     ) -> None:
         super().__init__()

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..allocator import Allocator, AllocatorSettings, parse_alloc_conf
 from ..errors import UsageError
@@ -33,6 +35,7 @@ __all__ = [
     "CachingMemory",
     "CublasWorkspace",
     "ExactMemory",
+    "StorageMemory",
     "alloc_settings",
     "workspace_bytes",
 ]
@@ -103,12 +106,30 @@ def alloc_settings(conf: str | None = None) -> AllocatorSettings:
     return parse_alloc_conf(conf)
 
 
+class StorageMemory(Protocol):
+    """Where storages live: ``take(nbytes)`` returns a handle and the bytes the storage
+    counts, ``give_back(handle)`` releases it; ``reserved`` and ``largest_free_block()``
+    describe the cache (0 without one); ``allocator`` is the simulated caching allocator
+    (None without one)."""
+
+    allocator: Allocator | None
+
+    def take(self, nbytes: int) -> tuple[int, int]: ...
+
+    def give_back(self, handle: int) -> None: ...
+
+    @property
+    def reserved(self) -> int: ...
+
+    def largest_free_block(self) -> int: ...
+
+
 class ExactMemory:
     """Storages count ``size_of(nbytes)`` (exact sizes by default); no segments."""
 
     allocator = None
 
-    def __init__(self, size_of=lambda nbytes: nbytes) -> None:  # noqa: ANN001
+    def __init__(self, size_of: Callable[[int], int] = lambda nbytes: nbytes) -> None:
         self.size_of = size_of
 
     def take(self, nbytes: int) -> tuple[int, int]:

@@ -1,8 +1,9 @@
 """Records of the estimator and the batch-size finder: frozen data, nothing measured here.
 
-All byte figures are *device bytes*: for a CUDA target each storage is rounded up to the
-caching allocator's 512 B blocks (``units.cuda_block_bytes``), for a CPU target they are
-the storages' exact sizes. Element counts are exact.
+All byte figures are *device bytes*: for a CUDA target each storage counts the block the
+simulated caching allocator hands out for it (512 B multiples; a large block up to 1 MiB
+over the request counts whole), for a CPU target the storage's exact size. Element counts
+are exact.
 """
 
 from __future__ import annotations
