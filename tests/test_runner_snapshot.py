@@ -217,6 +217,7 @@ def test_snapshot_analysis_names_script_lines_and_places_stackless_entries(tmp_p
     assert rows[("train.py", 5)]["allocated"] == str(20 * MIB)
     assert int(rows[("train.py", 13)]["hits"]) == 3
     assert (result.folder / "snapshot.json").exists()
+    assert "train.py:11" in (result.folder / "snapshot_report.txt").read_text()  # a temporary's line
 
 
 def test_lines_whose_entries_left_the_ring_buffer_keep_the_runners_peak(tmp_path, gpu):

@@ -54,7 +54,8 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="CUDA only: record the allocator's history while the script runs (from when it starts "
         "CUDA; torch is imported first), keep it as snapshot.pickle in the run folder with its "
-        "analysis (snapshot_lines.csv, snapshot.json), and take every line's exact peak from it",
+        "analysis (snapshot_lines.csv, snapshot.json, snapshot_report.txt), and take every line's "
+        "exact peak from it",
     )
     run.add_argument(
         "--snapshot-entries",

@@ -1,7 +1,7 @@
 """``run --snapshot``: record the CUDA allocator's history while the script runs, keep
 the snapshot in the run folder, analyse it as the ``snapshot`` command does
-(``snapshot_lines.csv``, ``snapshot.json``) and merge its exact peaks into the line
-records (``peaks``).
+(``snapshot_lines.csv``, ``snapshot.json``, and its text report as
+``snapshot_report.txt``) and merge its exact peaks into the line records (``peaks``).
 
 ``SnapshotRun.start`` runs before the script's first line, ``finish`` after its last
 (also after an exception, ``sys.exit``, Ctrl-C or SIGTERM); ``finish`` never raises:
@@ -139,8 +139,12 @@ class SnapshotRun:
         from ..snapshots.analyse import analyse
         from ..snapshots.attribution import Attributor
         from ..snapshots.folder import write_snapshot_files
+        from ..snapshots.report import render_report
 
-        write_snapshot_files(self.folder, analyse(snapshot, replayed, Attributor(self.include)))
+        analysis = analyse(snapshot, replayed, Attributor(self.include))
+        write_snapshot_files(self.folder, analysis)
+        text = render_report(analysis, f"{self.folder.name}/{SNAPSHOT_FILE}")
+        (self.folder / "snapshot_report.txt").write_text(text, encoding="utf-8")
 
     def _windows(self) -> list[Window]:
         return [(_key(code, line), *counts) for code, line, *counts in self.windows]
