@@ -7,8 +7,10 @@ CPU tensors and measured by the same storage tracking (``trace_cpu_step``): once
 the kernels the estimator simulates (math attention, PyTorch's own RNN cells: oneDNN
 off) and once with the CPU's defaults. For the five examples it also checks the
 estimator's parameter, gradient and optimizer-state bytes against the census
-(``take_census``) of the real model after its step. The CUDA comparison (within 5% of
-``max_memory_allocated``) is tests/test_estimate_cuda.py and needs a GPU.
+(``take_census``) of the real model after its step, and runs four training-loop shapes
+as the user's own step (``estimate(step=...)``) against the same loops run for real.
+The CUDA comparison (within 5% of ``max_memory_allocated``) is tests/test_estimate_cuda.py
+and needs a GPU; scripts/check_estimator_gpu.py compares with a recorded GPU step.
 """
 
 from __future__ import annotations
@@ -67,6 +69,44 @@ def census_of_step(factory, shape) -> dict[str, int]:  # noqa: ANN001
     }
 
 
+def zero_grad_after_forward(model, optimizer, inputs):  # noqa: ANN001, ANN201
+    out = model(*inputs)
+    optimizer.zero_grad()
+    out.sum().backward()
+    optimizer.step()
+
+
+def keep_last_output(model, optimizer, inputs):  # noqa: ANN001, ANN201
+    optimizer.zero_grad()
+    out = model(*inputs)
+    out.sum().backward()
+    optimizer.step()
+    return out
+
+
+def accumulate_micro_batches(model, optimizer, inputs):  # noqa: ANN001, ANN201
+    optimizer.zero_grad()
+    for chunk in inputs[0].chunk(4):
+        (model(chunk).sum() / 4).backward()
+    optimizer.step()
+
+
+def skip_optimizer(model, optimizer, inputs):  # noqa: ANN001, ANN201
+    model(*inputs).sum().backward()
+
+
+LOOPS = (zero_grad_after_forward, keep_last_output, accumulate_micro_batches, skip_optimizer)
+
+
+def check_loop(step) -> dict:  # noqa: ANN001
+    """One loop shape on the convnet: the estimate (CPU target) against the real CPU loop."""
+    shape = CASES["convnet"]
+    est = estimate(examples.convnet, shape, device="cpu", step=step)
+    real = trace_cpu_step(examples.convnet, shape, step=step)
+    builtin = estimate(examples.convnet, shape, device="cpu").peak
+    return {"loop": step.__name__, "estimated_peak": est.peak, "measured_peak": real.peak, "builtin": builtin}
+
+
 def check(name: str, shape: tuple[int, ...]) -> dict:
     factory = getattr(examples, name)
     est = estimate(factory, shape, device="cpu")
@@ -79,7 +119,8 @@ def check(name: str, shape: tuple[int, ...]) -> dict:
         "input": "x".join(map(str, shape)),
         "estimated_peak": est.peak,
         "estimated_peak_phase": est.peak_phase.phase,
-        "cuda_target_peak": estimate(factory, shape, device="cuda").peak,
+        "cuda_target_peak": (cuda := estimate(factory, shape, device="cuda")).peak,
+        "cuda_target_reserved": cuda.reserved_peak,
         "measured_peak_same_kernels": same.peak,
         "measured_peak_default_kernels": default.peak,
         "error_same_kernels": est.peak / same.peak - 1,
@@ -105,7 +146,8 @@ def check_hf(name: str) -> dict:
         "input": ", ".join(map(str, HF_INPUTS)),
         "estimated_peak": est.peak,
         "estimated_peak_phase": est.peak_phase.phase,
-        "cuda_target_peak": estimate(factory, HF_INPUTS, device="cuda").peak,
+        "cuda_target_peak": (cuda := estimate(factory, HF_INPUTS, device="cuda")).peak,
+        "cuda_target_reserved": cuda.reserved_peak,
         "measured_peak_same_kernels": same.peak,
         "measured_peak_default_kernels": default.peak,
         "error_same_kernels": est.peak / same.peak - 1,
@@ -123,6 +165,7 @@ def main() -> None:
         print("transformers is not installed: the Hugging Face models are left out")
     else:
         rows += [check_hf(name) for name in HF_CASES]
+    loops = [check_loop(step) for step in LOOPS]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
         "commit": commit.stdout.strip() or "unknown",
@@ -132,9 +175,11 @@ def main() -> None:
     }
     out = ROOT / "reports"
     out.mkdir(exist_ok=True)
-    (out / "estimator_check.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
-    (out / "estimator_check.md").write_text(render(meta, rows))
-    print(render(meta, rows))
+    (out / "estimator_check.json").write_text(
+        json.dumps({**meta, "rows": rows, "loops": loops}, indent=2) + "\n"
+    )
+    (out / "estimator_check.md").write_text(render(meta, rows, loops))
+    print(render(meta, rows, loops))
 
 
 def _placeholders(rows: list[dict]) -> str:
@@ -147,7 +192,7 @@ def _placeholders(rows: list[dict]) -> str:
     return "; ".join(used) or "none"
 
 
-def render(meta: dict, rows: list[dict]) -> str:
+def render(meta: dict, rows: list[dict], loops: list[dict]) -> str:
     lines = [
         "# Estimator check",
         "",
@@ -194,8 +239,30 @@ def render(meta: dict, rows: list[dict]) -> str:
             f"| {e['gradient']:,} / {c['gradients']:,} "
             f"| {e['optimizer_state']:,} / {c['optimizer_states']:,} |"
         )
-    lines += ["", "CUDA-target estimates (512 B blocks) for the later GPU check:", ""]
-    lines += [f"- {r['model']} {r['input']}: {r['cuda_target_peak']:,} B" for r in rows]
+    lines += [
+        "",
+        "Your own step (`estimate(step=...)`, CPU target) against the same loop run on real CPU tensors",
+        f"and measured the same way, convnet {CASES['convnet']}; the built-in step's peak for comparison:",
+        "",
+        "| loop | estimated peak | real peak | error | built-in step |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in loops:
+        error = r["estimated_peak"] / r["measured_peak"] - 1
+        lines.append(
+            f"| {r['loop']} | {r['estimated_peak']:,} B | {r['measured_peak']:,} B | {error:+.2%} "
+            f"| {r['builtin']:,} B |"
+        )
+    lines += [
+        "",
+        "CUDA-target estimates for the later GPU check (caching allocator model with default settings,",
+        "two 8,519,680 B cuBLAS workspaces included): peak allocated / peak reserved.",
+        "",
+    ]
+    lines += [
+        f"- {r['model']} {r['input']}: {r['cuda_target_peak']:,} B / {r['cuda_target_reserved']:,} B"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 

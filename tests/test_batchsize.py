@@ -55,6 +55,18 @@ def test_out_of_memory_probes_are_rare_not_a_loop():
     assert len(peak.calls) <= 20
 
 
+def test_a_stepped_peak_is_bisected_to_the_exact_answer():
+    # Reserved-like: 2 MiB steps, one step per 100 samples.
+    peak = Counting(lambda b: (20 + 2 * (b // 100)) * 2**20)
+    result = search_batch_size(peak, 65 * 2**20)
+    assert result.batch == 2299 and peak.peak(2300) > 65 * 2**20
+    assert len(peak.calls) <= 16
+    # With the budget on a step itself, lines through the plateau say nothing: still exact.
+    peak = Counting(lambda b: (20 + 2 * (b // 100)) * 2**20)
+    result = search_batch_size(peak, 64 * 2**20)
+    assert result.batch == 2299 and len(peak.calls) <= 24
+
+
 def test_nothing_fits():
     result = search_batch_size(lambda b: 100 * b, 50)
     assert (result.batch, result.peak, result.margin) == (0, None, None)
@@ -78,15 +90,40 @@ def small_mlp():
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_the_answer_agrees_with_the_estimator_at_that_batch(device):
-    budget = 3 * 2**20
-    result = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, device=device)
-    assert result.batch > 4 and len(result.probes) <= 10
-    at = estimate(small_mlp, (result.batch, 64), device=device).peak
-    above = estimate(small_mlp, (result.batch + 1, 64), device=device).peak
+# The ids avoid the word "cuda", which marks a test as needing a GPU.
+@pytest.mark.parametrize(
+    ("device", "budget_on", "budget"),
+    [
+        ("cpu", "reserved", 3 * 2**20),
+        pytest.param("cuda", "allocated", 20 * 2**20, id="gpu-target-allocated"),
+        pytest.param("cuda", "reserved", 30 * 2**20, id="gpu-target-reserved"),
+    ],
+)
+def test_the_answer_agrees_with_the_estimator_at_that_batch(device, budget_on, budget):
+    result = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, device=device, budget_on=budget_on)
+    # Reserved memory grows in whole segments: a stepped peak, narrowed by bisection.
+    stepped = device == "cuda" and budget_on == "reserved"
+    assert result.batch > 4 and len(result.probes) <= (20 if stepped else 12)
+
+    def peak(batch):
+        est = estimate(small_mlp, (batch, 64), device=device)
+        return est.reserved_peak if budget_on == "reserved" and device == "cuda" else est.peak
+
+    at, above = peak(result.batch), peak(result.batch + 1)
     assert at == result.peak and at <= budget < above
     assert result.margin == budget - at and result.budget_source == "given"
+
+
+def test_reserved_budget_fits_fewer_samples_than_allocated():
+    # Reserved memory holds whole segments (and the workspaces' 20 MiB segment), so the
+    # same budget fits a smaller batch when it limits reserved bytes.
+    budget = 40 * 2**20
+    on_reserved = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, budget_on="reserved")
+    on_allocated = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, budget_on="allocated")
+    assert 0 < on_reserved.batch < on_allocated.batch
+    assert on_reserved.source == "estimator (cuda target), peak reserved"
+    with pytest.raises(UsageError, match="budget_on must be one of reserved, allocated"):
+        find_max_batch_size(small_mlp, [(1, 64)], budget=budget, budget_on="requested")
 
 
 def test_finder_usage_mistakes():
@@ -134,7 +171,7 @@ def test_result_round_trips_and_renders():
 
 @pytest.mark.parametrize("where", ["in process", pytest.param("subprocess", marks=pytest.mark.slow)])
 def test_cli_batch_size_prints_json(in_process, where):
-    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "32MiB", "--json"]
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "64MiB", "--json"]
     if where == "in process":
         done = in_process(*args)
     else:
@@ -144,8 +181,21 @@ def test_cli_batch_size_prints_json(in_process, where):
     data = json.loads(done.stdout)
     from gpu_mem_track.examples import mlp
 
-    assert estimate(mlp, (data["batch"], 784)).peak == data["peak"] <= 32 * 2**20
-    assert estimate(mlp, (data["batch"] + 1, 784)).peak > 32 * 2**20
+    # The budget limits reserved memory by default.
+    assert estimate(mlp, (data["batch"], 784)).reserved_peak == data["peak"] <= 64 * 2**20
+    assert estimate(mlp, (data["batch"] + 1, 784)).reserved_peak > 64 * 2**20
+
+
+def test_cli_batch_size_on_allocated(in_process):
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "64MiB", "--json"]
+    done = in_process(*args, "--budget-on", "allocated", "--cublas-workspace", "0")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.examples import mlp
+
+    assert estimate(mlp, (data["batch"], 784), cublas_workspace=0).peak == data["peak"] <= 64 * 2**20
+    assert estimate(mlp, (data["batch"] + 1, 784), cublas_workspace=0).peak > 64 * 2**20
+    assert data["source"] == "estimator (cuda target), peak allocated"
 
 
 def test_cli_batch_size_mistakes_exit_2(capsys):
@@ -172,3 +222,32 @@ def test_cli_batch_size_budget_zero_says_the_budget_must_be_positive(capsys):
 
     assert main(["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "0"]) == 2
     assert capsys.readouterr().err == "gpu_mem_track: the memory budget must be positive, not 0 B\n"
+
+
+STEP_FILE = """
+def keep_last_output(model, optimizer, inputs):
+    optimizer.zero_grad()
+    out = model(*inputs)
+    out.sum().backward()
+    optimizer.step()
+    return out
+"""
+
+
+def test_cli_batch_size_with_a_user_step(tmp_path, in_process):
+    steps = tmp_path / "steps.py"
+    steps.write_text(STEP_FILE)
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "16MiB", "--json"]
+    done = in_process(*args, "--device", "cpu", "--step", f"{steps}:keep_last_output")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.estimator.specs import load_factory
+    from gpu_mem_track.examples import mlp
+
+    step = load_factory(f"{steps}:keep_last_output")
+    at = estimate(mlp, (data["batch"], 784), device="cpu", step=step).peak
+    assert at == data["peak"] <= 16 * 2**20
+    assert estimate(mlp, (data["batch"] + 1, 784), device="cpu", step=step).peak > 16 * 2**20
+    # The built-in step frees its output before backward: a larger batch fits.
+    builtin = find_max_batch_size(mlp, [(1, 784)], budget=16 * 2**20, device="cpu")
+    assert builtin.batch > data["batch"]

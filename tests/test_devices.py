@@ -72,18 +72,18 @@ def test_a_duck_typed_device_needs_no_torch():
 
 
 def test_the_runner_resolves_its_device_with_the_same_parser(monkeypatch):
-    from gpu_mem_track.runner import run as run_module
+    from gpu_mem_track.runner import checks
 
-    monkeypatch.setattr(run_module, "_driver_gpu_count", lambda: 2)
-    assert [run_module._resolve_device(d) for d in ("auto", "cpu", "cuda", "cuda:1")] == [
+    monkeypatch.setattr(checks, "driver_gpu_count", lambda: 2)
+    assert [checks.resolve_device(d) for d in ("auto", "cpu", "cuda", "cuda:1")] == [
         "cuda:0",
         "cpu",
         "cuda:0",
         "cuda:1",
     ]
     with pytest.raises(UsageError, match=r"--device takes auto, cpu, cuda or cuda:N, not 'gpu'"):
-        run_module._resolve_device("gpu")
-    monkeypatch.setattr(run_module, "_driver_gpu_count", lambda: 0)
-    assert run_module._resolve_device("auto") == "cpu"
+        checks.resolve_device("gpu")
+    monkeypatch.setattr(checks, "driver_gpu_count", lambda: 0)
+    assert checks.resolve_device("auto") == "cpu"
     with pytest.raises(UsageError, match="--device cuda:1: no NVIDIA GPU is visible here"):
-        run_module._resolve_device("cuda:1")
+        checks.resolve_device("cuda:1")

@@ -40,7 +40,7 @@ def test_linear_adam_on_cpu_matches_hand_arithmetic():
 
 
 def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
-    est = estimate(linear, (4, 10), device="cuda")
+    est = estimate(linear, (4, 10), device="cuda", cublas_workspace=0)
     assert est.parameter_bytes == 1024 + 512  # 800 B weight, 80 B bias
     assert est.gradient_bytes == 1536
     # Two states per parameter on the device; the two 4 B step counters stay on the host.
@@ -56,6 +56,56 @@ def test_linear_adam_on_cuda_rounds_every_storage_to_512_bytes():
     assert est.at_peak.total == est.peak
     # Backward: 5120 B at the step start + loss 512 + its gradient 512 + weight grad 1024 + bias grad 512.
     assert dict((p.phase, p.peak) for p in est.phases)["backward"] == 7680
+    # Every block is under 1 MiB: one 2 MiB small-pool segment holds them all.
+    assert (est.reserved_peak, est.reserved_at_peak) == (2 << 20, 2 << 20)
+    assert est.fragmentation == (2 << 20) - 8192
+    assert est.cublas_workspace == 0 and est.allocator == ""
+
+
+def test_cublas_workspaces_one_per_handle_count_in_allocated_and_share_a_segment():
+    est = estimate(linear, (4, 10), device="cuda")
+    # addmm in forward (the caller's handle) and mm in backward (autograd's thread's
+    # handle): two 8,519,680 B workspaces, never freed, in one 20 MiB large segment.
+    assert est.cublas_workspace == 2 * 8_519_680
+    assert est.peak == 8192 + 2 * 8_519_680 and est.at_peak.total == 8192
+    assert est.reserved_peak == (20 << 20) + (2 << 20)
+    assert est.largest_free_block == (20 << 20) - 2 * 8_519_680
+    hopper = estimate(linear, (4, 10), device="cuda", gpu="hopper")
+    assert hopper.cublas_workspace == 2 * 32 * 2**20 and hopper.reserved_peak == (64 << 20) + (2 << 20)
+    assert estimate(linear, (4, 10), device="cuda", cublas_workspace=":4096:8").cublas_workspace == 2 * 2**25
+    assert estimate(linear, (4, 10), device="cpu").cublas_workspace == 0
+
+
+def test_inference_allocates_only_the_forward_handles_workspace():
+    est = estimate(linear, (4, 10), device="cuda", training=False)
+    assert est.cublas_workspace == 8_519_680
+
+
+def test_a_large_block_handed_out_whole_counts_whole():
+    # A 25 MiB weight (2560 x 2560 float32) gets a 26 MiB segment; the 1 MiB left is not
+    # worth a split, so the block, and allocated memory, is 26 MiB.
+    def wide():
+        return nn.Linear(2560, 2560, bias=False)
+
+    est = estimate(wide, (1, 2560), device="cuda", optimizer="none", training=False, cublas_workspace=0)
+    assert est.parameter_bytes == 26 << 20
+    cpu = estimate(wide, (1, 2560), device="cpu", optimizer="none", training=False)
+    assert cpu.parameter_bytes == 25 << 20 and cpu.reserved_peak is None
+
+
+def test_alloc_conf_changes_the_blocks():
+    # roundup_power2_divisions:4 rounds a 25 MiB request to 28 MiB (32 MiB / 4 steps from 16).
+    def wide():
+        return nn.Linear(2560, 2560, bias=False)
+
+    conf = "roundup_power2_divisions:4"
+    est = estimate(wide, (1, 2560), device="cuda", optimizer="none", training=False, alloc_conf=conf)
+    assert (
+        est.parameter_bytes == 28 << 20
+        and est.allocator == "roundup_power2_divisions:[" + ",".join(f"{1 << i}:4" for i in range(16)) + "]"
+    )
+    with pytest.raises(UsageError, match="unknown option 'bogus'"):
+        estimate(wide, (1, 2560), alloc_conf="bogus:1")
 
 
 def test_mlp_activations_per_layer_match_hand_counts():
@@ -469,3 +519,90 @@ def test_a_copy_of_an_activation_to_the_cpu_is_a_noted_placeholder_of_zeros():
 
     est = estimate(Logs, (4, 10), device="cpu", training=False)
     assert est.value_reads == (ValueRead("copy to cpu", "(model)", "zeros", 1),)
+
+
+def test_warmup_zero_measures_the_first_step_with_a_fresh_optimizer():
+    first = estimate(linear, (4, 10), device="cpu", warmup=0)
+    steady = estimate(linear, (4, 10), device="cpu")
+    forward = {p.phase: p.peak for p in first.phases}["forward"]
+    # In the steady step Adam's states (exp_avg, exp_avg_sq and the step counters) are
+    # alive during the forward pass; in the first step they do not exist yet.
+    assert {p.phase: p.peak for p in steady.phases}["forward"] == forward + steady.optimizer_state_bytes
+    assert first.optimizer_state_bytes == steady.optimizer_state_bytes == 2 * 880 + 8
+    with pytest.raises(UsageError, match="warmup must be a count of steps >= 0, not -1"):
+        estimate(linear, (4, 10), warmup=-1)
+
+
+def test_cublas_workspace_sizes_follow_pytorchs_rules():
+    from gpu_mem_track.commands.model_args import GPU_ARCHITECTURES
+    from gpu_mem_track.estimator import memory
+
+    assert tuple(memory.GPU_ARCHITECTURES) == GPU_ARCHITECTURES
+    assert memory.workspace_bytes(None, ":4096:2:16:8") == memory.DEFAULT_WORKSPACE == 8_519_680
+    assert memory.workspace_bytes("hopper", "") == memory.HOPPER_WORKSPACE == 32 * 2**20
+    assert memory.workspace_bytes("ampere", "") == 8_519_680
+    assert memory.workspace_bytes("ampere", ":16:8") == 131_072  # the config wins over the GPU
+    with pytest.raises(UsageError, match="expected :SIZE:COUNT pairs"):
+        memory.workspace_bytes(None, "4096")
+    with pytest.raises(UsageError, match="unknown GPU architecture 'tpu'"):
+        memory.workspace_bytes("tpu", None)
+
+
+def test_cublas_workspace_config_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert estimate(linear, (4, 10), training=False).cublas_workspace == 32 * 2**20
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert estimate(linear, (4, 10), training=False).allocator == "expandable_segments:True"
+
+
+def test_render_estimate_with_the_allocator_exact_text():
+    from dataclasses import replace
+
+    est = replace(
+        _hand_built(),
+        rounding="CUDA caching allocator (default settings)",
+        peak=8192 + 2 * 8_519_680,
+        reserved_peak=23068672,
+        reserved_at_peak=23068672,
+        largest_free_block=3932160,
+        cublas_workspace=2 * 8_519_680,
+    )
+    text = render_estimate(est)
+    assert text.endswith(
+        "  at the peak: parameter 1.50 KiB + optimizer state 3.00 KiB + gradient 1.50 KiB"
+        " + input 512 B + other 1.50 KiB + cuBLAS workspace 16.25 MiB\n"
+        "  phase peaks: forward 5.50 KiB, optimizer step 8.00 KiB\n"
+        "reserved peak        22.00 MiB  (caching allocator segments; settings: defaults)\n"
+        "  at the peak: reserved 22.00 MiB, fragmentation (reserved - allocated) 5.74 MiB,"
+        " largest free block 3.75 MiB\n"
+        "cuBLAS workspace     16.25 MiB  (one per handle: forward and backward; in allocated, never freed)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--alloc-conf", "bogus:1"], "PYTORCH_CUDA_ALLOC_CONF 'bogus:1': unknown option 'bogus'"),
+        (["--gpu", "tpu"], "unknown GPU architecture 'tpu'"),
+        (["--cublas-workspace", "lots"], "--cublas-workspace: not a byte size: 'lots'"),
+        (["--step", "no_such_module_xyz:step"], "cannot import 'no_such_module_xyz'"),
+    ],
+)
+def test_cli_memory_model_mistakes_exit_2(capsys, extra, message):
+    from gpu_mem_track.cli import main
+
+    assert main(["estimate", "gpu_mem_track.examples:mlp", "--input", "2x784", *extra]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_cli_memory_model_options(in_process):
+    args = ["estimate", "gpu_mem_track.examples:mlp", "--input", "2x784", "--json"]
+    done = in_process(*args, "--gpu", "hopper", "--alloc-conf", "max_split_size_mb:64", "--warmup", "0")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    from gpu_mem_track.examples import mlp
+
+    expected = estimate(mlp, (2, 784), gpu="hopper", alloc_conf="max_split_size_mb:64", warmup=0)
+    assert data == json.loads(json.dumps(expected.to_dict()))
+    assert data["cublas_workspace"] == 2 * 32 * 2**20 and data["allocator"] == "max_split_size_mb:64"

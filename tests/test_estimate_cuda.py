@@ -65,7 +65,8 @@ def measured_step_peak(factory, specs: list[InputSpec], device: torch.device) ->
 def test_estimate_within_5_percent_of_max_memory_allocated(name, shape):
     device = torch.device("cuda")
     measured = measured_peak(name, shape, device)
-    estimated = estimate(getattr(examples, name), shape, device="cuda").peak
+    # The warmed cuBLAS workspaces are in the measured baseline: leave them out here.
+    estimated = estimate(getattr(examples, name), shape, device="cuda", cublas_workspace=0).peak
     assert abs(estimated / measured - 1) <= 0.05, (
         f"{name}: estimated {estimated:,} B, measured {measured:,} B"
     )

@@ -68,6 +68,7 @@ def test_script_runs_as_main_with_its_argv_and_path(tmp_path):
         ("import sys; sys.exit('bad input')", 1, "bad input"),
         ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),
         ("import os, signal; os.kill(os.getpid(), signal.SIGINT)", 130, "KeyboardInterrupt"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 143, "SIGTERM received, writing the reports"),
     ],
 )
 def test_exit_codes_and_reports_after_failures(tmp_path, body, code, stderr_has):
@@ -203,6 +204,9 @@ def test_cli_help_describes_every_option():
         "--census-threshold",
         "--engine",
         "--top",
+        "--activations",
+        "--snapshot",
+        "--snapshot-entries",
     ):
         assert option in done.stdout
     assert signal.SIGINT  # the Ctrl-C case above relies on SIGINT

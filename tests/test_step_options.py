@@ -124,3 +124,31 @@ def test_measured_without_amp_runs_no_autocast():
 def test_measuring_on_the_cpu_without_a_meter_is_a_usage_error():
     with pytest.raises(UsageError, match="measured peaks need a CUDA device, not 'cpu'"):
         find_max_batch_size(_Recording, [(1, 8)], budget=1000, measure=True, device="cpu")
+
+
+def test_warmup_and_the_cuda_memory_options_go_through_step_options():
+    given = dict(warmup=0, alloc_conf="max_split_size_mb:64", gpu="hopper", cublas_workspace=":16:8")
+    options = StepOptions.parse(optimizer="sgd", **given)
+    memory = (options.warmup, options.alloc_conf, options.gpu, options.cublas_workspace)
+    assert memory == tuple(given.values())
+    by_keywords = estimate(_net, (4, 8), optimizer="sgd", **given)
+    assert by_keywords == estimate_step(_net, (4, 8), options)
+    assert by_keywords.allocator == "max_split_size_mb:64" and by_keywords.cublas_workspace == 2 * 131_072
+    # warmup=0 measures the first step: its optimizer step makes the momentum buffers.
+    assert by_keywords.optimizer_state_bytes == estimate(_net, (4, 8), optimizer="sgd").optimizer_state_bytes
+    for bad in (-1, 1.5, True):
+        with pytest.raises(UsageError, match="warmup must be a count of steps >= 0"):
+            StepOptions.parse(warmup=bad)
+
+
+def test_the_finder_passes_loss_and_memory_options_to_the_estimator():
+    def squared(output):
+        return (output.repeat(64, 1) ** 2).sum()  # two 256x2 float32 tensors more at the loss
+
+    common = dict(budget=128 * 2**20, device="cuda", gpu="hopper", max_batch=4, budget_on="allocated")
+    result = find_max_batch_size(_net, [(1, 8)], loss_fn=squared, **common)
+    options = StepOptions.parse(gpu="hopper")
+    expected = estimate_step(_net, (4, 8), options, loss_fn=squared).peak
+    assert result.batch == 4 and result.peak == expected > 2 * 32 * 2**20  # hopper's workspaces
+    assert expected > estimate_step(_net, (4, 8), options).peak
+    assert result.source == "estimator (cuda target), peak allocated"

@@ -34,11 +34,12 @@ class Command:
 
 def all_commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``--help`` lists them."""
-    from . import batch_size, compare, estimate, html, plot, probe, run, show
+    from . import batch_size, compare, estimate, html, plot, probe, run, show, snapshot
 
     return (run.COMMAND, probe.COMMAND, show.COMMAND, compare.COMMAND, plot.COMMAND) + (
         estimate.COMMAND,
         batch_size.COMMAND,
+        snapshot.COMMAND,
         html.COMMAND,
     )
 

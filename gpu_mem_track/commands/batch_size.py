@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import Command, print_result
-from .model_args import add_model_arguments, load_model, step_options
+from .model_args import add_model_arguments, load_model, simulation_options, step_options
 
 __all__ = ["COMMAND"]
 
@@ -16,6 +16,13 @@ def prepare_parser(finder: argparse.ArgumentParser) -> None:
     )
     finder.add_argument("--budget", help="memory budget, e.g. 8GiB (default: the CUDA device's free memory)")
     finder.add_argument("--measure", action="store_true", help="measure real steps on the CUDA device")
+    finder.add_argument(
+        "--budget-on",
+        choices=("reserved", "allocated"),
+        default="reserved",
+        help="what the budget limits on the CUDA target: reserved (the allocator's segments, what "
+        "runs out; default) or allocated (max_memory_allocated)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +37,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     factory, inputs = load_model(args)
-    result = find_max_batch_size(factory, inputs, budget=budget, measure=args.measure, **step_options(args))
+    simulation = simulation_options(args)
+    simulation["model_step"] = simulation.pop("step")  # the finder's ``step`` is a measured step(batch)
+    result = find_max_batch_size(
+        factory,
+        inputs,
+        budget=budget,
+        measure=args.measure,
+        budget_on=args.budget_on,
+        **step_options(args),
+        **simulation,
+    )
     print_result(result, args.json, render_batch_size)
     return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell
 
@@ -39,7 +56,8 @@ COMMAND = Command(
     name="batch-size",
     help="find the largest batch whose step fits a memory budget",
     description="Fit the step's peak against the batch size from a few small batches, jump to "
-    "the predicted largest batch and confirm it. Peaks come from the estimator unless --measure. "
+    "the predicted largest batch and confirm it. Peaks come from the estimator unless --measure; "
+    "on the CUDA target the budget limits reserved memory unless --budget-on allocated. "
     "Example: batch-size gpu_mem_track.examples:convnet --input 1x3x32x32 --budget 8GiB",
     prepare_parser=prepare_parser,
     run=run,

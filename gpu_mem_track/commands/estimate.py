@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import Command, print_result
-from .model_args import add_model_arguments, load_model, step_options
+from .model_args import add_model_arguments, load_model, simulation_options, step_options
 
 __all__ = ["COMMAND"]
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from ..estimator.simulate import estimate
 
     factory, inputs = load_model(args)
-    result = estimate(factory, inputs, **step_options(args))
+    result = estimate(factory, inputs, **step_options(args), **simulation_options(args))
     print_result(result, args.json, render_estimate)
     return 0
 
@@ -32,8 +32,10 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="estimate",
     help="estimate a training step's GPU memory without a GPU",
-    description="Simulate one training step (forward, loss, backward, optimizer step) on meta "
-    "tensors and print per-layer parameters and activations, the totals and the peak. "
+    description="Simulate one training step (forward, loss, backward, optimizer step, or your own "
+    "--step) on meta tensors and print per-layer parameters and activations, the totals, the peak "
+    "allocated and, on the CUDA target, the reserved peak, the fragmentation at the peak and the "
+    "cuBLAS workspaces (the caching allocator modelled). "
     "Example: estimate gpu_mem_track.examples:convnet --input 64x3x32x32",
     prepare_parser=prepare_parser,
     run=run,

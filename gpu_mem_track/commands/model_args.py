@@ -10,8 +10,19 @@ from ..dtypes import DTYPE_ALIASES
 from ..errors import UsageError
 from ..estimator.options import AMP_DTYPES
 from ..estimator.records import OPTIMIZERS
+from . import count
 
-__all__ = ["add_model_arguments", "load_model", "step_options"]
+#: ``--gpu`` names (kept here so building the parser imports no torch; checked against
+#: ``estimator.memory.GPU_ARCHITECTURES`` by the tests).
+GPU_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+
+__all__ = [
+    "add_model_arguments",
+    "load_model",
+    "load_step",
+    "simulation_options",
+    "step_options",
+]
 
 #: What may follow ``--amp``: the aliases of autocast's dtypes (fp16, half, bf16, ...).
 AMP_ALIASES = tuple(alias for alias, name in DTYPE_ALIASES.items() if name in AMP_DTYPES)
@@ -57,7 +68,44 @@ def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> Non
         "--inference", action="store_true", help="a forward pass under no_grad instead of training"
     )
     parser.add_argument("--device", default="cuda", help="target device: cuda (default) or cpu")
+    _add_simulation_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--step``, ``--warmup`` and the CUDA memory model's options."""
+    parser.add_argument(
+        "--step",
+        metavar="MODULE:FUNCTION",
+        help="your own step instead of the built-in one: package.module:function or file.py:function, "
+        "called as function(model, optimizer, inputs); it computes its own loss and autocast, so "
+        "--loss and --amp do not apply (see the README)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=count,
+        metavar="N",
+        help="steps run before the measured one (default: 1 for training, so the optimizer state "
+        "exists; 0 measures the very first step)",
+    )
+    parser.add_argument(
+        "--alloc-conf",
+        metavar="CONF",
+        help="caching allocator settings as in PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True "
+        "(default: that environment variable; CUDA target only)",
+    )
+    parser.add_argument(
+        "--gpu",
+        metavar="ARCH",
+        help=f"GPU architecture for the cuBLAS workspace default: {', '.join(GPU_ARCHITECTURES)} "
+        "(hopper: 32 MiB per handle; others 8,519,680 B)",
+    )
+    parser.add_argument(
+        "--cublas-workspace",
+        metavar="SIZE",
+        help="bytes of one cuBLAS workspace (e.g. 32MiB, 0 for none) or a CUBLAS_WORKSPACE_CONFIG value "
+        "such as :4096:8 (default: that environment variable, else the --gpu default)",
+    )
 
 
 def load_model(args: argparse.Namespace) -> tuple[Any, list[Any]]:
@@ -68,20 +116,38 @@ def load_model(args: argparse.Namespace) -> tuple[Any, list[Any]]:
 
 
 def step_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The step's options as typed, for the library to parse into a ``StepOptions``, and
-    the ``--loss`` function when one is named (loaded here)."""
+    """The step's options as typed, for the library to parse into one ``StepOptions``
+    (the CUDA memory model's and ``--warmup`` included), and the ``--loss`` function when
+    one is named (loaded here)."""
     options: dict[str, Any] = dict(
         optimizer=args.optimizer,
         dtype=args.dtype,
         amp=args.amp if args.amp is not None else False,
         training=not args.inference,
         device=args.device,
+        warmup=args.warmup,
+        alloc_conf=args.alloc_conf,
+        gpu=args.gpu,
+        cublas_workspace=_workspace(args.cublas_workspace),
     )
     if args.loss:
         from ..estimator.specs import load_callable
 
         options["loss_fn"] = load_callable(args.loss, "loss function")
     return options
+
+
+def simulation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What the library takes beside the step's options: the user's ``step`` (``--step``,
+    None without one)."""
+    return dict(step=load_step(args))
+
+
+def load_step(args: argparse.Namespace) -> Any:
+    """The user's step function named by ``--step`` (None without one)."""
+    from ..estimator.specs import load_callable
+
+    return load_callable(args.step, "step") if args.step else None
 
 
 def _factory_spec(args: argparse.Namespace) -> str:
@@ -94,3 +160,15 @@ def _factory_spec(args: argparse.Namespace) -> str:
     if args.factory is not None and swallowed is not None:
         raise UsageError(f"two factories given: {swallowed} and {args.factory}")
     return args.factory or swallowed
+
+
+def _workspace(text: str | None) -> int | str | None:
+    """``--cublas-workspace``: a byte size, or a ``CUBLAS_WORKSPACE_CONFIG`` value (``:SIZE:COUNT``)."""
+    if text is None or text.lstrip().startswith(":"):
+        return text
+    from ..units import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"--cublas-workspace: {exc}") from None

@@ -62,6 +62,21 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write report.html (see the html command) into the run folder",
     )
+    run.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="CUDA only: record the allocator's history while the script runs (from when it starts "
+        "CUDA; torch is imported first), keep it as snapshot.pickle in the run folder with its "
+        "analysis (snapshot_lines.csv, snapshot.json, snapshot_report.txt), and take every line's "
+        "exact peak from it",
+    )
+    run.add_argument(
+        "--snapshot-entries",
+        type=count,
+        metavar="N",
+        help="with --snapshot: trace entries kept, the last N (default: 100000; each costs host "
+        "memory, up to a few KB with its stack); lines that ran before them keep the runner's peak",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         threshold = None if args.census_threshold is None else parse_bytes(args.census_threshold)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.snapshot_entries is not None and not args.snapshot:
+        raise UsageError("--snapshot-entries only applies with --snapshot")
+    entries = {} if args.snapshot_entries is None else {"snapshot_entries": args.snapshot_entries}
     options = RunOptions(
         script=args.script,
         args=tuple(args.args),
@@ -86,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         top=args.top,
         activations=args.activations,
         memory=args.memory,
+        snapshot=args.snapshot,
+        **entries,
     )
     result = execute(prepare(options))
     if args.html:  # the script's exit code stays ours even if the page cannot be written
@@ -108,7 +128,8 @@ COMMAND = Command(
     "is interrupted or receives SIGTERM/SIGHUP, and exits with the script's exit code (1 after an "
     "uncaught exception, 130 after Ctrl-C, 128+N after signal N, 2 when it could not start). "
     "Memory is the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the "
-    "CPU (see --memory).",
+    "CPU (see --memory). With --snapshot (CUDA) the run folder also keeps "
+    "snapshot.pickle, and line peaks come from its trace.",
     prepare_parser=prepare_parser,
     run=run,
 )

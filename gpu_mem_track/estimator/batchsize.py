@@ -4,12 +4,15 @@ It never searches by crashing into out-of-memory errors: it evaluates the peak a
 small batches, fits ``peak(batch) = intercept + slope * batch``, jumps to the batch the
 line predicts, confirms there, and only then narrows (interpolating, with bisection as a
 safeguard) if the prediction was off. Peaks come from the estimator (no GPU, the
-default) or from real steps measured with the CUDA allocator's peak statistics.
+default) or from real steps measured with the CUDA allocator's peak statistics; on a
+CUDA target the budget limits reserved bytes (the allocator's segments, what runs out)
+unless told to limit allocated bytes.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,16 +26,19 @@ from .records import BatchProbe, BatchSizeResult
 from .simulate import ModelLike, estimate_step
 from .specs import InputSpec
 from .step import (
+    StepFunction,
     as_specs,
     build_model,
+    check_user_step,
     default_loss,
     make_inputs,
     make_optimizer,
     run_steps,
+    run_user_steps,
     split_named,
 )
 
-__all__ = ["PeakMeter", "find_max_batch_size", "search_batch_size"]
+__all__ = ["BUDGET_ON", "PeakMeter", "find_max_batch_size", "search_batch_size"]
 
 PeakFunction = Callable[[int], "int | None"]
 
@@ -156,6 +162,12 @@ def _same_side_run(probes: list[BatchProbe], budget: int) -> int:
     return run
 
 
+def _on_plateau(probes: list[BatchProbe]) -> bool:
+    """Whether the last probe's peak equals an earlier probe's (at another batch)."""
+    last = probes[-1]
+    return last.peak is not None and any(p.peak == last.peak and p.batch != last.batch for p in probes[:-1])
+
+
 def _predicted_over(probes: list[BatchProbe], low: BatchProbe, slope: float, budget: int) -> bool:
     local = _local_slope(probes, low, slope)
     return local > 0 and low.peak + local > budget
@@ -178,6 +190,11 @@ def _next_batch(
         local = _local_slope(probes, low, slope)
         guess = low.batch + int((budget - low.peak) // local) if local > 0 else low.batch * MAX_JUMP
         return min(max(guess, low.batch + 1), low.batch * MAX_JUMP, max_batch)
+    if _on_plateau(probes) or low.peak == budget:
+        # A stepped peak (reserved memory grows by whole segments): the last probe
+        # repeated an earlier peak, or the largest fit sits at the budget itself, so
+        # lines and gallops would crawl along a flat step; bisect.
+        return (low.batch + high.batch) // 2
     run = _same_side_run(probes, budget)
     if run >= 2:  # interpolation stalls on one side: gallop away from it, doubling the step
         step = 2 ** (run - 1)
@@ -197,6 +214,11 @@ def _next_batch(
 PeakMeter = Callable[[Callable[[], Any], Device], "int | None"]
 
 
+#: What a budget limits: the allocator's reserved bytes (segments: what runs out) or
+#: the allocated bytes (blocks handed out to tensors).
+BUDGET_ON = ("reserved", "allocated")
+
+
 def find_max_batch_size(
     model: ModelLike | None = None,
     inputs: Any = None,
@@ -213,15 +235,25 @@ def find_max_batch_size(
     samples: Sequence[int] = (1, 2, 4),
     max_batch: int = 1 << 20,
     meter: PeakMeter | None = None,
+    budget_on: str = "reserved",
+    model_step: StepFunction | None = None,
+    warmup: int | None = None,
+    alloc_conf: str | None = None,
+    gpu: str | None = None,
+    cublas_workspace: int | str | None = None,
 ) -> BatchSizeResult:
     """The largest batch of ``model`` on ``inputs`` whose step fits ``budget`` bytes.
 
     ``inputs`` are shapes (or :class:`~gpu_mem_track.estimator.specs.InputSpec`) whose first size
     is the batch; it is replaced by each batch tried. Peaks come from :func:`estimate`
-    (``device`` sets the target's rounding) unless ``measure``, which runs real steps on
-    the CUDA ``device`` and reads ``max_memory_allocated`` above the memory allocated
-    before each run (this resets the device's peak statistics). Instead of a model,
-    ``step(batch)`` may run one step of the caller's own; it is always measured.
+    (``device`` sets the target; ``model_step``, ``warmup``, ``alloc_conf``, ``gpu`` and
+    ``cublas_workspace`` are passed on as its ``step`` and other options) unless
+    ``measure``, which runs real steps on the CUDA ``device`` and reads the peak above
+    the memory held before each run (this resets the device's peak statistics).
+    ``budget_on``: ``"reserved"`` (the default: the caching allocator's segments, what
+    runs out; ``max_memory_reserved`` when measured) or ``"allocated"``
+    (``max_memory_allocated``); on the CPU target both are the exact bytes. Instead of a
+    model, ``step(batch)`` may run one step of the caller's own; it is always measured.
     ``meter(run, device)`` replaces the CUDA allocator reading (it runs ``run()`` and
     returns the peak bytes, None when out of memory), for example to measure on the CPU.
     ``budget`` defaults to the CUDA device's free memory (``torch.cuda.mem_get_info``);
@@ -232,10 +264,24 @@ def find_max_batch_size(
     """
     if (step is None) == (model is None):
         raise UsageError("give either a model (with inputs) or a step function")
-    options = StepOptions.parse(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
+    if budget_on not in BUDGET_ON:
+        raise UsageError(f"budget_on must be one of {', '.join(BUDGET_ON)}, not {budget_on!r}")
+    options = StepOptions.parse(
+        dtype=dtype,
+        amp=amp,
+        optimizer=optimizer,
+        training=training,
+        device=device,
+        warmup=warmup,
+        alloc_conf=alloc_conf,
+        gpu=gpu,
+        cublas_workspace=cublas_workspace,
+    )
+    if model_step is not None:
+        check_user_step(options, loss_fn)
     measured = measure or step is not None
     budget, budget_source = _budget(budget, options.device)
-    read = meter or _cuda_peak
+    read = meter or functools.partial(_cuda_peak, stat=budget_on)
     if step is not None:
         peak_of = lambda b: read(lambda: step(b), options.device)  # noqa: E731
         source = f"measured step on {options.device}"
@@ -244,11 +290,13 @@ def find_max_batch_size(
             s if isinstance(s, InputSpec) else InputSpec(tuple(s.shape), s.dtype) for s in _specs(inputs)
         ]
         if measured:
-            peak_of = _measured_peaks(model, specs, options, read, loss_fn)
+            peak_of = _measured_peaks(model, specs, options, read, (model_step, loss_fn))
             source = f"measured steps on {options.device}"
         else:
-            peak_of = lambda b: estimate_step(model, _rebatch(specs, b), options, loss_fn=loss_fn).peak  # noqa: E731
+            peak_of = _estimated_peaks(model, specs, options, (model_step, loss_fn), budget_on)
             source = f"estimator ({options.target} target)"
+    if options.target == "cuda":
+        source += f", peak {budget_on}"
     return search_batch_size(
         peak_of,
         budget,
@@ -258,6 +306,26 @@ def find_max_batch_size(
         source=source,
         budget_source=budget_source,
     )
+
+
+def _estimated_peaks(
+    model: Any,
+    specs: list[InputSpec],
+    options: StepOptions,
+    user: tuple[StepFunction | None, Callable[[Any], torch.Tensor]],
+    budget_on: str,
+) -> PeakFunction:
+    """Peaks from the estimator; ``user`` is the user's step (None: the built-in one) and
+    the loss function."""
+    step, loss_fn = user
+
+    def peak_of(batch: int) -> int:
+        est = estimate_step(model, _rebatch(specs, batch), options, loss_fn=loss_fn, step=step)
+        if budget_on == "reserved" and est.reserved_peak is not None:
+            return est.reserved_peak
+        return est.peak
+
+    return peak_of
 
 
 def _specs(inputs: Any) -> list[Any]:
@@ -279,8 +347,9 @@ def _budget(budget: int | None, device: Device) -> tuple[int, str]:
     raise UsageError("no CUDA device here to read free memory from: give a budget (for example 8GiB)")
 
 
-def _cuda_peak(run: Callable[[], Any], device: Device) -> int | None:
-    """Peak bytes allocated on ``device`` while ``run()`` runs, above those allocated before."""
+def _cuda_peak(run: Callable[[], Any], device: Device, stat: str = "allocated") -> int | None:
+    """Peak bytes ``stat`` (``"allocated"`` or ``"reserved"``) on ``device`` while ``run()``
+    runs, above the bytes held before."""
     if not device.is_cuda:
         raise UsageError(f"measured peaks need a CUDA device, not {str(device)!r}")
     if not torch.cuda.is_available():
@@ -288,7 +357,12 @@ def _cuda_peak(run: Callable[[], Any], device: Device) -> int | None:
     dev = torch.device(str(device))
     gc.collect()
     torch.cuda.synchronize(dev)
-    base = torch.cuda.memory_allocated(dev)
+    current, peak = (
+        (torch.cuda.memory_reserved, torch.cuda.max_memory_reserved)
+        if stat == "reserved"
+        else (torch.cuda.memory_allocated, torch.cuda.max_memory_allocated)
+    )
+    base = current(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     try:
         run()
@@ -297,7 +371,7 @@ def _cuda_peak(run: Callable[[], Any], device: Device) -> int | None:
         return None
     finally:
         gc.collect()
-    return torch.cuda.max_memory_allocated(dev) - base
+    return peak(dev) - base
 
 
 def _measured_peaks(
@@ -305,9 +379,12 @@ def _measured_peaks(
     specs: list[InputSpec],
     options: StepOptions,
     read: PeakMeter,
-    loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    user: tuple[StepFunction | None, Callable[[Any], torch.Tensor]] = (None, default_loss),
 ) -> PeakFunction:
+    """Peaks of real steps read by ``read``; ``user`` is the user's step (None: the
+    built-in one) and the loss function."""
     device = str(options.device)
+    model_step, loss_fn = user
 
     def run(batch: int) -> None:
         # A fresh copy per probe: every peak counts the parameters alike, the caller's
@@ -322,8 +399,13 @@ def _measured_peaks(
             module = module.to(cast)
         module.train(options.training)
         batched = _rebatch(specs, batch)
-        args, kwargs = split_named(batched, make_inputs(batched, device, cast))
+        tensors = make_inputs(batched, device, cast)
         params = [p for p in module.parameters() if p.requires_grad]
+        if model_step is not None:
+            opt = make_optimizer(options.optimizer, params, options.target)
+            run_user_steps(model_step, module, opt, tensors)
+            return
+        args, kwargs = split_named(batched, tensors)
         opt = make_optimizer(options.optimizer, params, options.target) if options.training else None
         amp = options.amp_dtype
         steps = {"autocast": lambda: torch.autocast(options.target, dtype=amp)} if amp is not None else {}

@@ -3,6 +3,10 @@
 Works the same on meta tensors (the estimator's simulated device) and on real tensors.
 Each storage is identified by its untyped storage object and followed with a weak
 reference, so views and in-place results add nothing and tracking keeps nothing alive.
+Each storage born is taken from a device memory (``memory``: exact sizes, or the
+caching allocator's model, see :mod:`~gpu_mem_track.estimator.memory`) and given back
+when it dies; the cuBLAS workspaces are taken at the first matmul-like op of each
+handle and never given back.
 """
 
 from __future__ import annotations
@@ -15,42 +19,68 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .memory import CublasWorkspace, ExactMemory, StorageMemory
+
 __all__ = ["Lifetimes"]
+
+#: ``born_in`` phase of the cuBLAS workspaces' keys.
+WORKSPACE = "cuBLAS workspace"
 
 
 class Lifetimes(TorchDispatchMode):
     """Records births and deaths of storages on the ``counted`` device types.
 
-    ``size_of(nbytes)`` gives the bytes a storage counts for (the allocator's rounding).
-    While active, every op's tensor outputs are registered; tensors made elsewhere are
-    registered with :meth:`adopt`. ``phase`` and ``modules`` (a stack of module names)
-    are set by the caller and stamped on births and on the peak. ``peak`` and
-    ``phase_peaks`` cover the time since :meth:`start_measuring`. Call :meth:`close`
-    when done: it drops the weak references, so later deaths change nothing.
+    ``memory`` (an ``ExactMemory`` or ``CachingMemory``) gives the bytes a storage
+    counts for and, for the caching allocator, the reserved bytes; ``workspace`` (None:
+    not modelled) the cuBLAS workspaces. While active, every op's tensor outputs are
+    registered; tensors made elsewhere are registered with :meth:`adopt`. ``phase`` and
+    ``modules`` (a stack of module names) are set by the caller and stamped on births
+    and on the peak; with ``detect_backward`` the phase reads ``"backward"`` while
+    autograd runs a backward pass. ``peak`` (allocated bytes), ``reserved_peak`` and
+    ``phase_peaks`` cover the time since :meth:`start_measuring`; ``peak_reserved`` and
+    ``peak_free_block`` are the reserved bytes and the largest free cached block at the
+    moment of ``peak``. Call :meth:`close` when done: it drops the weak references, so
+    later deaths change nothing.
     """
 
-    def __init__(self, counted: Iterable[str], size_of: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        counted: Iterable[str],
+        memory: StorageMemory | None = None,
+        workspace: CublasWorkspace | None = None,
+    ) -> None:
         super().__init__()
         self.counted = frozenset(counted)
-        self.size_of = size_of
+        self.memory = memory if memory is not None else ExactMemory()
+        self.workspace = workspace
+        self.workspace_keys: set[int] = set()
+        self.detect_backward = False
         self.phase = "setup"
         self.modules: list[str] = []
         self.sizes: list[int] = []  # per key: counted bytes
         self.elements: list[int] = []  # per key: elements at birth
         self.born_in: list[tuple[str, str]] = []  # per key: (phase, module)
         self.events: list[tuple[int, int]] = []  # (key, +1 birth / -1 death)
+        self.handles: list[int] = []  # per key: the memory's handle
         self.live = 0
         self.peak = 0
         self.peak_event = 0
+        self.reserved_peak = 0
+        self.peak_reserved = 0
+        self.peak_free_block = 0
         self.phase_peaks: dict[str, tuple[int, str, str]] = {}
         self._refs: dict[int, tuple[int, weakref.ref]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         grew = False
+        counted = False
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 grew |= self._register(leaf) is not None
+                counted |= leaf.device.type in self.counted
+        if counted and self.workspace is not None:
+            grew |= self._take_workspace(str(func.overloadpacket.__name__))
         if grew:
             self._note_peak(str(func.overloadpacket.__name__))
         return out
@@ -81,11 +111,19 @@ class Lifetimes(TorchDispatchMode):
             (alive.add if change > 0 else alive.discard)(key)
         return alive
 
+    def current_phase(self) -> str:
+        """``phase``, or ``"backward"`` inside a backward pass when ``detect_backward``."""
+        if self.detect_backward and torch._C._current_graph_task_id() != -1:
+            return "backward"
+        return self.phase
+
     def start_measuring(self) -> None:
-        """Restart ``peak`` and ``phase_peaks`` (the current phase's) from the bytes live now."""
+        """Restart the peaks and ``phase_peaks`` (the current phase's) from the bytes live now."""
         self.peak = self.live
         self.peak_event = len(self.events)
-        self.phase_peaks = {self.phase: (self.live, "", "")}
+        self.reserved_peak = self.peak_reserved = self.memory.reserved
+        self.peak_free_block = self.memory.largest_free_block()
+        self.phase_peaks = {self.current_phase(): (self.live, "", "")}
 
     def close(self) -> None:
         """Stop following storages (their deaths are no longer recorded)."""
@@ -100,15 +138,30 @@ class Lifetimes(TorchDispatchMode):
         entry = self._refs.get(id(storage))
         if entry is not None and entry[1]() is storage:
             return None
-        key = len(self.sizes)
-        size = self.size_of(storage.nbytes())
-        self.sizes.append(size)
-        self.elements.append(storage.nbytes() // max(tensor.element_size(), 1))
-        self.born_in.append((self.phase, self.modules[-1] if self.modules else ""))
+        key = self._new_key(storage.nbytes(), storage.nbytes() // max(tensor.element_size(), 1))
         self._refs[id(storage)] = (key, weakref.ref(storage, self._on_death(key, id(storage))))
+        return key
+
+    def _new_key(self, nbytes: int, elements: int, phase: str | None = None) -> int:
+        key = len(self.sizes)
+        handle, size = self.memory.take(nbytes)
+        self.sizes.append(size)
+        self.handles.append(handle)
+        self.elements.append(elements)
+        self.born_in.append((phase or self.current_phase(), self.modules[-1] if self.modules else ""))
         self.events.append((key, 1))
         self.live += size
         return key
+
+    def _take_workspace(self, op: str) -> bool:
+        in_backward = torch._C._current_graph_task_id() != -1
+        handle = self.workspace.needed(op, in_backward)
+        if handle is None:
+            return False
+        key = self._new_key(self.workspace.nbytes, 0, WORKSPACE)
+        self.workspace.blocks[handle] = self.sizes[key]
+        self.workspace_keys.add(key)
+        return True
 
     def _on_death(self, key: int, storage_id: int) -> Callable[[Any], None]:
         def died(_: Any) -> None:
@@ -117,17 +170,23 @@ class Lifetimes(TorchDispatchMode):
                 del self._refs[storage_id]
             self.events.append((key, -1))
             self.live -= self.sizes[key]
+            self.memory.give_back(self.handles[key])
 
         return died
 
     def _note_peak(self, op: str) -> None:
         module = self.modules[-1] if self.modules else ""
-        best = self.phase_peaks.get(self.phase)
+        phase = self.current_phase()
+        best = self.phase_peaks.get(phase)
         if best is None or self.live > best[0]:
-            self.phase_peaks[self.phase] = (self.live, op, module)
+            self.phase_peaks[phase] = (self.live, op, module)
+        reserved = self.memory.reserved
+        self.reserved_peak = max(self.reserved_peak, reserved)
         if self.live > self.peak:
             self.peak = self.live
             self.peak_event = len(self.events)
+            self.peak_reserved = reserved
+            self.peak_free_block = self.memory.largest_free_block()
 
 
 def _storage(tensor: torch.Tensor) -> Any:

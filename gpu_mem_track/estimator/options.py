@@ -3,7 +3,9 @@
 Torch-free: dtypes are kept by name and turned into ``torch.dtype`` lazily, so the CLI
 can parse (and reject) options before torch is imported. The one rule for the dtype a
 model is cast to (floating only), :func:`cast_dtype_name`, lives here;
-:func:`~gpu_mem_track.estimator.specs.parse_cast_dtype` returns its ``torch.dtype``.
+:func:`~gpu_mem_track.estimator.specs.parse_cast_dtype` returns its ``torch.dtype``. The
+CUDA target's memory options are kept as given: the simulation turns them into its
+:class:`~gpu_mem_track.estimator.memory.CudaModel` (which reads the environment).
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ class StepOptions:
     (``"float16"`` or ``"bfloat16"``), ``None`` without autocast. ``optimizer``: one of
     ``OPTIMIZERS`` or a callable ``params -> Optimizer``. ``training``: a training step
     (forward, loss, backward, optimizer step) or, when False, one forward pass under
-    ``no_grad``. ``device``: the CPU or a CUDA device.
+    ``no_grad``. ``device``: the CPU or a CUDA device. ``warmup``: steps run before the
+    measured one (None: 1 for training or a user's step, so the optimizer state exists;
+    0 for inference). The CUDA target's memory model (unused on the CPU target; None:
+    the environment variables, see
+    :meth:`~gpu_mem_track.estimator.memory.CudaModel.parse`): ``alloc_conf``, a
+    ``PYTORCH_CUDA_ALLOC_CONF`` value; ``gpu``, the architecture whose cuBLAS workspace
+    is the default; ``cublas_workspace``, bytes or a ``CUBLAS_WORKSPACE_CONFIG`` value.
     """
 
     dtype: str | None = None
@@ -43,6 +51,10 @@ class StepOptions:
     optimizer: str | Callable[..., Any] = "adam"
     training: bool = True
     device: Device = Device("cuda")
+    warmup: int | None = None
+    alloc_conf: str | None = None
+    gpu: str | None = None
+    cublas_workspace: int | str | None = None
 
     @classmethod
     def parse(
@@ -53,28 +65,26 @@ class StepOptions:
         optimizer: Any = "adam",
         training: bool = True,
         device: Any = "cuda",
+        warmup: int | None = None,
+        alloc_conf: str | None = None,
+        gpu: str | None = None,
+        cublas_workspace: int | str | None = None,
     ) -> StepOptions:
         """Options from what users type or pass: ``dtype`` a floating alias (``"bf16"``),
         a floating ``torch.dtype`` or None (integer and bool dtypes are refused); ``amp``
         False/None, True (float16), an alias or a dtype; ``optimizer`` a name (case
         ignored) or a callable; ``device`` anything
-        :func:`~gpu_mem_track.devices.parse_device` takes. Raises ``UsageError`` naming
-        the bad value."""
-        if isinstance(optimizer, str):
-            optimizer = optimizer.lower()
-            if optimizer not in OPTIMIZERS:
-                raise UsageError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
-        elif optimizer is None:
-            optimizer = "none"
-        elif not callable(optimizer):
-            raise UsageError(f"optimizer must be a name or a callable, not {optimizer!r}")
-        return cls(
-            dtype=None if dtype is None else cast_dtype_name(dtype),
-            amp=_amp_name(amp),
-            optimizer=optimizer,
-            training=bool(training),
-            device=parse_device(device),
-        )
+        :func:`~gpu_mem_track.devices.parse_device` takes; ``warmup`` a count >= 0 or None;
+        ``alloc_conf``, ``gpu`` and ``cublas_workspace`` are kept as given (checked when
+        the CUDA target's memory model is built). Raises ``UsageError`` naming the bad
+        value."""
+        dtype = None if dtype is None else cast_dtype_name(dtype)
+        amp, optimizer = _amp_name(amp), _optimizer(optimizer)
+        device = parse_device(device)
+        if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
+            raise UsageError(f"warmup must be a count of steps >= 0, not {warmup}")
+        memory = (alloc_conf, gpu, cublas_workspace)
+        return cls(dtype, amp, optimizer, bool(training), device, warmup, *memory)
 
     @property
     def target(self) -> str:
@@ -117,6 +127,19 @@ def cast_dtype_name(dtype: Any) -> str:
             "integer inputs are given as SHAPE:int64"
         )
     return name
+
+
+def _optimizer(optimizer: Any) -> str | Callable[..., Any]:
+    """A known optimizer name (lower case), ``"none"`` for None, or the callable itself."""
+    if optimizer is None:
+        return "none"
+    if isinstance(optimizer, str):
+        if optimizer.lower() not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {optimizer.lower()!r} (choose from {', '.join(OPTIMIZERS)})")
+        return optimizer.lower()
+    if not callable(optimizer):
+        raise UsageError(f"optimizer must be a name or a callable, not {optimizer!r}")
+    return optimizer
 
 
 def _amp_name(amp: Any) -> str | None:

@@ -1,8 +1,9 @@
 """Records of the estimator and the batch-size finder: frozen data, nothing measured here.
 
-All byte figures are *device bytes*: for a CUDA target each storage is rounded up to the
-caching allocator's 512 B blocks (``units.cuda_block_bytes``), for a CPU target they are
-the storages' exact sizes. Element counts are exact.
+All byte figures are *device bytes*: for a CUDA target each storage counts the block the
+simulated caching allocator hands out for it (512 B multiples; a large block up to 1 MiB
+over the request counts whole), for a CPU target the storage's exact size. Element counts
+are exact.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ __all__ = [
     "ValueRead",
 ]
 
-#: Phases of a simulated training step, in order.
-PHASES = ("step start", "forward", "loss", "backward", "optimizer step")
+#: Phases of a simulated training step, in order. A user's step (``estimate(step=fn)``)
+#: also has ``"after step"`` (after the optimizer step); its ``"loss"`` is everything
+#: between a forward pass and the next backward pass or optimizer step.
+PHASES = ("step start", "forward", "loss", "backward", "optimizer step", "after step")
 
 
 @dataclass(frozen=True)
@@ -105,12 +108,21 @@ class Estimate:
     ``input_bytes``, ``activation_bytes`` (at the end of the forward pass).
     ``host_bytes``: tensors the step keeps in host memory when the target is CUDA
     (Adam's ``step`` counters with ``capturable=False``), not in any device figure.
-    ``peak`` is the highest live device bytes during the measured step; ``at_peak``
-    splits it; ``phases`` gives each phase's own peak. ``rounding`` names the rounding
-    applied. Training steps are measured as the second of two identical steps, so the
-    optimizer state already exists, as in a training loop. ``loss`` names the loss
-    function; ``value_reads`` lists the values the model's code read from meta tensors
-    (see :mod:`~gpu_mem_track.estimator.values`).
+    ``peak`` is the highest allocated device bytes during the measured step (on CUDA,
+    ``max_memory_allocated``: whole allocator blocks, cuBLAS workspaces included);
+    ``at_peak`` splits the storages live then (``peak`` minus ``cublas_workspace`` when
+    the workspaces exist by then); ``phases`` gives each phase's own peak. On the CUDA
+    target the step runs through the caching allocator's model: ``reserved_peak`` is
+    the highest reserved bytes (``max_memory_reserved``), ``reserved_at_peak`` and
+    ``largest_free_block`` are the reserved bytes and the largest free cached block at
+    the allocated peak, ``allocator`` its settings (``PYTORCH_CUDA_ALLOC_CONF`` form,
+    ``""`` for the defaults); on the CPU target they are None. ``cublas_workspace``: the
+    bytes of the cuBLAS workspaces allocated (one per handle: forward and backward).
+    ``rounding`` names the rounding applied. ``step`` is the user's step function
+    (``""``: the built-in step). Training steps are measured as the second of two
+    identical steps, so the optimizer state already exists, as in a training loop.
+    ``loss`` names the loss function; ``value_reads`` lists the values the model's code
+    read from meta tensors (see :mod:`~gpu_mem_track.estimator.values`).
     """
 
     model: str
@@ -137,6 +149,18 @@ class Estimate:
     layers: tuple[LayerEstimate, ...]
     loss: str = "default"
     value_reads: tuple[ValueRead, ...] = ()
+    reserved_peak: int | None = None
+    reserved_at_peak: int | None = None
+    largest_free_block: int | None = None
+    cublas_workspace: int = 0
+    allocator: str = ""
+    step: str = ""
+
+    @property
+    def fragmentation(self) -> int | None:
+        """Reserved minus allocated bytes at the peak (the allocator's cache then; None
+        without the allocator model)."""
+        return None if self.reserved_at_peak is None else self.reserved_at_peak - self.peak
 
     @property
     def peak_phase(self) -> PhasePeak:

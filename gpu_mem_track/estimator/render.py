@@ -47,6 +47,8 @@ def render_estimate(estimate: Estimate) -> str:
 
 def _title(estimate: Estimate) -> str:
     kind = "training step" if estimate.training else "inference (forward under no_grad)"
+    if estimate.step:
+        kind = f"step {estimate.step}"
     optimizer = f", optimizer {estimate.optimizer}" if estimate.training else ""
     amp = ", autocast (simulated)" if estimate.amp else ""
     loss = f", loss {estimate.loss}" if estimate.training and estimate.loss != "default" else ""
@@ -98,9 +100,26 @@ def _totals(estimate: Estimate) -> list[str]:
     split = " + ".join(
         f"{label} {format_bytes(nbytes)}" for label, nbytes in estimate.at_peak.by_label().items() if nbytes
     )
-    lines.append(f"  at the peak: {split}")
+    workspace = estimate.cublas_workspace
+    workspace = f" + cuBLAS workspace {format_bytes(workspace)}" if workspace else ""
+    lines.append(f"  at the peak: {split}{workspace}")
     lines.append("  phase peaks: " + ", ".join(f"{p.phase} {format_bytes(p.peak)}" for p in estimate.phases))
-    return lines
+    return lines + _allocator_lines(estimate)
+
+
+def _allocator_lines(estimate: Estimate) -> list[str]:
+    """Reserved memory, the cache at the peak and the cuBLAS workspaces (CUDA target)."""
+    if estimate.reserved_peak is None:
+        return []
+    return [
+        f"reserved peak     {format_bytes(estimate.reserved_peak):>12}  "
+        f"(caching allocator segments; settings: {estimate.allocator or 'defaults'})",
+        f"  at the peak: reserved {format_bytes(estimate.reserved_at_peak)}, "
+        f"fragmentation (reserved - allocated) {format_bytes(estimate.fragmentation)}, "
+        f"largest free block {format_bytes(estimate.largest_free_block)}",
+        f"cuBLAS workspace  {format_bytes(estimate.cublas_workspace):>12}  "
+        "(one per handle: forward and backward; in allocated, never freed)",
+    ]
 
 
 def render_batch_size(result: BatchSizeResult) -> str:

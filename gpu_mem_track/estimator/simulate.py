@@ -3,15 +3,16 @@
 The model is built on PyTorch's ``meta`` device, where tensors have shapes, dtypes and
 storage sizes but no data, so nothing real is allocated. A dispatch mode
 (:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) follows every storage from birth to death
-through two identical steps; the second is measured. Code that reads a tensor's value
-(``.item()``, mask checks) gets it from
-:class:`~gpu_mem_track.estimator.values.KnownValues`. For a CUDA target each storage
-counts as the caching allocator's 512 B-rounded block, which is what
-``torch.cuda.memory_allocated`` and ``max_memory_allocated`` count; the allocator's
-segment rounding (2 MiB for small requests, 20 MiB segments or 2 MiB multiples for
-large ones) changes *reserved* memory, not allocated, and is not modelled, nor are
-library workspaces (cuBLAS, cuDNN) and the reuse of a cached block up to 1 MiB larger
-than asked, which the allocator counts whole.
+through two identical steps (the built-in step, or the user's own); the second is
+measured. Code that reads a tensor's value (``.item()``, mask checks) gets it from
+:class:`~gpu_mem_track.estimator.values.KnownValues`. For a CUDA target every storage is
+allocated from a model of PyTorch's caching allocator (``gpu_mem_track.allocator``, see
+:mod:`~gpu_mem_track.estimator.memory`): allocated bytes count whole blocks (512 B
+rounding, a large block up to 1 MiB over the request handed out whole), as
+``max_memory_allocated`` does, reserved bytes count the allocator's segments, and the
+cuBLAS workspaces (one per handle: forward and backward) are allocated at the first
+matmul-like op of each. Not modelled: cuDNN's and cuBLASLt's workspaces, CUDA graphs,
+other streams.
 """
 
 from __future__ import annotations
@@ -23,29 +24,33 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
-from ..categories import CATEGORIES
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
-from ..units import cuda_block_bytes
 from .amp import SimulatedAutocast
 from .lifetimes import Lifetimes
+from .memory import CudaModel, ExactMemory
 from .options import StepOptions
-from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
+from .records import Estimate
 from .specs import callable_name
 from .step import (
     InputsLike,
     OptimizerLike,
+    StepFunction,
     as_specs,
     build_model,
+    check_user_step,
     default_loss,
     describe,
     make_inputs,
     make_optimizer,
     run_steps,
+    run_user_steps,
     split_named,
 )
 from .values import KnownValues
+from .watch import Watch
 
 __all__ = ["estimate", "estimate_step", "trace_cpu_step"]
 
@@ -62,6 +67,11 @@ def estimate(
     training: bool = True,
     device: str = "cuda",
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    step: StepFunction | None = None,
+    alloc_conf: str | None = None,
+    gpu: str | None = None,
+    cublas_workspace: int | str | None = None,
+    warmup: int | None = None,
 ) -> Estimate:
     """Estimate the device memory of one step of ``model`` on ``inputs``, on meta tensors.
 
@@ -69,24 +79,57 @@ def estimate(
     is not changed) or a factory returning one (called with ``meta`` as the default
     device, so even a huge model costs nothing). ``inputs`` is a tensor, a shape
     (``(64, 3, 32, 32)``), an :class:`~gpu_mem_track.estimator.specs.InputSpec`, or a sequence of
-    those, passed positionally. ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd"``
-    (momentum 0.9), ``"none"``, or a callable ``params -> Optimizer``. ``dtype`` casts
-    the model's floating parameters, buffers and inputs (``"bf16"``, ``"fp16"``, ...).
-    ``amp`` (``True`` for float16, or a dtype) simulates CUDA autocast around forward and
-    loss (see :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False``
-    runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
-    target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
-    host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the output's own
-    ``loss`` when it has one, else the sum of its floating tensors
-    (:func:`~gpu_mem_track.estimator.step.default_loss`). An ``InputSpec`` with a ``name``
-    is passed by keyword. Values the model's code reads from tensors are computed for real
-    or replaced by placeholders, and listed in ``value_reads`` (see
-    :mod:`~gpu_mem_track.estimator.values`). The options are parsed once into a
+    those, passed positionally (an ``InputSpec`` with a ``name`` by keyword).
+    ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd"`` (momentum 0.9), ``"none"``, or a
+    callable ``params -> Optimizer``. ``dtype`` casts the model's floating parameters,
+    buffers and inputs (``"bf16"``, ``"fp16"``, ...). ``amp`` (``True`` for float16, or a
+    dtype) simulates CUDA autocast around forward and loss (see
+    :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False`` runs one
+    forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the target:
+    ``"cuda"`` (the caching allocator's model, foreach optimizers, Adam's ``step`` on the
+    host) or ``"cpu"`` (exact sizes, no allocator). ``loss_fn(output)`` defaults to the
+    output's own ``loss`` when it has one, else the sum of its floating tensors
+    (:func:`~gpu_mem_track.estimator.step.default_loss`). Values the model's code reads
+    from tensors are computed for real or replaced by placeholders, and listed in
+    ``value_reads`` (see :mod:`~gpu_mem_track.estimator.values`).
+
+    ``step``: your own step instead of the built-in one, called as
+    ``step(model, optimizer, inputs)`` with the simulated model (its parameters on the
+    meta device), the optimizer made from ``optimizer`` (None for ``"none"``) and the
+    list of input tensors in the order given (keyword inputs included); it runs twice
+    and the second call is measured. Whatever it returns stays alive until the next call
+    returns (as ``out = step(...)`` in a loop); a tensor the loop body itself keeps bound
+    (``out = model(x)``, which frees the previous output once the new one exists) is
+    modelled by keeping it in state of the step's own (a closure or a dict). The step
+    computes its own loss and runs its own autocast: giving ``loss_fn`` or ``amp`` with
+    it is a ``UsageError``; ``training`` only sets the model's mode.
+
+    ``warmup``: how many steps run before the measured one (None: 1 for training or a
+    user's step, so the optimizer state exists as in a training loop; 0 for inference).
+    ``warmup=0`` measures the very first step, with a fresh optimizer.
+
+    CUDA target only: ``alloc_conf`` is a ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the
+    environment variable); ``gpu`` names the architecture (``"hopper"``: 32 MiB cuBLAS
+    workspaces, see :data:`~gpu_mem_track.estimator.memory.GPU_ARCHITECTURES`);
+    ``cublas_workspace`` overrides the workspace: bytes, or a ``CUBLAS_WORKSPACE_CONFIG``
+    value (None: the environment variable, else the architecture's default).
+
+    The options are parsed once into a
     :class:`~gpu_mem_track.estimator.options.StepOptions` (``estimate_step`` takes one).
     Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
-    options = _options(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
-    return estimate_step(model, inputs, options, loss_fn=loss_fn)
+    options = _options(
+        dtype=dtype,
+        amp=amp,
+        optimizer=optimizer,
+        training=training,
+        device=device,
+        warmup=warmup,
+        alloc_conf=alloc_conf,
+        gpu=gpu,
+        cublas_workspace=cublas_workspace,
+    )
+    return estimate_step(model, inputs, options, loss_fn=loss_fn, step=step)
 
 
 def estimate_step(
@@ -95,9 +138,11 @@ def estimate_step(
     options: StepOptions,
     *,
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    step: StepFunction | None = None,
 ) -> Estimate:
-    """:func:`estimate` with its options already parsed."""
-    return _trace(model, inputs, options, loss_fn, sim="meta")
+    """:func:`estimate` with its options already parsed (the CUDA target's memory model
+    and the warmup come from ``options``)."""
+    return _trace(model, inputs, options, loss_fn, "meta", step)
 
 
 def trace_cpu_step(
@@ -108,14 +153,18 @@ def trace_cpu_step(
     dtype: str | torch.dtype | None = None,
     training: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    step: StepFunction | None = None,
+    warmup: int | None = None,
 ) -> Estimate:
     """Run the same step on real CPU tensors and measure it the same way (for validation).
 
     The figures are the live bytes of real CPU storages, measured, not estimated; the
     model is built (or copied) on the CPU, so this allocates real memory.
     """
-    options = _options(dtype=dtype, amp=False, optimizer=optimizer, training=training, device="cpu")
-    return _trace(model, inputs, options, loss_fn, sim="cpu")
+    options = _options(
+        dtype=dtype, amp=False, optimizer=optimizer, training=training, device="cpu", warmup=warmup
+    )
+    return _trace(model, inputs, options, loss_fn, "cpu", step)
 
 
 def _options(**given: Any) -> StepOptions:
@@ -129,64 +178,111 @@ def _options(**given: Any) -> StepOptions:
         raise
 
 
+def _tracker(sim: str, options: StepOptions) -> Lifetimes:
+    """Exact sizes on the CPU target; on the CUDA target the memory model of ``options``."""
+    if options.target != "cuda":
+        return Lifetimes({sim, "cpu"}, ExactMemory())
+    cuda = CudaModel.parse(options.alloc_conf, options.gpu, options.cublas_workspace)
+    return Lifetimes({sim}, cuda.memory(), cuda.workspaces())
+
+
 def _trace(
     model: ModelLike,
     inputs: InputsLike,
     options: StepOptions,
     loss_fn: Callable[[Any], torch.Tensor],
     sim: str,
+    step: StepFunction | None,
 ) -> Estimate:
-    cast, amp_dtype = options.torch_dtype, options.amp_dtype
-    training, target = options.training, options.target
+    if step is not None:
+        check_user_step(options, loss_fn)
+    warmup = options.warmup
+    if warmup is None:
+        warmup = 1 if options.training or step is not None else 0
     specs = as_specs(inputs)
-    name = _model_name(model)
     module = model if isinstance(model, nn.Module) else build_model(model, sim)
-    size_of = cuda_block_bytes if target == "cuda" else (lambda nbytes: nbytes)
-    tracker = Lifetimes({sim} if target == "cuda" else {sim, "cpu"}, size_of)
+    tracker = _tracker(sim, options)
     was_training = module.training
-    module.train(training)
+    module.train(options.training)
     # Entered before the tracker, so the values' own CPU ops are never counted.
     values = KnownValues(tracker.module) if sim == "meta" else contextlib.nullcontext()
     try:
         # Made before tracking starts, then adopted: copying must not count the originals.
-        state = _state(module, sim, cast, private=isinstance(model, nn.Module))
+        state = _state(module, sim, options.torch_dtype, private=isinstance(model, nn.Module))
         with values:
-            tensors = make_inputs(specs, sim, cast)
+            tensors = make_inputs(specs, sim, options.torch_dtype)
         with values, tracker:
             params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
-            opt = make_optimizer(options.optimizer, params, target) if training else None
+            make = options.training or step is not None
+            opt = make_optimizer(options.optimizer, params, options.target) if make else None
             restart = values.restart if isinstance(values, KnownValues) else (lambda: None)
-            watch = _Watch(tracker, module, state, tensors, opt, on_measure=restart)
+            watch = Watch(tracker, module, state, tensors, opt, warmup + 1, on_measure=restart)
             with watch.hooks():
-                args, kwargs = split_named(specs, tensors)
-                run_steps(
-                    lambda: functional_call(module, state, args, kwargs),
-                    params,
-                    opt,
-                    training=training,
-                    steps=2 if training else 1,
-                    loss_fn=loss_fn,
-                    autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
-                    on_phase=watch.on_phase,
-                )
-            header = dict(
-                model=name,
-                device=target,
-                rounding="512 B blocks (CUDA caching allocator)"
-                if target == "cuda"
-                else "none (exact sizes)",
-                training=training,
-                optimizer=options.optimizer_name if training else "none",
-                dtype=options.dtype or "as built",
-                amp=amp_dtype is not None,
-                inputs=tuple(describe(t, getattr(s, "name", "")) for s, t in zip(specs, tensors)),
-                loss="default" if loss_fn is default_loss else callable_name(loss_fn),
-                value_reads=values.reads() if isinstance(values, KnownValues) else (),
-            )
+                if step is None:
+                    _builtin_steps(module, state, (specs, tensors), params, opt, options, loss_fn, watch)
+                else:
+                    with _reparametrize_module(module, state), watch.phase_hooks():
+                        run_user_steps(step, module, opt, tensors, steps=warmup + 1, on_phase=watch.on_phase)
+            header = _header(model, options, (specs, tensors), tracker, (step, loss_fn))
+            header["value_reads"] = values.reads() if isinstance(values, KnownValues) else ()
             return watch.result(header)
     finally:
         tracker.close()
         module.train(was_training)
+
+
+def _builtin_steps(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    inputs: tuple[list[Any], list[torch.Tensor]],
+    params: list[nn.Parameter],
+    opt: torch.optim.Optimizer | None,
+    options: StepOptions,
+    loss_fn: Callable[[Any], torch.Tensor],
+    watch: Watch,
+) -> None:
+    """The built-in step, ``watch.measured + 1`` times; ``inputs`` are (specs, tensors):
+    inputs whose spec has a name go by keyword."""
+    amp_dtype = options.amp_dtype
+    args, kwargs = split_named(*inputs)
+    run_steps(
+        lambda: functional_call(module, state, args, kwargs),
+        params,
+        opt,
+        training=options.training,
+        steps=watch.measured + 1,
+        loss_fn=loss_fn,
+        autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
+        on_phase=watch.on_phase,
+    )
+
+
+def _header(
+    model: ModelLike,
+    options: StepOptions,
+    inputs: tuple[list[Any], list[torch.Tensor]],
+    tracker: Lifetimes,
+    user: tuple[StepFunction | None, Callable[[Any], torch.Tensor]],
+) -> dict[str, Any]:
+    """The estimate's descriptive fields; ``inputs`` are (specs, tensors), ``user`` the
+    user's step (None: the built-in one) and the loss function."""
+    step, loss_fn = user
+    caching = tracker.memory.allocator is not None
+    conf = tracker.memory.allocator.settings.conf_string() if caching else ""
+    rounding = f"CUDA caching allocator ({conf or 'default settings'})" if caching else "none (exact sizes)"
+    return dict(
+        model=_model_name(model),
+        device=options.target,
+        rounding=rounding,
+        training=options.training,
+        optimizer=options.optimizer_name if options.training or step is not None else "none",
+        dtype=options.dtype or "as built",
+        amp=options.amp_dtype is not None and step is None,
+        inputs=tuple(describe(t, getattr(s, "name", "")) for s, t in zip(*inputs)),
+        loss="default" if loss_fn is default_loss else callable_name(loss_fn),
+        allocator=conf,
+        step=callable_name(step) if step is not None else "",
+    )
 
 
 def _model_name(model: ModelLike) -> str:
@@ -221,153 +317,3 @@ def _convert(tensor: torch.Tensor, device: str, cast: torch.dtype | None, privat
     ):
         copy = copy.clone()
     return copy
-
-
-class _Watch:
-    """Gives storages their roles as the step runs, then builds the :class:`Estimate`."""
-
-    def __init__(
-        self,
-        tracker: Lifetimes,
-        module: nn.Module,
-        state: dict[str, torch.Tensor],
-        inputs: list[torch.Tensor],
-        optimizer: torch.optim.Optimizer | None,
-        on_measure: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
-        self.on_measure = on_measure  # called as the measured step starts
-        self.role: dict[int, str] = {}
-        for tensor in state.values():
-            self._give(tensor, "parameter" if isinstance(tensor, nn.Parameter) else "buffer")
-        for tensor in inputs:
-            self._give(tensor, "input")
-        self.measured = 1 if module.training else 0
-        self.step = 0
-        self.first_measured_key = 0
-        self.activations: set[int] = set()
-        self.gradients: set[int] = set()
-        self.states: set[int] = set()
-        self.host_bytes = 0
-
-    def _give(self, tensor: torch.Tensor, role: str) -> int | None:
-        key = self.tracker.adopt(tensor)
-        if key is not None:
-            self.role.setdefault(key, role)
-        return key
-
-    def on_phase(self, phase: str, step: int) -> None:
-        """``run_steps`` callback: close the phase that ended, then open ``phase``."""
-        ended, last = self.tracker.phase, self.step == self.measured
-        if ended == "forward" and last:
-            born = range(self.first_measured_key, len(self.tracker.sizes))
-            alive = self.tracker.live_keys()
-            self.activations = {k for k in born if k in alive and self.tracker.born_in[k][0] == "forward"}
-        elif ended == "backward":
-            grads = [
-                p.grad for p in self.state.values() if isinstance(p, nn.Parameter) and p.grad is not None
-            ]
-            self.gradients = {k for k in (self._give(g, "gradient") for g in grads) if k is not None}
-        elif ended == "optimizer step" and self.optimizer is not None:
-            self._take_states()
-        self.tracker.phase, self.step = phase, step
-        if phase == "step start" and step == self.measured:
-            self.first_measured_key = len(self.tracker.sizes)
-            self.tracker.start_measuring()
-            self.on_measure()
-
-    def _take_states(self) -> None:
-        self.states, self.host_bytes = set(), 0
-        for per_param in self.optimizer.state.values():
-            for value in per_param.values():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                key = self._give(value, "optimizer_state")
-                if key is not None:
-                    self.states.add(key)
-                else:  # a host tensor (Adam's step with capturable=False) on a CUDA target
-                    self.host_bytes += value.untyped_storage().nbytes()
-
-    @contextlib.contextmanager
-    def hooks(self) -> Any:
-        """Forward hooks keeping ``tracker.modules`` the stack of running modules."""
-        handles = []
-        for name, sub in self.module.named_modules():
-            handles.append(sub.register_forward_pre_hook(self._enter(name)))
-            handles.append(sub.register_forward_hook(self._leave, always_call=True))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def _enter(self, name: str) -> Callable[..., None]:
-        def enter(module: nn.Module, args: Any) -> None:
-            self.tracker.modules.append(name)
-
-        return enter
-
-    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self.tracker.modules:
-            self.tracker.modules.pop()
-
-    def _bytes(self, keys: set[int]) -> int:
-        return sum(self.tracker.sizes[k] for k in keys)
-
-    def _breakdown(self, keys: set[int]) -> Breakdown:
-        parts = dict.fromkeys(CATEGORIES, 0)
-        for key in keys:
-            role = self.role.get(key) or ("activation" if key in self.activations else "other")
-            parts[role] += self.tracker.sizes[key]
-        return Breakdown(**parts)
-
-    def result(self, header: dict[str, Any]) -> Estimate:
-        """The :class:`Estimate` of the measured step, with ``header``'s descriptive fields."""
-        tracker = self.tracker
-        roles = {
-            role: {k for k, r in self.role.items() if r == role} for role in ("parameter", "buffer", "input")
-        }
-        phases = tuple(PhasePeak(p, *tracker.phase_peaks[p]) for p in PHASES if p in tracker.phase_peaks)
-        params = [t for t in self.state.values() if isinstance(t, nn.Parameter)]
-        return Estimate(
-            **header,
-            parameters=sum(p.numel() for p in params),
-            parameter_bytes=self._bytes(roles["parameter"]),
-            buffer_bytes=self._bytes(roles["buffer"]),
-            gradient_bytes=self._bytes(self.gradients),
-            optimizer_states=len(self.states),
-            optimizer_state_bytes=self._bytes(self.states),
-            host_bytes=self.host_bytes,
-            input_bytes=self._bytes(roles["input"]),
-            activation_elements=sum(tracker.elements[k] for k in self.activations),
-            activation_bytes=self._bytes(self.activations),
-            peak=tracker.peak,
-            at_peak=self._breakdown(tracker.live_keys(tracker.peak_event)),
-            phases=phases,
-            layers=self._layers(),
-        )
-
-    def _layers(self) -> tuple[LayerEstimate, ...]:
-        own: dict[str, list[torch.Tensor]] = {}
-        for name, tensor in self.state.items():
-            if isinstance(tensor, nn.Parameter):
-                own.setdefault(name.rpartition(".")[0], []).append(tensor)
-        held: dict[str, list[int]] = {}
-        for key in self.activations:
-            held.setdefault(self.tracker.born_in[key][1], []).append(key)
-        rows = []
-        for name, sub in self.module.named_modules():
-            params, keys = own.get(name, []), held.get(name, [])
-            if params or keys or not any(True for _ in sub.children()):
-                size_of = self.tracker.size_of
-                rows.append(
-                    LayerEstimate(
-                        name=name,
-                        type=type(sub).__name__,
-                        parameters=sum(p.numel() for p in params),
-                        parameter_bytes=sum(size_of(p.untyped_storage().nbytes()) for p in params),
-                        activation_elements=sum(self.tracker.elements[k] for k in keys),
-                        activation_bytes=sum(self.tracker.sizes[k] for k in keys),
-                    )
-                )
-        return tuple(rows)

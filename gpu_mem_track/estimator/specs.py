@@ -109,7 +109,7 @@ def load_callable(spec: str, what: str = "factory") -> Callable[..., Any]:
 
     The module is imported (a ``.py`` path is loaded as a fresh module, and
     :func:`callable_name` names its callables by that path); the callable is not called.
-    ``what`` names it in messages (``"factory"``, ``"loss function"``).
+    ``what`` names it in messages (``"factory"``, ``"loss function"``, ``"step"``).
     """
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..dtypes import dtype_name
 from ..errors import UsageError
+from .options import StepOptions
 from .records import OPTIMIZERS
 from .specs import InputSpec, callable_name
 
@@ -25,11 +26,14 @@ __all__ = [
     "FactoryError",
     "StepError",
     "InputsLike",
+    "StepFunction",
     "build_model",
     "default_loss",
     "make_inputs",
+    "check_user_step",
     "make_optimizer",
     "run_steps",
+    "run_user_steps",
     "split_named",
 ]
 
@@ -38,6 +42,9 @@ __all__ = [
 
 OptimizerLike = Union[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer], None]
 InputsLike = Union[torch.Tensor, InputSpec, Sequence[int], Sequence[Any]]
+#: A user's step: ``step(model, optimizer, inputs)`` (optimizer None without one; inputs
+#: the list of input tensors); what it returns stays alive until its next call returns.
+StepFunction = Callable[[nn.Module, Union[torch.optim.Optimizer, None], list], Any]
 
 
 class FactoryError(UsageError):
@@ -236,3 +243,40 @@ def run_steps(
             with _model_code():
                 optimizer.step()
     on_phase("done", steps - 1)
+
+
+def run_user_steps(
+    step: StepFunction,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    inputs: list[torch.Tensor],
+    *,
+    steps: int = 2,
+    on_phase: Callable[[str, int], None] = lambda phase, step: None,
+) -> None:
+    """Call ``step(model, optimizer, inputs)`` ``steps`` times, with ``on_phase("step start",
+    i)`` before each call and ``on_phase("done", steps - 1)`` after the last. What a call
+    returns stays bound until the next call returns, as ``out = step(...)`` in a loop
+    would keep it; what the step raises is a ``StepError``."""
+    kept = None
+    for index in range(steps):
+        on_phase("step start", index)
+        with _model_code():
+            kept = step(model, optimizer, inputs)
+    del kept
+    on_phase("done", steps - 1)
+
+
+def check_user_step(options: StepOptions, loss_fn: Callable[[Any], Any]) -> None:
+    """A user's step computes its own loss and runs its own autocast: a ``loss_fn`` other
+    than the default, or ``amp``, given with one is a ``UsageError``."""
+    if loss_fn is not default_loss:
+        raise UsageError(
+            f"the loss {callable_name(loss_fn)} (--loss, loss_fn) does not apply to a custom step "
+            "(--step, step=): the step computes its own loss"
+        )
+    if options.amp is not None:
+        raise UsageError(
+            "autocast (--amp, amp) does not apply to a custom step (--step, step=): "
+            "run torch.autocast inside the step"
+        )

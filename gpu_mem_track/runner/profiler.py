@@ -39,9 +39,10 @@ __all__ = ["LineProfiler"]
 _HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS, _RISE = range(7)
 
 # A frame on the profiler's stack: [code, running statement's first line (or None), memory,
-# high-water mark, time] as read when that statement started, and the line of the last
-# event in the frame.
+# high-water mark, time, the sampler's event count] as read when that statement started,
+# and the line of the last event in the frame (index ``_LAST``).
 _Frame = list
+_LAST = 6
 
 
 class LineProfiler:
@@ -57,6 +58,10 @@ class LineProfiler:
         extras_every: seconds between readings of the sampler's slower extras (driver, RSS)
             for the timeline; rows in between leave them empty.
         clock: monotonic seconds.
+        windows: told ``windows.add(code, lineno, start, end, before, after)`` after each
+            execution during which the sampler's ``events`` count moved from ``start`` to
+            ``end`` (the allocator's allocations and frees; ``run --snapshot``), with the
+            memory read when it started and ended; or None.
     """
 
     def __init__(
@@ -67,6 +72,7 @@ class LineProfiler:
         threshold: int | None = None,
         extras_every: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
+        windows: Any = None,
     ) -> None:
         self._sampler = sampler
         self._sample = sampler.sample
@@ -78,6 +84,7 @@ class LineProfiler:
         self._threshold = threshold
         self._extras_every = extras_every
         self._clock = clock
+        self._windows = windows
         self._stack: list[_Frame] = []
         self._stats: dict[tuple[CodeType, int], list[Any]] = {}
         self._starts: dict[CodeType, dict[int, int]] = {}
@@ -100,7 +107,7 @@ class LineProfiler:
 
     def enter(self, code: CodeType) -> None:
         # No reading: the frame's first line event reads the start of its first line.
-        self._stack.append([code, None, 0, 0, 0.0, 0])
+        self._stack.append([code, None, 0, 0, 0.0, 0, 0])
 
     def line(self, code: CodeType, lineno: int) -> None:
         starts = self._starts.get(code)
@@ -111,19 +118,21 @@ class LineProfiler:
         frame = stack[-1] if stack and stack[-1][0] is code else None
         # Inside the statement already running: the same execution goes on. Its first line
         # again right after itself is a new execution (a loop on one line).
-        if frame is not None and frame[1] == first and (lineno != first or frame[5] != first):
-            frame[5] = lineno
+        if frame is not None and frame[1] == first and (lineno != first or frame[_LAST] != first):
+            frame[_LAST] = lineno
             return
         current, high = self._sample()
         now = self._clock()
         if frame is None:  # an event the engine did not send
-            frame = [code, None, current, high, now, lineno]
+            frame = [code, None, current, high, now, 0, lineno]
             stack.append(frame)
         if frame[1] is not None and self._close(frame, current, high, now):
             # a census ran after the line: start the next one after it, not before
             current, high = self._sample()
             now = self._clock()
-        frame[1], frame[2], frame[3], frame[4], frame[5] = first, current, high, now, lineno
+        frame[1], frame[2], frame[3], frame[4], frame[_LAST] = first, current, high, now, lineno
+        if self._windows is not None:
+            frame[5] = self._sampler.events
 
     def leave(self, code: CodeType) -> None:
         stack = self._stack
@@ -199,6 +208,8 @@ class LineProfiler:
         if rise > stats[_RISE]:
             stats[_RISE] = rise
         stats[_SECONDS] += now - frame[4]
+        if self._windows is not None and self._sampler.events != frame[5]:
+            self._windows.add(code, lineno, frame[5], self._sampler.events, before, current)
         if peak > self.peak or (rise > self._significant and peak >= self._floor):
             self._offer(peak, rise, (code.co_filename, lineno))
         if self._write_text is not None:

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..tracker.records import Stamp
 
-__all__ = ["EVENTS", "LineRecord", "RunInfo", "RunResult", "TimelineRow", "by_function", "hottest"]
+__all__ = [
+    "EVENTS",
+    "LineRecord",
+    "RunInfo",
+    "RunResult",
+    "SnapshotMerge",
+    "TimelineRow",
+    "by_function",
+    "hottest",
+]
 
 #: Timeline events: the run's start and end, one execution of a traced line, a
 #: ``MemTracker.track()`` stamp (with its label), an automatic census after a line.
@@ -143,16 +152,58 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class SnapshotMerge:
+    """How ``run --snapshot`` used the memory snapshot it recorded (``file``, in the run
+    folder; "" when none was written) for the line records.
+
+    ``device``: the CUDA device index analysed; ``entries``: its trace entries;
+    ``counted``: allocations and frees the allocator counted while recording;
+    ``traced``: those still in the trace (the ring buffer keeps the last
+    ``--snapshot-entries`` entries); ``lines``: line records; ``exact``: lines whose peak
+    is exact; ``raised``: lines whose peak the trace raised above the runner's readings;
+    ``outside``: line executions with allocations or frees that fell out of the trace
+    (their lines keep the runner's peak); ``placed``: trace entries without a Python
+    stack given the line that was running; ``note``: why the trace was not merged (""
+    when it was).
+    """
+
+    file: str
+    device: int = 0
+    entries: int = 0
+    counted: int = 0
+    traced: int = 0
+    lines: int = 0
+    exact: int = 0
+    raised: int = 0
+    outside: int = 0
+    placed: int = 0
+    note: str = ""
+
+    @property
+    def merged(self) -> bool:
+        return bool(self.file) and not self.note
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SnapshotMerge:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
 class RunResult:
     """What ``run.execute`` returns: the script's ``exit_code``, the run ``folder``, the
-    run's description (``info``), its line ``records`` and its automatic ``censuses``
-    (``tracker.records.Stamp``, in order; empty without ``--census-threshold``)."""
+    run's description (``info``), its line ``records``, its automatic ``censuses``
+    (``tracker.records.Stamp``, in order; empty without ``--census-threshold``) and, with
+    ``--snapshot``, how the memory snapshot was merged (``snapshot``)."""
 
     exit_code: int
     folder: Path
     info: RunInfo
     records: tuple[LineRecord, ...] = ()
     censuses: tuple[Stamp, ...] = ()
+    snapshot: SnapshotMerge | None = None
 
 
 def hottest(records: list[LineRecord], count: int = 10) -> list[LineRecord]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import format_bytes, format_peak
-from .records import LineRecord, RunInfo, by_function, hottest
+from .records import LineRecord, RunInfo, SnapshotMerge, by_function, hottest
 from .samplers import HEAP_SOURCE
 
 __all__ = ["render_line_report", "render_summary"]
@@ -35,10 +35,17 @@ _HEAP_NOTE = (
 )
 
 
-def render_line_report(info: RunInfo, records: Sequence[LineRecord], censuses: Sequence[Any] = ()) -> str:
-    """The whole text report: run header, a summary of the hottest lines per function,
-    the line table of every function, then the automatic censuses (``records.Stamp``)."""
-    parts = [_run_header(info), _function_summary(records)]
+def render_line_report(
+    info: RunInfo,
+    records: Sequence[LineRecord],
+    censuses: Sequence[Any] = (),
+    snapshot: SnapshotMerge | None = None,
+) -> str:
+    """The whole text report: run header (with how a ``--snapshot`` was used), a summary
+    of the hottest lines per function, the line table of every function, then the
+    automatic censuses (``records.Stamp``)."""
+    header = _run_header(info) + (_snapshot_text(snapshot) + "\n" if snapshot is not None else "")
+    parts = [header, _function_summary(records)]
     for (file, function), lines in by_function(list(records)).items():
         parts.append(_function_table(file, function, lines))
     if censuses:
@@ -46,9 +53,15 @@ def render_line_report(info: RunInfo, records: Sequence[LineRecord], censuses: S
     return "\n".join(parts)
 
 
-def render_summary(info: RunInfo, records: Sequence[LineRecord], folder: Path, top: int = 5) -> str:
+def render_summary(
+    info: RunInfo,
+    records: Sequence[LineRecord],
+    folder: Path,
+    top: int = 5,
+    snapshot: SnapshotMerge | None = None,
+) -> str:
     """The few lines printed at the end of a run: the ``top`` lines (0: all) that raised
-    memory most."""
+    memory most, and how a ``--snapshot`` was used."""
     lines = [f"gpu_mem_track: {_ending(info)} | memory: {_source(info)} | {_peak(info)}"]
     best = hottest(list(records), top)
     if best:
@@ -63,7 +76,12 @@ def render_summary(info: RunInfo, records: Sequence[LineRecord], folder: Path, t
     note = _SHORT_NOTES.get(info.memory_source)
     if note:
         lines.append(note)
-    lines.append(f"Reports: {_short(str(folder))}{os.sep} (report.txt, lines.csv, timeline.csv)")
+    if snapshot is not None:
+        lines.append(_snapshot_text(snapshot))
+    files = "report.txt, lines.csv, timeline.csv"
+    if snapshot is not None and snapshot.file:
+        files += f", {snapshot.file}, snapshot_lines.csv"
+    lines.append(f"Reports: {_short(str(folder))}{os.sep} ({files})")
     return "\n".join(lines) + "\n"
 
 
@@ -115,6 +133,24 @@ def _censuses(stamps: Sequence[Any]) -> str:
     out = ["Automatic censuses (changes since the previous one)", "=" * 51]
     out.extend(render_stamp(stamp).rstrip("\n") for stamp in stamps)
     return "\n".join(out) + "\n"
+
+
+def _snapshot_text(merge: SnapshotMerge) -> str:
+    """One or two lines on the run's memory snapshot: what it holds and what it gave."""
+    if not merge.file:
+        return f"Snapshot: none written: {merge.note}."
+    held = f"Snapshot: {merge.file}, {merge.entries} trace entries of cuda:{merge.device}"
+    if merge.note:
+        return f"{held}; its peaks were not used: {merge.note}."
+    counted = f"{merge.traced} of the {merge.counted} allocations and frees made while recording"
+    out = [f"{held} ({counted})."]
+    out.append(
+        f"Line peaks from the trace: {merge.exact} of {merge.lines} lines exact, {merge.raised} raised"
+        f" above the runner's readings"
+        + (f"; {merge.outside} line runs fell out of the trace (--snapshot-entries)" if merge.outside else "")
+        + "."
+    )
+    return "\n".join(out)
 
 
 def _ending(info: RunInfo) -> str:

@@ -34,6 +34,10 @@ class Sampler(Protocol):
     source: str
     #: the allocator's reserved bytes at the last ``sample()`` (None where none)
     reserved: int | None
+    #: allocations plus frees the allocator had counted at the last ``sample()``, since it
+    #: started (0 where nothing counts them): each is one ``alloc`` or ``free_requested``
+    #: entry of a memory snapshot's trace, so ``run --snapshot`` finds a line's entries
+    events: int
 
     def sample(self) -> tuple[int, int]: ...
 
@@ -47,6 +51,7 @@ class RssSampler:
 
     source = "process RSS"
     reserved = None
+    events = 0
 
     def __init__(self) -> None:
         import resource
@@ -148,40 +153,53 @@ def mallinfo2() -> Any:
 class CudaSampler:
     """The CUDA caching allocator of one device: allocated bytes and their peak, read from
     the allocator's statistics; never resets anything, never imports torch or initialises
-    CUDA itself (until the program has done both every reading is 0). ``reserved``
-    follows each sample; ``extras`` reads the driver's figure (NVML) and RSS."""
+    CUDA itself (until the program has done both every reading is 0). ``reserved`` and
+    ``events`` follow each sample; ``extras`` reads the driver's figure (NVML) and RSS.
+
+    ``stats``: where the statistics come from, ``stats(device_index)`` returning the
+    nested dict of ``torch.cuda.memory_stats_as_nested_dict`` (default: torch's, once the
+    program has started CUDA); tests pass a fake.
+    """
 
     source = "cuda allocator"
     reserved: int | None = 0
+    events = 0
 
-    def __init__(self, device: str, reader: Any = None) -> None:
+    def __init__(self, device: str, reader: Any = None, stats: Any = None) -> None:
         from ..tracker.readers import reader_for
 
         self._device = device
         self._index = parse_device(device).ordinal
         self._reader = reader or reader_for(device)
         self._cuda: Any = None
-        self._stats: Any = None
-        self._started = False
+        self._stats: Any = stats
+        self._started = stats is not None
 
     def sample(self) -> tuple[int, int]:
+        if not self._started and not self._start():
+            return 0, 0
+        stats = self._stats(self._index)
+        allocated = stats["allocated_bytes"]["all"]
+        self.reserved = stats["reserved_bytes"]["all"]["current"]
+        calls = stats["allocation"]["all"]  # counted under the lock that records the trace
+        self.events = calls["allocated"] + calls["freed"]
+        return allocated["current"], allocated["peak"]
+
+    def _start(self) -> bool:
+        """Whether the program has imported torch and started CUDA (asked until it has)."""
         cuda = self._cuda
         if cuda is None:
             torch = sys.modules.get("torch")
             if torch is None:
-                return 0, 0
+                return False
             cuda = self._cuda = torch.cuda
             # The nested dict as the allocator returns it: memory_stats() would also
             # flatten and sort its ~200 keys at every line.
             self._stats = getattr(torch._C, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict
-        if not self._started:
-            if not cuda.is_initialized():
-                return 0, 0
-            self._started = True  # CUDA never stops once started: ask once
-        stats = self._stats(self._index)
-        allocated = stats["allocated_bytes"]["all"]
-        self.reserved = stats["reserved_bytes"]["all"]["current"]
-        return allocated["current"], allocated["peak"]
+        if not cuda.is_initialized():
+            return False
+        self._started = True  # CUDA never stops once started: ask once
+        return True
 
     def extras(self) -> Extras:
         driver = self._reader.driver(self._device) if self._cuda is not None else None
@@ -197,6 +215,7 @@ class FakeSampler:
 
     source = "fake"
     reserved = None
+    events = 0
 
     def __init__(self) -> None:
         self.current = 0
@@ -205,9 +224,11 @@ class FakeSampler:
     def allocate(self, nbytes: int) -> None:
         self.current += nbytes
         self.high = max(self.high, self.current)
+        self.events += 1
 
     def free(self, nbytes: int) -> None:
         self.current -= nbytes
+        self.events += 1
 
     def sample(self) -> tuple[int, int]:
         return self.current, self.high

@@ -1,0 +1,368 @@
+"""Check the simulator against a recorded trace: rebuild the cache at the trace's start
+(``rebuild``), replay every recorded call through ``Allocator``, and compare what it
+predicts with what torch did.
+
+Calls replayed (``calls.plan_calls``): each ``alloc`` (request size and stream) with
+the segment events torch recorded just before it; each ``free_requested`` /
+``free_completed`` by address (a free whose completion does not follow at once with
+the same stack is deferred, as with ``record_stream``; a completion forced by the
+release inside an allocation belongs to that allocation); each ``oom``; and each run
+of ``segment_free`` events carrying ``empty_cache`` frames (or, without frames, not
+claimed by an allocation) as one ``empty_cache()``.
+
+What the end state and the trace leave open is settled by the replay itself: the
+unsplit remainder of a block from before the trace that no sighting pins down is
+inferred from the first best-fit decision it contradicts, and a trace whose first
+allocation needed a segment the ring buffer dropped is recognised; each inference
+costs one more replay.
+
+The device answers as the recorded GPU did: it refuses ``cudaMalloc`` while the
+simulator has released fewer segments in this call than torch did (torch releases
+only after a refusal), refuses everything for a recorded ``oom``, and otherwise hands
+out the recorded segment's address when the requested size is the recorded one (a
+fresh address if not). So the addresses compared are torch's whenever the model
+agrees, and what is tested is every decision: which segment sizes, when, which
+segments are released, where each block goes, and the final cache block for block.
+Expandable-segment traces (``segment_map``/``segment_unmap``) are not replayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from ..snapshots.records import Snapshot, TraceEntry
+from .caching import Allocator
+from .calls import Call, ReplayDevice, plan_calls
+from .rebuild import StartState, Tail, rebuild_start
+from .records import SimulatedOutOfMemory
+from .settings import (
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_SIZE,
+    AllocatorSettings,
+    allocation_size,
+    round_size,
+    settings_from_snapshot,
+)
+from .tally import Tally, compare_final
+
+__all__ = ["Call", "Mismatch", "ReplayReport", "plan_calls", "replay_snapshot"]
+
+_SEGMENT_ACTIONS = ("segment_alloc", "segment_free")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where the prediction left the record: the event index, what was compared
+    (``alloc address``, ``segments``, ``oom``, ``free``), recorded and predicted."""
+
+    index: int
+    what: str
+    recorded: str
+    predicted: str
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """The outcome of a replay (all counts; bytes where named).
+
+    ``allocs``: recorded allocations, those replayed, those placed at torch's address.
+    ``segment_allocs``/``segment_frees``: recorded, predicted, and matched (same call,
+    address and size). ``ooms``: recorded, predicted, matched. ``final_segments`` /
+    ``final_blocks``: the end state, recorded vs simulated, matched when equal (address,
+    size, type; blocks: address, size, state, and request when live). ``tails``:
+    start-state blocks whose unsplit remainder the trace had to settle; of them ``pinned``
+    by a block start seen at their end, ``inferred`` from a replayed best-fit decision,
+    the rest taken as having none. ``rounds``: replays run (one more per inference).
+    ``mismatches``: the first ones, in order. ``peak_allocated``/``peak_reserved``: the
+    simulated peaks over the replay (bytes). ``started_mid_call``: the trace begins with
+    an allocation whose ``segment_alloc`` the ring buffer dropped (inferred; not counted).
+    """
+
+    source: str
+    device: int
+    events: int
+    settings: str
+    start_segments: int
+    start_live_blocks: int
+    tails: int
+    pinned: int
+    inferred: int
+    rounds: int
+    allocs: Tally
+    segment_allocs: Tally
+    segment_frees: Tally
+    empty_cache_calls: int
+    ooms: Tally
+    final_segments: Tally
+    final_blocks: Tally
+    unsupported_events: int
+    peak_allocated: int
+    peak_reserved: int
+    mismatch_count: int
+    mismatches: tuple[Mismatch, ...] = ()
+    problems: tuple[str, ...] = ()
+    started_mid_call: bool = False
+
+    @property
+    def all_match(self) -> bool:
+        """Every recorded decision predicted and nothing more."""
+        tallies = (self.allocs, self.segment_allocs, self.segment_frees, self.ooms)
+        return (
+            all(t.exact for t in tallies)
+            and self.final_segments.exact
+            and self.final_blocks.exact
+            and not self.mismatch_count
+            and not self.problems
+            and not self.unsupported_events
+        )
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["all_match"] = self.all_match
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReplayReport:
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        for name in ("allocs", "segment_allocs", "segment_frees", "ooms", "final_segments", "final_blocks"):
+            values[name] = Tally(**values[name])
+        values["mismatches"] = tuple(Mismatch(**m) for m in values.get("mismatches", ()))
+        values["problems"] = tuple(values.get("problems", ()))
+        return cls(**values)
+
+
+@dataclass
+class _Run:
+    """The replay's running state and counts. ``open_tails``: start blocks whose end was
+    not seen, by their assumed end, while they live; ``hint``: (tail address, an end it
+    must reach) from the first decision that contradicts the assumption."""
+
+    allocator: Allocator
+    device: ReplayDevice
+    keep: int
+    open_tails: dict[int, Tail] = field(default_factory=dict)
+    hint: tuple[int, int] | None = None
+    cut: TraceEntry | None = None  # the segment_alloc a cut may have left out
+    addresses: dict[int, int] = field(default_factory=dict)  # recorded -> simulated
+    counts: Counter = field(default_factory=Counter)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    mismatch_count: int = 0
+
+    def miss(self, index: int, what: str, recorded: str, predicted: str) -> None:
+        self.mismatch_count += 1
+        if len(self.mismatches) < self.keep:
+            self.mismatches.append(Mismatch(index, what, recorded, predicted))
+
+
+def replay_snapshot(
+    snapshot: Snapshot, device: int = 0, settings: AllocatorSettings | None = None, keep: int = 20
+) -> ReplayReport:
+    """Replay ``snapshot``'s trace for ``device`` (settings: the snapshot's own unless
+    given); ``keep``: how many mismatches to describe. An unsplit remainder the trace
+    shows only through a best-fit decision is inferred and the replay run again."""
+    settings = settings or settings_from_snapshot(snapshot.allocator_settings)
+    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else ()
+    end = snapshot.device_segments(device)
+    calls, skipped = plan_calls(trace)
+    ends: dict[int, int] = {}
+    absent: frozenset[int] = frozenset()
+    rounds = 0
+    while True:
+        rounds += 1
+        start = rebuild_start(end, trace, settings, ends, absent)
+        run = _replay(start, calls, settings, keep)
+        if run.cut is not None and not absent:
+            absent, calls = frozenset({run.cut.addr}), [_with_cut_segment(calls[0], run.cut), *calls[1:]]
+        elif run.hint is None or ends.get(run.hint[0]) == run.hint[1] or rounds > 4 * len(start.tails) + 1:
+            break
+        else:
+            ends[run.hint[0]] = run.hint[1]
+    report = _report(snapshot, device, settings, trace, end, start, run, skipped, rounds)
+    return dataclasses.replace(report, started_mid_call=bool(absent))
+
+
+def _with_cut_segment(call: Call, segment: TraceEntry) -> Call:
+    """The first call with the ``segment_alloc`` the cut left out (index -1: not counted)."""
+    return dataclasses.replace(call, segment_events=((-1, segment), *call.segment_events))
+
+
+def _replay(start: StartState, calls: list[Call], settings: AllocatorSettings, keep: int) -> _Run:
+    replay_device = ReplayDevice()
+    run = _Run(Allocator.from_segments(start.segments, settings, device=replay_device), replay_device, keep)
+    run.open_tails = {t.end: t for t in start.tails if t.how != "seen"}
+    for call in calls:
+        _replay_call(run, call)
+    return run
+
+
+def _report(snapshot, device, settings, trace, end, start, run, skipped, rounds) -> ReplayReport:
+    stats = run.allocator.stats
+    c = run.counts
+    final = compare_final(end, run.allocator.segments(device))
+    return ReplayReport(
+        source=snapshot.source,
+        device=device,
+        events=len(trace),
+        settings=settings.conf_string(),
+        start_segments=len(start.segments),
+        start_live_blocks=sum(1 for s in start.segments for b in s.blocks if b.state != "inactive"),
+        tails=len(start.tails),
+        pinned=start.count("seen"),
+        inferred=start.count("given"),
+        rounds=rounds,
+        allocs=Tally(c["alloc.recorded"], c["alloc.predicted"], c["alloc.matched"]),
+        segment_allocs=Tally(
+            c["segment_alloc.recorded"], c["segment_alloc.predicted"], c["segment_alloc.matched"]
+        ),
+        segment_frees=Tally(
+            c["segment_free.recorded"], c["segment_free.predicted"], c["segment_free.matched"]
+        ),
+        empty_cache_calls=c["empty_cache"],
+        ooms=Tally(c["oom.recorded"], c["oom.predicted"], c["oom.matched"]),
+        final_segments=final[0],
+        final_blocks=final[1],
+        unsupported_events=skipped,
+        peak_allocated=stats.get("allocated_bytes").peak,
+        peak_reserved=stats.get("reserved_bytes").peak,
+        mismatch_count=run.mismatch_count,
+        mismatches=tuple(run.mismatches),
+        problems=start.problems,
+    )
+
+
+def _replay_call(run: _Run, call: Call) -> None:
+    allocator = run.allocator
+    mark = len(allocator.events)
+    run.device.plan(call, lambda: sum(1 for ev in allocator.events[mark:] if ev.action == "segment_free"))
+    if call.kind in ("malloc", "oom"):
+        (_replay_malloc if call.kind == "malloc" else _replay_oom)(run, call)
+        _complete_absorbed(run, call)
+    elif call.kind in ("free", "complete"):
+        _replay_free(run, call)
+    else:
+        run.counts["empty_cache"] += 1
+        allocator.empty_cache()
+    _compare_segments(run, call, mark)
+
+
+def _replay_oom(run: _Run, call: Call) -> None:
+    e = call.entry
+    run.counts["oom.recorded"] += 1
+    try:
+        address = run.allocator.malloc(e.size, e.stream)
+    except SimulatedOutOfMemory:
+        run.counts["oom.predicted"] += 1
+        run.counts["oom.matched"] += 1
+        return
+    run.miss(call.index, "oom", f"out of memory for {e.size} B", f"allocated at {address:#x}")
+
+
+def _complete_absorbed(run: _Run, call: Call) -> None:
+    """Complete the deferred frees recorded within an allocation that the simulator's
+    own release did not complete."""
+    for _, e in call.segment_events:
+        if e.action == "free_completed":
+            block = run.allocator.active.get(run.addresses.get(e.addr, e.addr))
+            if block is not None and block.pending:
+                run.allocator.complete_free(block.address)
+
+
+def _replay_malloc(run: _Run, call: Call) -> None:
+    e = call.entry
+    run.counts["alloc.recorded"] += 1
+    after_tails = _free_after_tails(run) if run.open_tails and run.hint is None else {}
+    try:
+        address = run.allocator.malloc(e.size, e.stream)
+    except SimulatedOutOfMemory:
+        run.counts["oom.predicted"] += 1
+        run.miss(call.index, "oom", f"alloc of {e.size} B at {e.addr:#x}", "out of memory")
+        return
+    run.counts["alloc.predicted"] += 1
+    run.addresses[e.addr] = address
+    if address == e.addr:
+        run.counts["alloc.matched"] += 1
+        return
+    run.miss(call.index, "alloc address", f"{e.addr:#x} ({e.size} B)", f"{address:#x}")
+    if address in after_tails:
+        # torch did not take the free block after an open tail: it was too small for the
+        # request, so the tail ends later, leaving less than the rounded request.
+        tail = run.open_tails[address]
+        rounded = round_size(e.size, run.allocator.settings)
+        wanted = address + after_tails[address] - rounded + K_MIN_BLOCK_SIZE
+        if tail.end < wanted <= tail.high:
+            run.hint = (tail.address, wanted)
+            return
+    if call.index == 0:
+        run.cut = _cut_segment(run, e)
+
+
+def _cut_segment(run: _Run, e: TraceEntry) -> TraceEntry | None:
+    """When the trace's first allocation went to the start of a wholly free segment of
+    the size it would have needed, the cut may have fallen between that segment's
+    ``segment_alloc`` and the allocation: the segment did not exist before."""
+    rounded = round_size(e.size, run.allocator.settings)
+    pool = run.allocator.small_pool if rounded <= K_SMALL_SIZE else run.allocator.large_pool
+    block = pool.free.get(e.addr)
+    if block is None or block.is_split or block.size != allocation_size(rounded):
+        return None
+    return TraceEntry("segment_alloc", e.addr, block.size, block.stream)
+
+
+def _free_after_tails(run: _Run) -> dict[int, int]:
+    """The size of the free large-pool block starting at each open tail's end."""
+    free = run.allocator.large_pool.free
+    sizes = {}
+    for end in run.open_tails:
+        block = free.get(end)
+        if block is not None:
+            sizes[end] = block.size
+    return sizes
+
+
+def _replay_free(run: _Run, call: Call) -> None:
+    e = call.entry
+    address = run.addresses.get(e.addr, e.addr)
+    try:
+        if call.kind == "free":
+            run.allocator.free(address, deferred=call.deferred)
+        else:
+            run.allocator.complete_free(address)
+    except KeyError as exc:
+        run.miss(call.index, "free", f"{call.kind} at {e.addr:#x}", str(exc))
+        return
+    if call.kind == "complete" or not call.deferred:
+        run.addresses.pop(e.addr, None)
+    for end, tail in list(run.open_tails.items()):
+        if tail.address == address:
+            del run.open_tails[end]
+
+
+def _compare_segments(run: _Run, call: Call, mark: int) -> None:
+    recorded = [(e.action, e.addr, e.size) for i, e in call.segment_events if e.action in _SEGMENT_ACTIONS]
+    predicted = [
+        (ev.action, ev.address, ev.size)
+        for ev in run.allocator.events[mark:]
+        if ev.action in _SEGMENT_ACTIONS
+    ]
+    for index, e in call.segment_events:
+        if index < 0 and (e.action, e.addr, e.size) in predicted:  # left out by the cut
+            recorded.remove((e.action, e.addr, e.size))
+            predicted.remove((e.action, e.addr, e.size))
+    if not recorded and not predicted:
+        return
+    common = Counter(recorded) & Counter(predicted)
+    for action in _SEGMENT_ACTIONS:
+        run.counts[f"{action}.recorded"] += sum(1 for r in recorded if r[0] == action)
+        run.counts[f"{action}.predicted"] += sum(1 for p in predicted if p[0] == action)
+        run.counts[f"{action}.matched"] += sum(n for k, n in common.items() if k[0] == action)
+    if recorded != predicted:
+        run.miss(call.index, "segments", _describe(recorded), _describe(predicted))
+
+
+def _describe(events: list[tuple[str, int, int]]) -> str:
+    if not events:
+        return "none"
+    shown = "; ".join(f"{a} {s} B at {addr:#x}" for a, addr, s in events[:3])
+    return shown + (f"; ... ({len(events)} in all)" if len(events) > 3 else "")

@@ -1,0 +1,400 @@
+"""Analyse a memory snapshot as the runner reports a script: the peak of allocated bytes
+(replayed from the trace, see ``replay``) with its time and line, reserved bytes, bytes
+per source line and per phase, and the cache and fragmentation at the peak.
+
+Every figure is bytes of the caching allocator's ``allocated_bytes`` (blocks, 512 B
+rounded, unsplit tails included) or ``reserved_bytes`` (segments). Lines are the sites of
+``attribution``: the innermost user frame of the stack that allocated (or freed).
+A snapshot without a trace gives what it has: the blocks in use per line, and the
+segments.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .attribution import PRE_TRACE, Attributor, Site
+from .records import Snapshot
+from .replay import Replay, ReplayCheck, Step, free_blocks_at
+
+__all__ = ["CategoryUsage", "LineUsage", "Peak", "SnapshotAnalysis", "analyse", "pick_device", "source_code"]
+
+
+@dataclass(frozen=True)
+class LineUsage:
+    """One site over the trace. ``hits``: allocations made there (without a trace: blocks
+    in use); ``allocated``: their bytes in total; ``freed``: bytes freed there;
+    ``live_at_peak``/``live_at_end``: bytes it allocated still in use at the peak / at
+    the end; ``memory``: allocated bytes (whole device) after its last allocation or
+    free; ``peak``: the highest allocated bytes right after one of its allocations (the
+    device figure at the snapshot without a trace, a lower bound); ``category``: the
+    phase most of its bytes were allocated in; ``code``: the source line where the file
+    is readable here, else ``<line N>``."""
+
+    file: str
+    function: str
+    line: int
+    code: str
+    category: str
+    hits: int
+    allocated: int
+    freed: int
+    live_at_peak: int
+    live_at_end: int
+    memory: int
+    peak: int
+
+    @property
+    def site(self) -> Site:
+        return Site(self.file, self.function, self.line)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CategoryUsage:
+    """One phase (``attribution.CATEGORIES``): allocations, their bytes, bytes live at the
+    peak."""
+
+    name: str
+    hits: int
+    allocated: int
+    live_at_peak: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The highest allocated bytes and the moment: ``index`` in the trace (None: the end
+    state of a snapshot without a trace, or the trace's start), ``time_us`` (epoch
+    microseconds; None if unknown), ``reserved`` then, the ``site`` and ``category`` of
+    the allocation that reached it and its ``block`` and ``request`` bytes (0 if none).
+    ``bound``: the most the true peak could be, when blocks from before the trace kept
+    unknown tails (``replay.Replay.tails``; equal to ``allocated`` otherwise)."""
+
+    allocated: int
+    reserved: int
+    index: int | None
+    time_us: int | None
+    site: Site
+    category: str
+    block: int = 0
+    request: int = 0
+    bound: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "site": self.site.label}
+
+
+@dataclass(frozen=True)
+class SnapshotAnalysis:
+    """A whole analysis; every size in bytes, times in epoch microseconds.
+
+    ``devices``: all devices in the snapshot; ``entries``: trace entries of ``device``;
+    ``cache_at_peak``: reserved minus allocated at the peak (free blocks, pending frees);
+    ``largest_free``/``free_blocks``: the largest free cached block then and how many;
+    ``empty_cache``: (time_us, bytes released, segments) per ``empty_cache()`` run;
+    ``ooms``: times of recorded out-of-memory errors; ``unmatched_include``: ``--include``
+    values no frame matched; ``segments_at_end``: (small, large) segments recorded.
+    """
+
+    source: str
+    device: int
+    devices: tuple[int, ...]
+    entries: int
+    time_start_us: int | None
+    time_end_us: int | None
+    start_allocated: int
+    start_reserved: int
+    final_allocated: int
+    final_reserved: int
+    max_reserved: int
+    peak: Peak
+    cache_at_peak: int
+    largest_free: int
+    free_blocks: int
+    segments_allocated: int
+    segments_freed: int
+    empty_cache: tuple[tuple[int, int, int], ...]
+    ooms: tuple[int, ...]
+    lines: tuple[LineUsage, ...]
+    categories: tuple[CategoryUsage, ...]
+    check: ReplayCheck
+    include: tuple[str, ...] = ()
+    unmatched_include: tuple[str, ...] = ()
+    segments_at_end: tuple[int, int] = (0, 0)
+
+    @property
+    def has_trace(self) -> bool:
+        return self.entries > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            peak=self.peak.to_dict(),
+            check=self.check.to_dict(),
+            lines=[line.to_dict() for line in self.lines],
+            categories=[c.to_dict() for c in self.categories],
+        )
+        return {"format": "gpu_mem_track snapshot", "version": 1, **data}
+
+
+def pick_device(snapshot: Snapshot, device: int | None = None) -> int:
+    """``device`` if given, else the device with the longest trace, else the one with the
+    most segments (0 for an empty snapshot)."""
+    if device is not None:
+        return device
+    traces = snapshot.device_traces
+    if any(traces):
+        return max(range(len(traces)), key=lambda i: len(traces[i]))
+    counts: dict[int, int] = {}
+    for segment in snapshot.segments:
+        counts[segment.device] = counts.get(segment.device, 0) + 1
+    return max(counts, key=lambda d: counts[d]) if counts else 0
+
+
+def source_code(file: str, line: int) -> str:
+    """The stripped source of ``file:line`` when that file is readable here, else
+    ``<line N>`` (so lines still match by number); ``""`` for pseudo-sites."""
+    if line <= 0 or file.startswith("<"):
+        return ""
+    text = linecache.getline(file, line).strip() if os.path.isfile(file) else ""
+    return text or f"<line {line}>"
+
+
+def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
+    """The analysis of ``replayed`` (``replay.replay(snapshot, device)``)."""
+    device = replayed.device
+    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else ()
+    if not trace:
+        return _without_trace(snapshot, replayed, attributor)
+    peak_at = _peak_step(replayed)
+    tally = _Tally(attributor)
+    tally.walk(replayed, peak_at)
+    peak = _peak(replayed, peak_at, attributor, trace)
+    free = free_blocks_at(snapshot, device, peak.index if peak.index is not None else -1)
+    segment_steps = [s for s in replayed.steps if s.entry.action.startswith("segment_")]
+    empty_cache = _empty_cache_runs(replayed.steps)
+    return SnapshotAnalysis(
+        source=snapshot.source,
+        device=device,
+        devices=snapshot.devices(),
+        entries=len(trace),
+        time_start_us=trace[0].time_us or None,
+        time_end_us=trace[-1].time_us or None,
+        start_allocated=replayed.start_allocated,
+        start_reserved=replayed.start_reserved,
+        final_allocated=replayed.final_allocated,
+        final_reserved=replayed.final_reserved,
+        max_reserved=max([replayed.start_reserved, *(s.reserved for s in replayed.steps)]),
+        peak=peak,
+        cache_at_peak=peak.reserved - peak.allocated,
+        largest_free=free[0] if free else 0,
+        free_blocks=len(free),
+        segments_allocated=sum(s.entry.action == "segment_alloc" for s in segment_steps),
+        segments_freed=sum(s.entry.action == "segment_free" for s in segment_steps),
+        empty_cache=empty_cache,
+        ooms=tuple(s.entry.time_us for s in replayed.steps if s.entry.action == "oom"),
+        lines=tally.lines(),
+        categories=tally.categories(),
+        check=replayed.check,
+        include=attributor.include,
+        unmatched_include=attributor.unmatched(),
+        segments_at_end=_segment_counts(snapshot, device),
+    )
+
+
+def _segment_counts(snapshot: Snapshot, device: int) -> tuple[int, int]:
+    kinds = [s.segment_type for s in snapshot.device_segments(device)]
+    return kinds.count("small"), len(kinds) - kinds.count("small")
+
+
+def _peak_step(replayed: Replay) -> int | None:
+    """Position in ``steps`` of the first step reaching the highest allocated bytes (None:
+    the start was the highest)."""
+    best, at = replayed.start_allocated, None
+    for position, step in enumerate(replayed.steps):
+        if step.allocated > best:
+            best, at = step.allocated, position
+    return at
+
+
+def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any]) -> Peak:
+    bound = _peak_bound(replayed)
+    if at is None:
+        return Peak(
+            replayed.start_allocated,
+            replayed.start_reserved,
+            None,
+            trace[0].time_us or None,
+            PRE_TRACE,
+            "before recording",
+            bound=max(bound, replayed.start_allocated),
+        )
+    step = replayed.steps[at]
+    site, category = attributor.describe(step.entry.frames)
+    return Peak(
+        step.allocated,
+        step.reserved,
+        step.index,
+        step.entry.time_us or None,
+        site,
+        category,
+        step.bytes,
+        step.entry.size,
+        max(bound, step.allocated),
+    )
+
+
+def _peak_bound(replayed: Replay) -> int:
+    """The highest allocated bytes could reach with every unknown tail at its largest."""
+    if not replayed.tails:
+        return 0
+    best = replayed.start_allocated + replayed.uncertainty(None)
+    pending = sorted(replayed.tails, key=lambda tail: tail[1])
+    extra, position = sum(bound for bound, _ in pending), 0
+    for step in replayed.steps:
+        while position < len(pending) and pending[position][1] <= step.index:
+            extra -= pending[position][0]
+            position += 1
+        best = max(best, step.allocated + extra)
+    return best
+
+
+def _empty_cache_runs(steps: Iterable[Step]) -> tuple[tuple[int, int, int], ...]:
+    """Runs of ``segment_free`` whose stack passes through ``empty_cache``."""
+    runs: list[list[int]] = []
+    previous = None
+    for step in steps:
+        entry = step.entry
+        emptying = entry.action == "segment_free" and any(
+            "emptyCache" in f.name or f.name == "empty_cache" for f in entry.frames
+        )
+        if emptying:
+            if previous is not None and runs and previous == "empty":
+                runs[-1][1] += entry.size
+                runs[-1][2] += 1
+            else:
+                runs.append([entry.time_us, entry.size, 1])
+        previous = "empty" if emptying else entry.action
+    return tuple((t, b, n) for t, b, n in runs)
+
+
+class _Tally:
+    """Per-site and per-category sums over one walk through the steps."""
+
+    def __init__(self, attributor: Attributor) -> None:
+        self.attributor = attributor
+        self.sites: dict[Site, dict[str, Any]] = {}
+        self.phases: dict[str, list[int]] = {}
+
+    def row(self, site: Site) -> dict[str, Any]:
+        row = self.sites.get(site)
+        if row is None:
+            row = self.sites[site] = dict.fromkeys(
+                ("hits", "allocated", "freed", "at_peak", "at_end", "memory", "peak"), 0
+            )
+            row["by_category"] = {}
+        return row
+
+    def walk(self, replayed: Replay, peak_at: int | None) -> None:
+        live: dict[int, tuple[int, Site, str]] = {
+            a: (s, PRE_TRACE, "before recording") for a, s in replayed.start_blocks
+        }
+        pre = self.row(PRE_TRACE)
+        pre.update(hits=len(live), allocated=replayed.start_allocated, memory=replayed.start_allocated)
+        pre.update(peak=replayed.start_allocated)
+        self.phases["before recording"] = [len(live), replayed.start_allocated, 0]
+        if peak_at is None:
+            self.mark(live.values(), "at_peak")
+        for position, step in enumerate(replayed.steps):
+            action = step.entry.action
+            if action == "alloc":
+                site, category = self.attributor.describe(step.entry.frames)
+                self.allocation(site, category, step)
+                live[step.entry.addr] = (step.bytes, site, category)
+            elif action == "free_requested":
+                site, _ = self.attributor.describe(step.entry.frames)
+                row = self.row(site)
+                row["freed"] -= step.bytes
+                row["memory"] = step.allocated
+                live.pop(step.entry.addr, None)
+            if position == peak_at:
+                self.mark(live.values(), "at_peak")
+        self.mark(live.values(), "at_end")
+
+    def allocation(self, site: Site, category: str, step: Step) -> None:
+        row = self.row(site)
+        row["hits"] += 1
+        row["allocated"] += step.bytes
+        row["memory"] = step.allocated
+        row["peak"] = max(row["peak"], step.allocated)
+        row["by_category"][category] = row["by_category"].get(category, 0) + step.bytes
+        phase = self.phases.setdefault(category, [0, 0, 0])
+        phase[0] += 1
+        phase[1] += step.bytes
+
+    def block(self, site: Site, category: str, size: int, allocated: int) -> None:
+        """A block in use at the end of a snapshot without a trace."""
+        row = self.row(site)
+        row["hits"] += 1
+        for key in ("allocated", "at_peak", "at_end"):
+            row[key] += size
+        row.update(memory=allocated, peak=allocated)
+        row["by_category"][category] = row["by_category"].get(category, 0) + size
+        phase = self.phases.setdefault(category, [0, 0, 0])
+        phase[0] += 1
+        phase[1] += size
+        phase[2] += size
+
+    def mark(self, blocks: Iterable[tuple[int, Site, str]], key: str) -> None:
+        for size, site, category in blocks:
+            self.row(site)[key] += size
+            if key == "at_peak":
+                self.phases.setdefault(category, [0, 0, 0])[2] += size
+
+    def lines(self) -> tuple[LineUsage, ...]:
+        out = []
+        for site, row in self.sites.items():
+            if site == PRE_TRACE and not row["hits"]:
+                continue
+            categories = row["by_category"]
+            category = max(categories, key=categories.get) if categories else "before recording"
+            out.append(
+                LineUsage(
+                    site.file, site.function, site.line, source_code(site.file, site.line), category,
+                    row["hits"], row["allocated"], row["freed"], row["at_peak"], row["at_end"],
+                    row["memory"], row["peak"],
+                )
+            )  # fmt: skip
+        return tuple(sorted(out, key=lambda u: (-u.live_at_peak, -u.allocated, u.file, u.line)))
+
+    def categories(self) -> tuple[CategoryUsage, ...]:
+        usages = [CategoryUsage(name, *figures) for name, figures in self.phases.items() if any(figures)]
+        return tuple(sorted(usages, key=lambda c: (-c.live_at_peak, -c.allocated, c.name)))
+
+
+def _without_trace(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
+    """A snapshot without a trace: the blocks in use per line, at the snapshot's moment."""
+    allocated, reserved = replayed.final_allocated, replayed.final_reserved
+    tally = _Tally(attributor)
+    for segment in snapshot.device_segments(replayed.device):
+        for block in segment.blocks:
+            if block.state == "active_allocated":
+                site, category = attributor.describe(block.frames)
+                tally.block(site, category, block.size, allocated)
+    free = free_blocks_at(snapshot, replayed.device, None)
+    peak = Peak(allocated, reserved, None, None, Site("<snapshot>", "end state", 0), "", bound=allocated)
+    return SnapshotAnalysis(
+        snapshot.source, replayed.device, snapshot.devices(), 0, None, None, allocated, reserved,
+        allocated, reserved, reserved, peak, reserved - allocated, free[0] if free else 0, len(free),
+        0, 0, (), (), tally.lines(), tally.categories(), replayed.check, attributor.include,
+        attributor.unmatched(), _segment_counts(snapshot, replayed.device),
+    )  # fmt: skip

@@ -1,0 +1,351 @@
+"""Check the estimator against recorded GPU peaks; writes reports/estimator_gpu_check.md and .json.
+
+The recorded data: one full training step of a 2.7B-parameter transformer (batch 4,
+context 128, float32) captured as a PyTorch memory snapshot on an 80 GB Hopper GPU, from
+the public repository kkaitlyn111/cs336-a2-systems (see the fixtures' README). Its peaks
+come from replaying the snapshot's trace (``gpu_mem_track.snapshots.replay``): allocated
+bytes counted as the caching allocator counts them, and reserved bytes.
+
+The estimate: a model of the same shapes and the same tensor operations, written here
+and built on the meta device (nothing of the recorded program's code is used), run by
+``estimate(step=...)`` as the recorded step ran: the cache emptied, gradients set to
+None, forward, a hand-written cross-entropy, backward, and a per-parameter AdamW that
+creates its state at its first step (``warmup=0``: the first step of a fresh
+optimizer), on a Hopper target (32 MiB cuBLAS workspaces). Shapes: d_model 2560,
+32 heads, d_ff 10240 (SwiGLU), 32 layers, vocabulary 10,000, RoPE (theta 10,000) with a
+buffer per attention layer, RMSNorm, bias-free linear layers, float32 weights.
+
+Run: ``PYTHONPATH=$PWD python scripts/check_estimator_gpu.py [SNAPSHOT_DIR]``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpu_mem_track import estimate  # noqa: E402
+from gpu_mem_track.estimator.specs import InputSpec  # noqa: E402
+from gpu_mem_track.snapshots.load import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshots.replay import free_blocks_at, replay  # noqa: E402
+from gpu_mem_track.units import format_bytes  # noqa: E402
+
+FIXTURES = Path("/work/shared/fixtures/snapshots")
+TRAIN = "transformer-2.7b-ctx128-train-step.pickle.gz"
+D_MODEL, HEADS, D_FF, LAYERS, VOCAB, CONTEXT, BATCH, THETA = 2560, 32, 10240, 32, 10_000, 128, 4, 10_000.0
+
+
+class Dense(nn.Module):
+    """A bias-free linear layer with an ``(out, in)`` weight, applied with einsum."""
+
+    def __init__(self, out_features: int, in_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("ab,...b->...a", self.weight, x)
+
+
+class Norm(nn.Module):
+    """RMS normalisation through the vector norm, with a learned scale."""
+
+    def __init__(self, size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.size, self.eps = size, eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        rms = torch.sqrt(norm**2 / self.size + self.eps)
+        return torch.einsum("a,bca->bca", self.weight, x / rms)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding with a (positions, pairs, cos/sin) table buffer."""
+
+    def __init__(self, head_size: int, positions: int) -> None:
+        super().__init__()
+        self.pairs = head_size // 2
+        angles = torch.outer(
+            torch.arange(positions).float(), THETA ** (-torch.arange(0, head_size, 2).float() / head_size)
+        )
+        self.register_buffer("table", torch.stack((angles.cos(), angles.sin()), dim=-1), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        pairs = x.reshape(*x.shape[:-1], self.pairs, 2)
+        cos = self.table[positions, :, 0].unsqueeze(1)
+        sin = self.table[positions, :, 1].unsqueeze(1)
+        out = torch.zeros_like(pairs)
+        out[..., 0] = cos * pairs[..., 0] - sin * pairs[..., 1]
+        out[..., 1] = sin * pairs[..., 0] + cos * pairs[..., 1]
+        return out.reshape(x.shape)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Causal attention written out: scores, mask, a max-shifted softmax, weighted values."""
+    scores = torch.einsum("...qd,...kd->...qk", q, k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(keep == False, -1e9)  # noqa: E712 (the same op as recorded)
+    shifted = torch.exp(scores - torch.max(scores, dim=-1, keepdim=True)[0])
+    weights = shifted / torch.sum(shifted, dim=-1, keepdim=True)
+    return torch.einsum("...qk,...kd->...qd", weights, v)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj = Dense(D_MODEL, D_MODEL), Dense(D_MODEL, D_MODEL)
+        self.v_proj, self.output_proj = Dense(D_MODEL, D_MODEL), Dense(D_MODEL, D_MODEL)
+        self.rope = Rotary(D_MODEL // HEADS, CONTEXT)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.reshape(b, s, HEADS, D_MODEL // HEADS).permute(0, 2, 1, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.heads(self.q_proj(x)), self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+        positions = torch.arange(s, device=x.device).unsqueeze(0).expand(b, -1)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        keep = ~torch.triu(torch.ones(s, s, device=x.device), diagonal=1).to(torch.bool)
+        out = attention(q, k, v, keep.unsqueeze(0).unsqueeze(0).expand(b, HEADS, -1, -1))
+        return self.output_proj(out.permute(0, 2, 1, 3).reshape(b, s, D_MODEL))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1, self.w2, self.w3 = Dense(D_FF, D_MODEL), Dense(D_MODEL, D_FF), Dense(D_FF, D_MODEL)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w1(x), self.w3(x)
+        hidden = torch.sigmoid(gate) * gate
+        return self.w2(hidden * up)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.ffn = Norm(D_MODEL), SelfAttention(), Norm(D_MODEL), SwiGLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # ``h`` stays bound until its next assignment, as in the recorded model.
+        h = self.ln1(x)
+        h = self.attn(h)
+        x = x + h
+        h = self.ln2(x)
+        h = self.ffn(h)
+        return x + h
+
+
+class LanguageModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.token_embeddings = nn.Parameter(torch.randn(VOCAB, D_MODEL))
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln_final = Norm(D_MODEL)
+        self.lm_head = Dense(VOCAB, D_MODEL)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.token_embeddings[tokens]
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood, written out with a max shift."""
+    logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    shifted = logits - torch.max(logits, dim=-1, keepdim=True).values
+    exps = torch.exp(shifted)
+    total = exps.sum(dim=-1)
+    rows = torch.arange(shifted.shape[0], device=logits.device)  # on CUDA a host index is copied over
+    picked = shifted[rows, targets]
+    return (torch.log(total) - picked).mean()
+
+
+class LazyAdamW(torch.optim.Optimizer):
+    """AdamW one parameter at a time, its moments created at a parameter's first update."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01) -> None:  # noqa: ANN001
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001, ANN201
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["t"] += 1
+                m, v, g = state["m"], state["v"], p.grad
+                m.mul_(beta1).add_(g, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                denom = (v.sqrt() / math.sqrt(1 - beta2 ** state["t"])).add_(group["eps"])
+                p.addcdiv_(m, denom, value=-group["lr"] / (1 - beta1 ** state["t"]))
+                p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+
+
+def recorded_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]) -> None:
+    """The step as recorded: zero_grad, forward, loss on the inputs as targets, backward, step."""
+    tokens = inputs[0]
+    optimizer.zero_grad()
+    logits = model(tokens)
+    loss = cross_entropy(logits, tokens)
+    loss.backward()
+    optimizer.step()
+
+
+def recorded(path: Path) -> dict:
+    """Peaks replayed from the snapshot's trace (absolute bytes, before-trace blocks included)."""
+    snapshot = load_snapshot(path)
+    replayed = replay(snapshot, 0)
+    peak = max(replayed.steps, key=lambda s: s.allocated)
+    free = free_blocks_at(snapshot, 0, peak.index)
+    return {
+        "peak_allocated": peak.allocated,
+        "peak_reserved": max(s.reserved for s in replayed.steps),
+        "reserved_at_peak": peak.reserved,
+        "largest_free_at_peak": free[0] if free else 0,
+        "start_allocated": replayed.start_allocated,
+        "allocs": sum(1 for e in snapshot.device_traces[0] if e.action == "alloc"),
+        "tailed_blocks_at_peak": _tailed_blocks(replayed, peak.index),
+        "replay_exact": replayed.check.exact,
+    }
+
+
+def _tailed_blocks(replayed, until: int) -> int:  # noqa: ANN001
+    """Blocks allocated in the trace, live at the peak, asked 25 MiB and holding 26 MiB."""
+    live, requests = {}, {}
+    for step in replayed.steps:
+        if step.index > until:
+            break
+        if step.entry.action == "alloc":
+            live[step.entry.addr], requests[step.entry.addr] = step.bytes, step.entry.size
+        elif step.entry.action == "free_requested":
+            live.pop(step.entry.addr, None)
+    return sum(1 for addr, size in live.items() if size == 26 << 20 and requests[addr] == 25 << 20)
+
+
+def estimated() -> dict:
+    started = time.perf_counter()
+    est = estimate(
+        LanguageModel,
+        [InputSpec((BATCH, CONTEXT), torch.int64)],
+        step=recorded_step,
+        optimizer=LazyAdamW,
+        gpu="hopper",
+        alloc_conf="",
+        warmup=0,
+    )
+    return {
+        "peak_allocated": est.peak,
+        "peak_reserved": est.reserved_peak,
+        "reserved_at_peak": est.reserved_at_peak,
+        "largest_free_at_peak": est.largest_free_block,
+        "cublas_workspace": est.cublas_workspace,
+        "parameters": est.parameters,
+        "peak_phase": est.peak_phase.phase,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def main() -> None:
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURES
+    rec, est = recorded(folder / TRAIN), estimated()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    meta = {
+        "commit": commit.stdout.strip() or "unknown",
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "snapshot": TRAIN,
+    }
+    out = ROOT / "reports"
+    (out / "estimator_gpu_check.json").write_text(
+        json.dumps({**meta, "recorded": rec, "estimated": est}, indent=2) + "\n"
+    )
+    text = render(meta, rec, est)
+    (out / "estimator_gpu_check.md").write_text(text)
+    print(text)
+
+
+ROWS = (
+    ("peak allocated (max_memory_allocated)", "peak_allocated"),
+    ("peak reserved (max_memory_reserved)", "peak_reserved"),
+    ("reserved at the allocated peak", "reserved_at_peak"),
+    ("largest free block at the allocated peak", "largest_free_at_peak"),
+)
+
+
+def render(meta: dict, rec: dict, est: dict) -> str:
+    lines = [
+        "# Estimator check against a recorded GPU step",
+        "",
+        f"Commit {meta['commit']}, {meta['date']}, torch {meta['torch']}; written by "
+        "`PYTHONPATH=$PWD python scripts/check_estimator_gpu.py` (estimate in "
+        f"{est['seconds']} s).",
+        "",
+        f"Recorded: `{meta['snapshot']}` replayed (replay exact: {rec['replay_exact']}). "
+        f"Estimated: a model of the same shapes on meta ({est['parameters']:,} parameters), "
+        f"`estimate(step=recorded_step, optimizer=LazyAdamW, gpu='hopper', warmup=0)`; "
+        f"peak during the {est['peak_phase']}.",
+        "",
+        "| figure | recorded | estimated | difference |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key in ROWS:
+        r, e = rec[key], est[key]
+        lines.append(
+            f"| {label} | {r:,} B ({format_bytes(r)}) | {e:,} B ({format_bytes(e)}) | {e / r - 1:+.3%} |"
+        )
+    return "\n".join([*lines, "", *EXPLANATION.format(**rec).splitlines()]) + "\n"
+
+
+EXPLANATION = """\
+## Where the remaining difference comes from
+
+Found by aligning the recorded allocation requests (the trace's `alloc` sizes) with the
+simulated ones (`Allocator.events`): the forward pass matches allocation for allocation
+(the step's first 2,059 requests, apart from the forward cuBLAS workspace, which the
+recording made before its trace started), and so does the optimizer step. The backward pass
+differs in two ways. On the meta device the gradients of the three feed-forward weights (and
+of one attention weight) per layer come out of einsum's batched matmul transposed, so autograd
+copies each into the parameter's layout (one more 100 MiB or 25 MiB temporary per weight); the
+recorded GPU step has no such copy. And GPU kernels allocate scratch buffers that meta
+kernels do not (reduction staging such as 10 MiB + 16 B per layer, 4 KiB index-sorting
+buffers in the loss's backward).
+
+Those extra 100 MiB temporaries, once freed, are cached blocks from which the simulated
+allocator carves the 25 MiB gradients exactly, while on the GPU each 25 MiB gradient got a
+fresh 26 MiB segment whose 1 MiB tail is too small to split off, so the block counts 26 MiB.
+At the recorded peak {tailed_blocks_at_peak} blocks allocated in the step asked 25 MiB and hold
+26 MiB (128 gradients and 5 optimizer states); the simulation has 2 such blocks (the 128
+weights count 26 MiB in both). That is 131 x 1 MiB = 137,363,456 B less allocated in the
+estimate, offset by one 102,400,000 B tensor (the embedding or output weight's gradient or
+state) that the simulation hands out as a whole 98 MiB block and the GPU split exactly
+(+360,448 B): 137,003,008 B, the whole allocated difference. Reserved memory is 79.7 MB lower
+for the same reason: the GPU allocated 26 MiB segments for gradients that the simulation
+served from its cache.
+
+The forward pass under autocast (`transformer-2.7b-ctx128-forward-amp.pickle.gz`) is not
+compared: its model's matmuls are einsums, which autocast casts inside the dispatcher (on the
+batched matmuls einsum calls), below the Python-level functions that the estimator's
+simulated autocast wraps (`estimator/amp.py`).
+"""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Validate the snapshot analysis on real recorded snapshots and record what it finds.
+
+Runs ``gpu-mem-track snapshot``'s analysis on every ``*.pickle*`` file of the fixtures
+folder (``--fixtures``; default: ``$GPU_MEM_TRACK_SNAPSHOTS``, else ``shared/fixtures/
+snapshots`` beside the checkout or one level further up), and writes
+reports/snapshot_check.md and .json: the peak, its line, reserved bytes, the cache at the
+peak, the top lines, the row of memory from before recording, the phases, and the
+cross-check of the replay against the recorded segments (final allocated and reserved
+must be equal, to the byte). It also checks the trace format on each file: that an
+``alloc``'s ``size`` is the request (the block's ``requested_size``), not the block, and
+that frees carry the same request. Exit code 1 when a check fails.
+
+    python scripts/check_snapshots.py [--fixtures DIR] [--out reports/snapshot_check.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, pick_device  # noqa: E402
+from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
+from gpu_mem_track.snapshots.records import Snapshot  # noqa: E402
+from gpu_mem_track.snapshots.replay import replay  # noqa: E402
+from gpu_mem_track.units import format_bytes  # noqa: E402
+
+
+def fixtures_folder(given: Path | None) -> Path:
+    candidates = [given] if given else []
+    if os.environ.get("GPU_MEM_TRACK_SNAPSHOTS"):
+        candidates.append(Path(os.environ["GPU_MEM_TRACK_SNAPSHOTS"]))
+    candidates += [
+        ROOT.parent / "shared/fixtures/snapshots",
+        ROOT.parent.parent / "shared/fixtures/snapshots",
+    ]
+    for folder in candidates:
+        if folder and folder.is_dir():
+            return folder
+    raise SystemExit("no fixtures folder found: give --fixtures DIR")
+
+
+def trace_format(snapshot: Snapshot, device: int) -> dict[str, int]:
+    """How the trace's sizes relate to the recorded blocks: for blocks allocated in the
+    trace and still in use at the end, whether the alloc's ``size`` equals the block's
+    ``requested_size`` and its ``size``; whether each ``free_requested`` carries the
+    size of the ``alloc`` before it at that address."""
+    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else ()
+    last: dict[int, int] = {}
+    frees_same = frees_other = 0
+    for entry in trace:
+        if entry.action == "alloc":
+            last[entry.addr] = entry.size
+        elif entry.action == "free_requested" and entry.addr in last:
+            same = last.pop(entry.addr) == entry.size
+            frees_same += same
+            frees_other += not same
+    live = [b for s in snapshot.device_segments(device) for b in s.blocks if b.state == "active_allocated"]
+    checked = [(last[b.address], b) for b in live if b.address in last]
+    return {
+        "live_blocks_from_trace": len(checked),
+        "alloc_size_is_requested_size": sum(size == b.requested_size for size, b in checked),
+        "alloc_size_is_block_size": sum(size == b.size for size, b in checked),
+        "blocks_over_512_rounding": sum(b.size > -(-size // 512) * 512 for size, b in checked),
+        "frees_with_alloc_size": frees_same,
+        "frees_with_other_size": frees_other,
+    }
+
+
+def check_file(path: Path) -> dict:
+    started = time.perf_counter()
+    snapshot = load_snapshot(path)
+    loaded = time.perf_counter()
+    device = pick_device(snapshot)
+    replayed = replay(snapshot, device)
+    analysis = analyse(snapshot, replayed, Attributor())
+    analysed = time.perf_counter()
+    check = replayed.check
+    passed = (
+        check.final_allocated_replayed == check.final_allocated_recorded
+        and check.final_reserved_replayed == check.final_reserved_recorded
+        and check.segments_matching == check.segments
+        and check.blocks_matching == check.blocks_checked
+        and not check.misfits
+    )
+    fmt = trace_format(snapshot, device)
+    passed = passed and fmt["alloc_size_is_requested_size"] == fmt["live_blocks_from_trace"]
+    passed = passed and not fmt["frees_with_other_size"]
+    return {
+        "file": path.name,
+        "passed": passed,
+        "load_seconds": loaded - started,
+        "analyse_seconds": analysed - loaded,
+        "format": fmt,
+        "analysis": analysis,
+    }
+
+
+def _markdown(results: list[dict], folder: Path) -> str:
+    out = [
+        "# Snapshot analysis on recorded snapshots",
+        "",
+        f"`python scripts/check_snapshots.py` on the snapshots in `{folder.name}/` (recorded on an "
+        "80 GB GPU; see the fixtures' README). Memory is the caching allocator's allocated bytes "
+        "replayed from the trace, blocks counted as the allocator counts them.",
+        "",
+    ]
+    for result in results:
+        out += _file_section(result)
+    return "\n".join(out) + "\n"
+
+
+def _file_section(result: dict) -> list[str]:
+    a: SnapshotAnalysis = result["analysis"]
+    out = [f"## {result['file']}: {'all checks pass' if result['passed'] else 'CHECK FAILED'}", ""]
+    if a.has_trace:
+        peak = a.peak
+        seconds = (peak.time_us - a.time_start_us) / 1e6 if peak.time_us and a.time_start_us else None
+        out += [
+            f"- trace: {a.entries:,} entries; segments {a.segments_allocated} allocated, "
+            f"{a.segments_freed} freed"
+            + "".join(f"; `empty_cache()` released {_b(b)} in {n} segments" for _, b, n in a.empty_cache),
+            f"- peak allocated **{_b(peak.allocated)}** ({peak.allocated:,} B) at +{seconds:.3f} s (entry "
+            f"{peak.index}), set by a {_b(peak.block)} block for a {_b(peak.request)} request at "
+            f"`{_site(peak.site.label)}` [{peak.category}]",
+            f"- reserved at the peak {_b(peak.reserved)}; cache (reserved - allocated) "
+            f"{_b(a.cache_at_peak)}; "
+            f"largest free block {_b(a.largest_free)} of {a.free_blocks}",
+            f"- allocated {_b(a.start_allocated)} at the trace's start (the pre-trace row), "
+            f"{_b(a.final_allocated)} at its end; reserved {_b(a.start_reserved)} -> {_b(a.final_reserved)} "
+            f"(highest {_b(a.max_reserved)})",
+        ]
+    else:
+        out += [
+            f"- no trace: {_b(a.final_allocated)} allocated in blocks, {_b(a.final_reserved)} reserved, "
+            "cache "
+            f"{_b(a.cache_at_peak)}, largest free block {_b(a.largest_free)} of {a.free_blocks}",
+        ]
+    out += ["", "| phase | live at peak | allocated | allocs |", "|---|---|---|---|"]
+    out += [f"| {c.name} | {_b(c.live_at_peak)} | {_b(c.allocated)} | {c.hits} |" for c in a.categories]
+    out += [
+        "",
+        "Top lines by bytes live at the peak:",
+        "",
+        "| live at peak | allocated | allocs | phase | where |",
+    ]
+    out.append("|---|---|---|---|---|")
+    ranked = sorted(a.lines, key=lambda u: -u.live_at_peak)[:6]
+    out += [
+        f"| {_b(u.live_at_peak)} | {_b(u.allocated)} | {u.hits} | {u.category} | `{_site(u.site.label)}` |"
+        for u in ranked
+    ]
+    out += ["", _check_text(result), ""]
+    return out
+
+
+def _check_text(result: dict) -> str:
+    c, f = result["analysis"].check, result["format"]
+    return (
+        f"Check: final allocated replayed {c.final_allocated_replayed:,} B vs recorded "
+        f"{c.final_allocated_recorded:,} B; reserved {c.final_reserved_replayed:,} B vs "
+        f"{c.final_reserved_recorded:,} B; blocks in use reproduced in {c.segments_matching}/{c.segments} "
+        f"segments; sizes of {c.blocks_matching}/{c.blocks_checked} blocks allocated in the trace and still "
+        f"in use; {c.misfits} misfits; {c.unresolved_tails} unresolved tails. Format: of those "
+        f"{f['live_blocks_from_trace']} blocks, the alloc's `size` equals `requested_size` for "
+        f"{f['alloc_size_is_requested_size']} and the block's `size` for {f['alloc_size_is_block_size']} "
+        f"({f['blocks_over_512_rounding']} blocks are larger than the request rounded to 512 B: unsplit "
+        f"tails); {f['frees_with_alloc_size']} frees carry their alloc's size, {f['frees_with_other_size']} "
+        f"another. Load {result['load_seconds']:.2f} s, analysis {result['analyse_seconds']:.2f} s."
+    )
+
+
+def _b(nbytes: int) -> str:
+    return format_bytes(nbytes)
+
+
+def _site(label: str) -> str:
+    """A recorded ``path:line function`` with the path cut to its last two parts."""
+    parts = label.split("/")
+    return "…/" + "/".join(parts[-2:]) if len(parts) > 3 else label
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fixtures", type=Path)
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "snapshot_check.md")
+    args = parser.parse_args(argv)
+    folder = fixtures_folder(args.fixtures)
+    results = [check_file(path) for path in sorted(folder.glob("*.pickle*"))]
+    args.out.write_text(_markdown(results, folder), encoding="utf-8")
+    data = [{**r, "analysis": r["analysis"].to_dict()} for r in results]
+    for item in data:
+        item["analysis"]["lines"] = item["analysis"]["lines"][:20]  # the largest; the rest in the folders
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(_markdown(results, folder))
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
