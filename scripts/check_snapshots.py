@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
-from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, pick_device  # noqa: E402
+from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, peak_bound, pick_device  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
 from gpu_mem_track.snapshots.records import Snapshot  # noqa: E402
 from gpu_mem_track.snapshots.replay import Replay, replay  # noqa: E402
@@ -147,7 +147,7 @@ def _compare_cut(cut: int, part: Replay, truth: list[int]) -> dict:
         within += 0 <= low_by <= part.uncertainty(index)
     peak = max([part.start_allocated, *(s.allocated for s in part.steps)])
     true_peak = max(truth[cut - 1 :])
-    bound = _bound(part)
+    bound = peak_bound(part)
     return {
         "first_event_kept": cut,
         "events": compared,
@@ -161,12 +161,6 @@ def _compare_cut(cut: int, part: Replay, truth: list[int]) -> dict:
         "peak_bound": bound,
         "peak_within_bound": peak <= true_peak <= max(bound, peak),
     }
-
-
-def _bound(part: Replay) -> int:
-    from gpu_mem_track.snapshots.analyse import _peak_bound
-
-    return _peak_bound(part)
 
 
 def _markdown(results: list[dict], folder: Path) -> str:
