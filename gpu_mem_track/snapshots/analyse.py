@@ -263,9 +263,8 @@ def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Seque
 
 
 def peak_bound(replayed: Replay) -> int:
-    """The highest allocated bytes could reach with every unknown tail at its largest."""
-    if not replayed.tails:
-        return 0
+    """The most the highest allocated bytes of the replay could be, every unknown tail of a
+    block from before the trace at its largest (the replayed peak when none is unknown)."""
     best = replayed.start_allocated + replayed.uncertainty(None)
     pending = sorted(replayed.tails, key=lambda tail: tail[1])
     extra, position = sum(bound for bound, _ in pending), 0
