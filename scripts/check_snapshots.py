@@ -18,18 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
-from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, pick_device  # noqa: E402
+from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, peak_bound, pick_device  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
 from gpu_mem_track.snapshots.records import Snapshot  # noqa: E402
-from gpu_mem_track.snapshots.replay import replay  # noqa: E402
+from gpu_mem_track.snapshots.replay import Replay, replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 
@@ -93,6 +95,8 @@ def check_file(path: Path) -> dict:
     fmt = trace_format(snapshot, device)
     passed = passed and fmt["alloc_size_is_requested_size"] == fmt["live_blocks_from_trace"]
     passed = passed and not fmt["frees_with_other_size"]
+    cuts = ring_buffer_cuts(snapshot, device, replayed) if snapshot.device_traces[device:] else []
+    passed = passed and all(cut["within_bound"] and cut["peak_within_bound"] for cut in cuts)
     return {
         "file": path.name,
         "passed": passed,
@@ -100,6 +104,62 @@ def check_file(path: Path) -> dict:
         "analyse_seconds": analysed - loaded,
         "format": fmt,
         "analysis": analysis,
+        "cuts": cuts,
+    }
+
+
+def ring_buffer_cuts(
+    snapshot: Snapshot, device: int, full: Replay, count: int = 6, seed: int = 0
+) -> list[dict]:
+    """The trace cut at seeded random points, as a ring buffer drops its oldest entries:
+    the cut trace's replay against the whole trace's (which knows every block) after
+    every event. Exact, or low by no more than its stated bound, is a pass."""
+    trace = snapshot.device_traces[device]
+    if not trace:
+        return []
+    truth = [full.start_allocated] * len(trace)
+    value, steps = full.start_allocated, iter(full.steps)
+    step = next(steps, None)
+    for index in range(len(trace)):
+        while step is not None and step.index == index:
+            value, step = step.allocated, next(steps, None)
+        truth[index] = value
+    rng = random.Random(seed)
+    out = []
+    for cut in sorted(rng.sample(range(1, len(trace) - 1), count)):
+        traces = list(snapshot.device_traces)
+        traces[device] = trace[cut:]
+        part = replay(replace(snapshot, device_traces=tuple(traces)), device)
+        out.append(_compare_cut(cut, part, truth))
+    return out
+
+
+def _compare_cut(cut: int, part: Replay, truth: list[int]) -> dict:
+    value, steps = part.start_allocated, iter(part.steps)
+    step = next(steps, None)
+    exact = within = compared = 0
+    for index in range(len(truth) - cut):
+        while step is not None and step.index == index:
+            value, step = step.allocated, next(steps, None)
+        low_by = truth[index + cut] - value
+        compared += 1
+        exact += low_by == 0
+        within += 0 <= low_by <= part.uncertainty(index)
+    peak = max([part.start_allocated, *(s.allocated for s in part.steps)])
+    true_peak = max(truth[cut - 1 :])
+    bound = peak_bound(part)
+    return {
+        "first_event_kept": cut,
+        "events": compared,
+        "exact": exact,
+        "within_bound": within == compared,
+        "unresolved_tails": part.check.unresolved_tails,
+        "tail_bytes": part.check.tail_bytes,
+        "segments_matching": f"{part.check.segments_matching}/{part.check.segments}",
+        "peak": peak,
+        "true_peak": true_peak,
+        "peak_bound": bound,
+        "peak_within_bound": peak <= true_peak <= max(bound, peak),
     }
 
 
@@ -158,7 +218,28 @@ def _file_section(result: dict) -> list[str]:
         for u in ranked
     ]
     out += ["", _check_text(result), ""]
+    if result["cuts"]:
+        out += _cuts_table(result["cuts"])
     return out
+
+
+def _cuts_table(cuts: list[dict]) -> list[str]:
+    out = [
+        "As a ring buffer would have kept it: the trace cut at seeded random points, replayed from the "
+        "cut, against the whole trace's replay after every event (allocated bytes):",
+        "",
+        "| first event kept | events | exact | within the stated bound | unknown tails (at most) "
+        "| peak: replayed / true / bound | segments reproduced |",
+        "|---:|---:|---:|---|---|---|---|",
+    ]
+    for c in cuts:
+        out.append(
+            f"| {c['first_event_kept']:,} | {c['events']:,} | {c['exact']:,} | "
+            f"{'yes' if c['within_bound'] else 'NO'} | {c['unresolved_tails']} ({_b(c['tail_bytes'])}) | "
+            f"{_b(c['peak'])} / {_b(c['true_peak'])} / {_b(max(c['peak_bound'], c['peak']))} | "
+            f"{c['segments_matching']} |"
+        )
+    return out + [""]
 
 
 def _check_text(result: dict) -> str:

@@ -21,7 +21,16 @@ from .attribution import PRE_TRACE, Attributor, Site
 from .records import Snapshot
 from .replay import Replay, ReplayCheck, Step, free_blocks_at
 
-__all__ = ["CategoryUsage", "LineUsage", "Peak", "SnapshotAnalysis", "analyse", "pick_device", "source_code"]
+__all__ = [
+    "CategoryUsage",
+    "LineUsage",
+    "Peak",
+    "SnapshotAnalysis",
+    "analyse",
+    "peak_bound",
+    "pick_device",
+    "source_code",
+]
 
 
 @dataclass(frozen=True)
@@ -227,7 +236,7 @@ def _peak_step(replayed: Replay) -> int | None:
 
 
 def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any]) -> Peak:
-    bound = _peak_bound(replayed)
+    bound = peak_bound(replayed)
     if at is None:
         return Peak(
             replayed.start_allocated,
@@ -253,10 +262,9 @@ def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Seque
     )
 
 
-def _peak_bound(replayed: Replay) -> int:
-    """The highest allocated bytes could reach with every unknown tail at its largest."""
-    if not replayed.tails:
-        return 0
+def peak_bound(replayed: Replay) -> int:
+    """The most the highest allocated bytes of the replay could be, every unknown tail of a
+    block from before the trace at its largest (the replayed peak when none is unknown)."""
     best = replayed.start_allocated + replayed.uncertainty(None)
     pending = sorted(replayed.tails, key=lambda tail: tail[1])
     extra, position = sum(bound for bound, _ in pending), 0
