@@ -11,7 +11,8 @@ __all__ = ["COMMAND"]
 
 def prepare_parser(run: argparse.ArgumentParser) -> None:
     run.add_argument("script", help="the Python script to run (our options go before it)")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim")
+    rest = run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim")
+    rest.required = False  # Python < 3.13 marks it required: "required: script, args" without a script
     run.add_argument(
         "--include",
         action="append",
