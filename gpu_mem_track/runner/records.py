@@ -1,7 +1,7 @@
 """The runner's data model: per-line aggregates, timeline rows and the run's description.
 
 Plain frozen records and pure functions over them; nothing here measures or prints.
-``runner`` produces them, ``linelog`` saves and loads them, ``linereport`` renders them.
+``profiler`` produces them, ``files`` saves and loads them, ``render`` renders them.
 All sizes are bytes of the run's *memory source* (``RunInfo.memory_source``): the
 caching allocator's allocated bytes on CUDA, the process's resident set size on the CPU.
 """
