@@ -3,7 +3,7 @@
 
 A run folder ``reports/<run name>/`` holds:
 
-- ``meta.json``: the ``lines.RunInfo`` (written when the run starts, rewritten at its end);
+- ``meta.json``: the ``records.RunInfo`` (written when the run starts, rewritten at its end);
 - ``lines.csv``: one row per traced source line, columns ``LINE_COLUMNS`` (see
   ``records.LineRecord``), written at the end of the run; files written before ``rise``
   existed lack that column and still read;

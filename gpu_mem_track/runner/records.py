@@ -29,7 +29,7 @@ class LineRecord:
     ``memory`` is the memory after its last execution; ``increment`` the sum over all
     executions of (memory after - memory before), so a loop that frees what it allocates
     sums to about 0; ``peak`` the highest memory seen while it ran, over all executions
-    (see ``runner`` for how peaks are found without resetting the program's counters);
+    (see ``profiler`` for how peaks are found without resetting the program's counters);
     ``peak_exact`` whether that peak was read from a high-water mark the line raised
     (True) or is the larger of the before/after readings, a lower bound (False);
     ``seconds`` the wall time spent in it, callees included; ``rise`` the most one
