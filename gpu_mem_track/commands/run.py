@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from . import Command, count, report
 
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         from ..html.page import write_report
 
         try:
-            write_report([result.folder], result.folder / "report.html")
+            page = write_report([result.folder], result.folder / "report.html")
+            print(f"Wrote {page}", file=sys.stderr)  # as the html command says it
         except UsageError as exc:
             report(f"no report.html: {exc}")
     return result.exit_code
