@@ -87,5 +87,13 @@ class MemtrackMagics(Magics):
         device, statement = _statement(line)
         if not statement:
             raise UsageError("%memtrack needs a statement, e.g. %memtrack y = model(x)")
-        code = self.shell.compile(self.shell.transform_cell(statement), "<memtrack>", "exec")
+        try:
+            code = self.shell.compile(self.shell.transform_cell(statement), "<memtrack>", "exec")
+        except SyntaxError:
+            if not statement.startswith("-"):  # ``-x`` is a statement, ``--bogus x`` is not
+                raise
+            option = statement.split()[0]
+            raise UsageError(
+                f"%memtrack: unknown option {option!r} (usage: %memtrack [--device DEV] STATEMENT)"
+            ) from None
         return measure_statement(code, self.shell.user_ns, device or default_device(), text=statement)
