@@ -68,6 +68,10 @@ def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
     assert (
         capsys.readouterr().err == "gpu_mem_track: %memtrack needs a statement, e.g. %memtrack y = model(x)\n"
     )
+    if not torch.cuda.is_available():  # not a silent "cuda allocator: 0 B"
+        assert shell.run_line_magic("memtrack", "--device cuda:0 b = 1") is None
+        assert shell.run_cell_magic("memtrack", "--device cuda:0", "b = 1") is None
+        assert capsys.readouterr().err == 2 * "gpu_mem_track: --device cuda:0: CUDA is not available here\n"
     assert shell.run_line_magic("memtrack", "--bogus b = 1") is None  # not our SyntaxError traceback
     assert capsys.readouterr().err == (
         "gpu_mem_track: %memtrack: unknown option '--bogus' (usage: %memtrack [--device DEV] STATEMENT)\n"

@@ -54,7 +54,17 @@ def parse_cell_options(line: str) -> CellOptions:
 
 
 def _device(text: str | None) -> str | None:
-    return None if text is None else str(parse_device(text))
+    """The ``--device`` given, parsed; ``UsageError`` for CUDA where it is not available
+    (the allocator would read 0 B)."""
+    if text is None:
+        return None
+    device = parse_device(text)
+    if device.is_cuda:
+        import torch  # the notebook has imported it already; this starts no CUDA context
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: CUDA is not available here")
+    return str(device)
 
 
 def _statement(line: str) -> tuple[str | None, str]:
