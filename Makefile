@@ -11,7 +11,8 @@ install:
 	@$(PYTHON) -c "import importlib.util as u; assert u.find_spec('torch')" 2>/dev/null \
 		|| $(PYTHON) -m pip install "$(TORCH_PIN)"
 	@(cd / && $(PYTHON) -c "import importlib.util as u; \
-		assert all(u.find_spec(m) for m in ('pandas', 'tabulate', 'pytest', 'ruff', 'matplotlib')); \
+		assert all(u.find_spec(m) for m in ('pandas', 'tabulate', 'pytest', 'ruff', 'matplotlib', \
+		'IPython', 'ipykernel', 'nbclient', 'nbformat')); \
 		assert u.find_spec('gpu_mem_track').origin.startswith('$(CURDIR)/')") 2>/dev/null \
 		|| $(PYTHON) -m pip install -e ".[dev]"
 

@@ -50,7 +50,8 @@ def claim_name(folder: Path, base: str, claim: Callable[[str], bool]) -> str:
             if claim(name):
                 return name
     except OSError as exc:
-        raise UsageError(f"cannot write reports to {folder}: {exc.strerror or exc}") from exc
+        why = "it is a file, not a folder" if folder.is_file() else exc.strerror or exc
+        raise UsageError(f"cannot write reports to {folder}: {why}") from exc
     raise UsageError(f"cannot find a free report name for {base!r} in {folder}")
 
 

@@ -37,6 +37,15 @@ def test_a_linear_peak_is_found_with_the_samples_two_jumps_and_one_confirmation(
     assert (result.intercept, result.slope) == (1000.0, 100.0)
 
 
+def test_the_line_near_the_answer_is_not_one_block_over_one_sample():
+    # 896 B per sample in 512 B blocks: the answer and the batch above it differ by one
+    # block or two, so a line through those two reads 2 KiB per sample and a negative start.
+    peak = Counting(lambda b: 35_840 + 512 * math.ceil(b * 896 / 512))
+    result = search_batch_size(peak, 100 * 2**20)
+    assert result.probes[-1].batch == result.batch + 1  # confirmed just above
+    assert 0 < result.intercept < 40_000 and 890 < result.slope < 900
+
+
 def test_a_rounded_peak_with_a_flat_start_takes_few_probes():
     # Flat (optimizer-bound) up to batch 50, then 4 KiB blocks of 300 B per sample.
     peak = Counting(lambda b: max(2_000_000, 1_000_000 + 4096 * math.ceil(b * 300 / 4096)))

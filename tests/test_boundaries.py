@@ -196,3 +196,17 @@ def test_the_type_checking_block_imports_every_exported_name():
     typed = {alias.asname or alias.name for node in block.body for alias in node.names}
     assert typed | {"__version__"} == set(gpu_mem_track.__all__)
     assert set(gpu_mem_track._HOMES) | {"__version__"} == set(gpu_mem_track.__all__)
+
+
+def test_make_test_installs_the_notebook_extra_so_its_tests_run():
+    """``make test`` installs ``.[dev]`` when a module it checks for is missing: ``dev``
+    holds the ``notebook`` extra and the Makefile checks for it (else those tests skip)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    extras = config["options.extras_require"]
+    notebook, dev = (set(extras[name].split()) for name in ("notebook", "dev"))
+    assert notebook <= dev
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert all(f"'{module}'" in makefile for module in ("IPython", "ipykernel", "nbclient", "nbformat"))

@@ -66,6 +66,7 @@ def test_show_totals_only_leaves_out_the_groups(two_stamps, in_process):
         (("probe", "--device", "gpu"), 2, "not a device: 'gpu'"),
         (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
         ((), 2, "the following arguments are required: COMMAND"),
+        (("run",), 2, "the following arguments are required: script\n"),  # not "script, args"
     ],
 )
 def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, monkeypatch, in_process, args, code, message):

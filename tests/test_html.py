@@ -207,8 +207,9 @@ def test_run_html_writes_report_html_into_the_run_folder(tmp_path, in_process):
     script.write_text("a = [0] * 100000\nb = len(a)\n", encoding="utf-8")
     done = in_process("run", "--out-dir", tmp_path / "reports", "--run-name", "r", "--html", script)
     assert done.returncode == 0
-    page = (tmp_path / "reports" / "r" / "report.html").read_text(encoding="utf-8")
-    assert "a = [0] * 100000" in page
+    page = tmp_path / "reports" / "r" / "report.html"
+    assert "a = [0] * 100000" in page.read_text(encoding="utf-8")
+    assert done.stderr.endswith(f"Wrote {page}\n")  # the summary's Reports: line lists no page
 
 
 # -- a real browser -------------------------------------------------------------------------

@@ -68,6 +68,14 @@ def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
     assert (
         capsys.readouterr().err == "gpu_mem_track: %memtrack needs a statement, e.g. %memtrack y = model(x)\n"
     )
+    if not torch.cuda.is_available():  # not a silent "cuda allocator: 0 B"
+        assert shell.run_line_magic("memtrack", "--device cuda:0 b = 1") is None
+        assert shell.run_cell_magic("memtrack", "--device cuda:0", "b = 1") is None
+        assert capsys.readouterr().err == 2 * "gpu_mem_track: --device cuda:0: CUDA is not available here\n"
+    assert shell.run_line_magic("memtrack", "--bogus b = 1") is None  # not our SyntaxError traceback
+    assert capsys.readouterr().err == (
+        "gpu_mem_track: %memtrack: unknown option '--bogus' (usage: %memtrack [--device DEV] STATEMENT)\n"
+    )
     assert shell.run_cell_magic("memtrack", "--top x", "b = 1") is None
     assert capsys.readouterr().err == "gpu_mem_track: %%memtrack: argument --top: invalid int value: 'x'\n"
     assert shell.run_cell_magic("memtrack", "--census-threshold lots", "b = 1") is None
@@ -75,29 +83,31 @@ def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
 
 
 def test_cell_memtrack_profiles_each_line_and_takes_censuses(shell):
-    cell = "h = model(x)\nbig = torch.ones(1024, 1024)\nb = [torch.ones(10) for _ in range(2)]\ndel big\n"
+    # 64 MiB: above glibc's largest mmap threshold (32 MiB), so always fresh pages and an RSS
+    # rise, whatever earlier tests freed (a 4 MiB block could reuse freed heap: no census).
+    cell = "h = model(x)\nbig = torch.ones(4096, 4096)\nb = [torch.ones(10) for _ in range(2)]\ndel big\n"
     profile = shell.run_cell_magic("memtrack", "--census-threshold 1 --top 2", cell)
     assert isinstance(profile, CellProfile) and profile.source == "process RSS" and profile.top == 2
     cell_lines = sorted((r.line, r.code) for r in profile.lines if r.function == "<module>")
     assert cell_lines == [
         (1, "h = model(x)"),
-        (2, "big = torch.ones(1024, 1024)"),
+        (2, "big = torch.ones(4096, 4096)"),
         (3, cell.splitlines()[2]),
         (4, "del big"),
     ]
     assert any(r.function.endswith("<listcomp>") for r in profile.lines)  # the comprehension's frame too
-    # Every census is at the cell line that grew; line 2 touches 4 MiB of new pages.
+    # Every census is at the cell line that grew; line 2 touches 64 MiB of new pages.
     assert all(s.file == profile.filename for s in profile.censuses)
     (after_big,) = [s for s in profile.censuses if s.line == 2]
-    assert [(c.names, c.bytes_delta) for c in after_big.changes if c.shape == (1024, 1024)] == [
-        (("big",), 4 * MIB)
+    assert [(c.names, c.bytes_delta) for c in after_big.changes if c.shape == (4096, 4096)] == [
+        (("big",), 64 * MIB)
     ]
     assert "big" not in shell.user_ns  # the cell ran in the user's namespace, del included
     text = pretty(profile)
     assert (
-        text.startswith("%%memtrack on cpu (process RSS): peak ") and "big = torch.ones(1024, 1024)" in text
+        text.startswith("%%memtrack on cpu (process RSS): peak ") and "big = torch.ones(4096, 4096)" in text
     )
-    assert "big = torch.ones(1024, 1024)" in profile._repr_html_()
+    assert "big = torch.ones(4096, 4096)" in profile._repr_html_()
 
 
 def test_cell_options_are_runs_census_options():

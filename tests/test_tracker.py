@@ -78,6 +78,8 @@ def test_bad_arguments_name_the_problem(tmp_path):
     blocker.write_text("")
     with pytest.raises(UsageError, match="cannot write reports to"):
         MemTracker(out_dir=blocker / "reports")
+    with pytest.raises(UsageError, match="cannot write reports to .*: it is a file, not a folder$"):
+        MemTracker(out_dir=blocker)  # not "File exists" (issue 9, item 20)
 
 
 def test_track_stamps_caller_line_and_writes_stamp_before_changes(quiet_tracker):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from . import Command, count, report
 
@@ -11,7 +12,8 @@ __all__ = ["COMMAND"]
 
 def prepare_parser(run: argparse.ArgumentParser) -> None:
     run.add_argument("script", help="the Python script to run (our options go before it)")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim")
+    rest = run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim")
+    rest.required = False  # Python < 3.13 marks it required: "required: script, args" without a script
     run.add_argument(
         "--include",
         action="append",
@@ -112,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         from ..html.page import write_report
 
         try:
-            write_report([result.folder], result.folder / "report.html")
+            page = write_report([result.folder], result.folder / "report.html")
+            print(f"Wrote {page}", file=sys.stderr)  # as the html command says it
         except UsageError as exc:
             report(f"no report.html: {exc}")
     return result.exit_code

@@ -115,8 +115,11 @@ def _fit(points: list[BatchProbe]) -> tuple[float, float]:
 def _line_near(
     probes: list[BatchProbe], low: BatchProbe, fallback: tuple[float, float]
 ) -> tuple[float, float]:
-    """``(intercept, slope)`` of the line through ``low`` and its nearest other probe."""
-    slope = _secant(probes, low)
+    """``(intercept, slope)`` of the line through ``low`` and the nearest probe at most 3/4
+    of its batch (else its nearest other probe). Not the batch just above: block rounding
+    makes one sample's step a whole block or none, a slope off by 2x and a start below 0."""
+    far = [p for p in probes if p.peak is not None and p.batch <= low.batch * 3 // 4]
+    slope = _slope(low, max(far, key=lambda p: p.batch)) if far else _secant(probes, low)
     if slope is None:
         return fallback
     return low.peak - slope * low.batch, slope

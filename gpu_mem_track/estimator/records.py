@@ -214,8 +214,9 @@ class BatchSizeResult:
     ``batch`` is 0 when even the smallest batch tried does not fit. ``peak`` is the peak
     at ``batch`` and ``margin = budget - peak`` (bytes; both ``None`` when ``batch`` is 0).
     ``intercept`` (bytes) and ``slope`` (bytes per sample) give the line
-    ``peak(batch) = intercept + slope * batch`` through the answer and the probe nearest
-    it (the least-squares line through the samples when nothing fits).
+    ``peak(batch) = intercept + slope * batch`` through the answer and the nearest probe
+    at most 3/4 of its batch, else the probe nearest it (the least-squares line through
+    the samples when nothing fits).
     ``probes`` lists every evaluation in order; ``source`` says what gave the peaks
     and ``budget_source`` where the budget came from.
     """

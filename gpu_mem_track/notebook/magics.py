@@ -54,7 +54,17 @@ def parse_cell_options(line: str) -> CellOptions:
 
 
 def _device(text: str | None) -> str | None:
-    return None if text is None else str(parse_device(text))
+    """The ``--device`` given, parsed; ``UsageError`` for CUDA where it is not available
+    (the allocator would read 0 B)."""
+    if text is None:
+        return None
+    device = parse_device(text)
+    if device.is_cuda:
+        import torch  # the notebook has imported it already; this starts no CUDA context
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: CUDA is not available here")
+    return str(device)
 
 
 def _statement(line: str) -> tuple[str | None, str]:
@@ -87,5 +97,13 @@ class MemtrackMagics(Magics):
         device, statement = _statement(line)
         if not statement:
             raise UsageError("%memtrack needs a statement, e.g. %memtrack y = model(x)")
-        code = self.shell.compile(self.shell.transform_cell(statement), "<memtrack>", "exec")
+        try:
+            code = self.shell.compile(self.shell.transform_cell(statement), "<memtrack>", "exec")
+        except SyntaxError:
+            if not statement.startswith("-"):  # ``-x`` is a statement, ``--bogus x`` is not
+                raise
+            option = statement.split()[0]
+            raise UsageError(
+                f"%memtrack: unknown option {option!r} (usage: %memtrack [--device DEV] STATEMENT)"
+            ) from None
         return measure_statement(code, self.shell.user_ns, device or default_device(), text=statement)

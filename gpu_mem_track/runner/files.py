@@ -3,13 +3,13 @@
 
 A run folder ``reports/<run name>/`` holds:
 
-- ``meta.json``: the ``lines.RunInfo`` (written when the run starts, rewritten at its end);
+- ``meta.json``: the ``records.RunInfo`` (written when the run starts, rewritten at its end);
 - ``lines.csv``: one row per traced source line, columns ``LINE_COLUMNS`` (see
   ``records.LineRecord``), written at the end of the run; files written before ``rise``
   existed lack that column and still read;
 - ``timeline.csv``: one row per event, columns ``TIMELINE_COLUMNS`` (see
-  ``lines.TimelineRow``), streamed while the script runs;
-- ``report.txt``: the text report (``linereport``);
+  ``records.TimelineRow``), streamed while the script runs;
+- ``report.txt``: the text report (``render``);
 - ``tracker.log`` and ``tracker.csv``: the stamps of ``MemTracker.track()`` calls in the
   script; ``census.log`` and ``census.csv``: the automatic censuses (``csvlog``'s format).
 

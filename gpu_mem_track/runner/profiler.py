@@ -50,7 +50,7 @@ class LineProfiler:
 
     Args:
         sampler: the memory readings (``samplers``).
-        timeline: the ``linelog.TimelineWriter`` that streams each row, or None to keep no
+        timeline: the ``files.TimelineWriter`` that streams each row, or None to keep no
             timeline.
         on_increment: called as ``on_increment(code, lineno, increment)`` when one execution
             of a line grew memory by at least ``threshold`` bytes (the automatic census).

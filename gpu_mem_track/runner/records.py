@@ -1,7 +1,7 @@
 """The runner's data model: per-line aggregates, timeline rows and the run's description.
 
 Plain frozen records and pure functions over them; nothing here measures or prints.
-``runner`` produces them, ``linelog`` saves and loads them, ``linereport`` renders them.
+``profiler`` produces them, ``files`` saves and loads them, ``render`` renders them.
 All sizes are bytes of the run's *memory source* (``RunInfo.memory_source``): the
 caching allocator's allocated bytes on CUDA, the process's resident set size on the CPU.
 """
@@ -38,7 +38,7 @@ class LineRecord:
     ``memory`` is the memory after its last execution; ``increment`` the sum over all
     executions of (memory after - memory before), so a loop that frees what it allocates
     sums to about 0; ``peak`` the highest memory seen while it ran, over all executions
-    (see ``runner`` for how peaks are found without resetting the program's counters);
+    (see ``profiler`` for how peaks are found without resetting the program's counters);
     ``peak_exact`` whether that peak was read from a high-water mark the line raised
     (True) or is the larger of the before/after readings, a lower bound (False);
     ``seconds`` the wall time spent in it, callees included; ``rise`` the most one

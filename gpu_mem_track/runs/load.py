@@ -4,7 +4,7 @@ of its CSVs, or a MemTracker CSV, as one frozen ``Run``.
 Accepted inputs, told apart by what they hold (``detect``):
 
 - a runner folder ``reports/<run>/`` (``meta.json``, ``lines.csv``, ``timeline.csv``; see
-  ``linelog``); ``lines.csv`` is missing until the run ends;
+  ``runner.files``); ``lines.csv`` is missing until the run ends;
 - a runner ``lines.csv`` or ``timeline.csv`` given directly (its folder's ``meta.json``,
   when there, names the run and its memory source);
 - a MemTracker CSV (``reports/<run>.csv``, ``csvlog``'s format), told by its header.
