@@ -77,6 +77,18 @@ class Lifetimes(TorchDispatchMode):
             (alive.add if change > 0 else alive.discard)(key)
         return alive
 
+    def resized(self, tensor: torch.Tensor) -> None:
+        """Note that ``tensor``'s storage was resized in place (``untyped_storage().resize_``,
+        which no dispatch mode sees; FSDP2 frees and re-allocates its unsharded parameters
+        so). Counted as the death of the old size and, unless now empty, a birth."""
+        storage = _storage(tensor)
+        entry = self._refs.pop(id(storage), None) if storage is not None else None
+        if entry is not None and entry[1]() is storage:
+            self.events.append((entry[0], -1))  # dropping the weakref drops its callback
+            self.live -= self.sizes[entry[0]]
+        if storage is not None and storage.nbytes() > 0 and self._register(tensor) is not None:
+            self._note_peak("resize_")
+
     def start_measuring(self) -> None:
         """Restart ``peak`` and ``phase_peaks`` (the current phase's) from the bytes live now."""
         self.peak = self.live

@@ -15,10 +15,71 @@ from ..dtypes import canonical_dtype, torch_dtype
 from ..errors import UsageError
 from .records import OPTIMIZERS
 
-__all__ = ["AMP_DTYPES", "StepOptions"]
+__all__ = ["AMP_DTYPES", "STRATEGIES", "DistOptions", "StepOptions"]
 
 #: The dtypes autocast may run in.
 AMP_DTYPES = ("float16", "bfloat16")
+
+#: How the step is spread over ranks: ``none`` (one process), ``ddp``
+#: (DistributedDataParallel), ``zero1`` (DDP plus optimizer state sharded, as with
+#: ZeroRedundancyOptimizer), ``zero2`` (plus gradients sharded), ``fsdp`` (FSDP2).
+STRATEGIES = ("none", "ddp", "zero1", "zero2", "fsdp")
+
+
+@dataclass(frozen=True)
+class DistOptions:
+    """How one step runs on ``world_size`` ranks (see ``estimator.distributed``).
+
+    ``strategy``: one of ``STRATEGIES``. ``bucket_cap_mb`` (MiB): DDP's bucket size,
+    ``None`` for torch's default (25 MiB, and a 1 MiB first bucket; an explicit cap
+    applies to the first bucket too). ``gradient_as_bucket_view``: DDP's option (the
+    gradients are views into the buckets). ``fsdp_units``: module-name patterns
+    (``fnmatch``) of the modules given their own ``fully_shard``; empty for every
+    direct child with parameters; the root is always one. ``reshard_after_forward``:
+    FSDP2's option (True: unsharded parameters are freed after each unit's forward
+    and gathered again in backward).
+    """
+
+    world_size: int = 1
+    strategy: str = "none"
+    bucket_cap_mb: float | None = None
+    gradient_as_bucket_view: bool = False
+    fsdp_units: tuple[str, ...] = ()
+    reshard_after_forward: bool = True
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        world_size: Any = 1,
+        strategy: Any = None,
+        bucket_cap_mb: Any = None,
+        gradient_as_bucket_view: bool = False,
+        fsdp_units: Any = (),
+        reshard_after_forward: bool = True,
+    ) -> DistOptions:
+        """Options as typed; ``UsageError`` naming a bad value. ``strategy`` defaults to
+        ``ddp`` when ``world_size`` is over 1, else ``none``."""
+        try:
+            size = int(world_size)
+        except (TypeError, ValueError):
+            raise UsageError(f"world size must be a whole number, not {world_size!r}") from None
+        if size < 1:
+            raise UsageError(f"world size must be at least 1, not {size}")
+        name = (strategy or ("ddp" if size > 1 else "none")).lower()
+        if name not in STRATEGIES:
+            raise UsageError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+        if bucket_cap_mb is not None and not float(bucket_cap_mb) > 0:
+            raise UsageError(f"bucket_cap_mb must be positive, not {bucket_cap_mb!r}")
+        units = (fsdp_units,) if isinstance(fsdp_units, str) else tuple(fsdp_units or ())
+        return cls(
+            world_size=size,
+            strategy=name,
+            bucket_cap_mb=None if bucket_cap_mb is None else float(bucket_cap_mb),
+            gradient_as_bucket_view=bool(gradient_as_bucket_view),
+            fsdp_units=units,
+            reshard_after_forward=bool(reshard_after_forward),
+        )
 
 
 @dataclass(frozen=True)
@@ -30,7 +91,8 @@ class StepOptions:
     (``"float16"`` or ``"bfloat16"``), ``None`` without autocast. ``optimizer``: one of
     ``OPTIMIZERS`` or a callable ``params -> Optimizer``. ``training``: a training step
     (forward, loss, backward, optimizer step) or, when False, one forward pass under
-    ``no_grad``. ``device``: the CPU or a CUDA device.
+    ``no_grad``. ``device``: the CPU or a CUDA device. ``distributed``: the ranks
+    and strategy (:class:`DistOptions`; one process by default).
     """
 
     dtype: str | None = None
@@ -38,6 +100,7 @@ class StepOptions:
     optimizer: str | Callable[..., Any] = "adam"
     training: bool = True
     device: Device = Device("cuda")
+    distributed: DistOptions = DistOptions()
 
     @classmethod
     def parse(
@@ -48,6 +111,7 @@ class StepOptions:
         optimizer: Any = "adam",
         training: bool = True,
         device: Any = "cuda",
+        distributed: DistOptions | None = None,
     ) -> StepOptions:
         """Options from what users type or pass: ``dtype`` an alias (``"bf16"``), a
         ``torch.dtype`` or None; ``amp`` False/None, True (float16), an alias or a dtype;
@@ -68,6 +132,7 @@ class StepOptions:
             optimizer=optimizer,
             training=bool(training),
             device=parse_device(device),
+            distributed=distributed or DistOptions(),
         )
 
     @property

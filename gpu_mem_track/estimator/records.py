@@ -16,7 +16,15 @@ from ..categories import LEGACY_NAMES, ByteCategories
 #: Optimizer names ``estimate`` and the finder accept (``"none"``: no optimizer step).
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 
-__all__ = ["BatchProbe", "BatchSizeResult", "Breakdown", "Estimate", "LayerEstimate", "PhasePeak"]
+__all__ = [
+    "BatchProbe",
+    "BatchSizeResult",
+    "Breakdown",
+    "Estimate",
+    "LayerEstimate",
+    "PhasePeak",
+    "RankPeak",
+]
 
 #: Phases of a simulated training step, in order.
 PHASES = ("step start", "forward", "loss", "backward", "optimizer step")
@@ -71,6 +79,15 @@ class LayerEstimate:
 
 
 @dataclass(frozen=True)
+class RankPeak:
+    """One rank's peak device bytes in a distributed estimate, and its phase."""
+
+    rank: int
+    peak: int
+    phase: str
+
+
+@dataclass(frozen=True)
 class Estimate:
     """A simulated step's memory on the ``device`` target (see the module doc for units).
 
@@ -83,6 +100,10 @@ class Estimate:
     splits it; ``phases`` gives each phase's own peak. ``rounding`` names the rounding
     applied. Training steps are measured as the second of two identical steps, so the
     optimizer state already exists, as in a training loop.
+
+    Distributed (``world_size`` over 1, ``strategy`` not ``"none"``): the figures are
+    those of ``rank``, the rank with the highest peak; ``ranks`` gives every rank's
+    peak (ranks holding the same share are simulated once).
     """
 
     model: str
@@ -107,6 +128,10 @@ class Estimate:
     at_peak: Breakdown
     phases: tuple[PhasePeak, ...]
     layers: tuple[LayerEstimate, ...]
+    world_size: int = 1
+    strategy: str = "none"
+    rank: int = 0
+    ranks: tuple[RankPeak, ...] = ()
 
     @property
     def peak_phase(self) -> PhasePeak:
@@ -131,6 +156,7 @@ class Estimate:
         values["at_peak"] = Breakdown.from_dict(values["at_peak"])
         values["phases"] = tuple(PhasePeak(**p) for p in values["phases"])
         values["layers"] = tuple(LayerEstimate(**layer) for layer in values["layers"])
+        values["ranks"] = tuple(RankPeak(**r) for r in values.get("ranks", ()))
         return cls(**values)
 
 

@@ -27,8 +27,9 @@ from ..devices import DEVICE_FORMS
 from ..errors import UsageError
 from ..units import cuda_block_bytes
 from .amp import SimulatedAutocast
+from .distributed import Plan, estimate_ranks, make_plan
 from .lifetimes import Lifetimes
-from .options import StepOptions
+from .options import DistOptions, StepOptions
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
 from .step import (
     InputsLike,
@@ -57,6 +58,12 @@ def estimate(
     training: bool = True,
     device: str = "cuda",
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
+    world_size: int = 1,
+    strategy: str | None = None,
+    bucket_cap_mb: float | None = None,
+    gradient_as_bucket_view: bool = False,
+    fsdp_units: tuple[str, ...] = (),
+    reshard_after_forward: bool = True,
 ) -> Estimate:
     """Estimate the device memory of one step of ``model`` on ``inputs``, on meta tensors.
 
@@ -72,11 +79,25 @@ def estimate(
     runs one forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the
     target: ``"cuda"`` (512 B block rounding, foreach optimizers, Adam's ``step`` on the
     host) or ``"cpu"`` (exact sizes). ``loss_fn(output)`` defaults to the sum of the
-    outputs. The options are parsed once into a
+    outputs. ``world_size`` and ``strategy`` (``"ddp"``, ``"zero1"``, ``"zero2"``,
+    ``"fsdp"``; ``"ddp"`` by default over one rank) with ``bucket_cap_mb``,
+    ``gradient_as_bucket_view`` (DDP), ``fsdp_units`` and ``reshard_after_forward``
+    (FSDP2) estimate one rank of a distributed step (see
+    :mod:`~gpu_mem_track.estimator.distributed`; the batch is per rank). The options are parsed once into a
     :class:`~gpu_mem_track.estimator.options.StepOptions` (``estimate_step`` takes one).
     Returns the :class:`~gpu_mem_track.estimator.records.Estimate`.
     """
-    options = _options(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
+    distributed = DistOptions.parse(
+        world_size=world_size,
+        strategy=strategy,
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        fsdp_units=fsdp_units,
+        reshard_after_forward=reshard_after_forward,
+    )
+    options = _options(
+        dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device, distributed=distributed
+    )
     return estimate_step(model, inputs, options, loss_fn=loss_fn)
 
 
@@ -87,8 +108,13 @@ def estimate_step(
     *,
     loss_fn: Callable[[Any], torch.Tensor] = default_loss,
 ) -> Estimate:
-    """:func:`estimate` with its options already parsed."""
-    return _trace(model, inputs, options, loss_fn, sim="meta")
+    """:func:`estimate` with its options already parsed. With ``options.distributed``
+    spread over ranks, each distinct rank is simulated (``estimator.distributed``) and
+    the rank with the highest peak is returned, with every rank's peak in ``ranks``."""
+    dist = options.distributed
+    if dist.world_size == 1 or dist.strategy == "none" or not options.training:
+        return _trace(model, inputs, options, loss_fn, sim="meta")
+    return estimate_ranks(lambda rank: _trace(model, inputs, options, loss_fn, "meta", rank), model, dist)
 
 
 def trace_cpu_step(
@@ -126,6 +152,7 @@ def _trace(
     options: StepOptions,
     loss_fn: Callable[[Any], torch.Tensor],
     sim: str,
+    rank: int = 0,
 ) -> Estimate:
     cast, amp_dtype = options.torch_dtype, options.amp_dtype
     training, target = options.training, options.target
@@ -141,19 +168,20 @@ def _trace(
         state = _state(module, sim, cast, private=isinstance(model, nn.Module))
         tensors = make_inputs(specs, sim, cast)
         with tracker:
-            params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
-            opt = make_optimizer(options.optimizer, params, target) if training else None
-            watch = _Watch(tracker, module, state, tensors, opt)
-            with watch.hooks():
+            plan = make_plan(options.distributed if training else DistOptions(), module, state, rank, tracker)
+            plan.setup()
+            opt = make_optimizer(options.optimizer, plan.optimized, target) if training else None
+            watch = _Watch(tracker, module, state, tensors, opt, plan)
+            with watch.hooks(), plan.hooks():
                 run_steps(
                     lambda: functional_call(module, state, tuple(tensors)),
-                    params,
+                    plan.stepped,
                     opt,
                     training=training,
                     steps=2 if training else 1,
                     loss_fn=loss_fn,
                     autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
-                    on_phase=watch.on_phase,
+                    on_phase=lambda phase, step: (plan.on_phase(phase), watch.on_phase(phase, step)),
                 )
             header = dict(
                 model=name,
@@ -166,6 +194,9 @@ def _trace(
                 dtype=options.dtype or "as built",
                 amp=amp_dtype is not None,
                 inputs=tuple(describe(t) for t in tensors),
+                world_size=options.distributed.world_size,
+                strategy=options.distributed.strategy,
+                rank=rank,
             )
             return watch.result(header)
     finally:
@@ -217,9 +248,13 @@ class _Watch:
         state: dict[str, torch.Tensor],
         inputs: list[torch.Tensor],
         optimizer: torch.optim.Optimizer | None,
+        plan: Plan,
     ) -> None:
         self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
+        self.stepped = plan.stepped
         self.role: dict[int, str] = {}
+        for tensor, role in plan.roles:
+            self._give(tensor, role)
         for tensor in state.values():
             self._give(tensor, "parameter" if isinstance(tensor, nn.Parameter) else "buffer")
         for tensor in inputs:
@@ -246,9 +281,7 @@ class _Watch:
             alive = self.tracker.live_keys()
             self.activations = {k for k in born if k in alive and self.tracker.born_in[k][0] == "forward"}
         elif ended == "backward":
-            grads = [
-                p.grad for p in self.state.values() if isinstance(p, nn.Parameter) and p.grad is not None
-            ]
+            grads = [p.grad for p in self.stepped if p.grad is not None]
             self.gradients = {k for k in (self._give(g, "gradient") for g in grads) if k is not None}
         elif ended == "optimizer step" and self.optimizer is not None:
             self._take_states()
@@ -310,6 +343,8 @@ class _Watch:
         }
         phases = tuple(PhasePeak(p, *tracker.phase_peaks[p]) for p in PHASES if p in tracker.phase_peaks)
         params = [t for t in self.state.values() if isinstance(t, nn.Parameter)]
+        if header["world_size"] > 1 and header["strategy"] == "fsdp":
+            params = list(self.stepped)  # what this rank keeps: its shards
         return Estimate(
             **header,
             parameters=sum(p.numel() for p in params),
