@@ -8,11 +8,11 @@ reference, so views and in-place results add nothing and tracking keeps nothing 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 __all__ = ["Lifetimes"]
@@ -48,15 +48,17 @@ class Lifetimes(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         grew = False
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                grew |= self._register(leaf) is not None
+        for leaf in _plain_tensors(tree_leaves(out)):
+            grew |= self._register(leaf) is not None
         if grew:
             self._note_peak(str(func.overloadpacket.__name__))
         return out
 
     def adopt(self, tensor: torch.Tensor) -> int | None:
         """Register ``tensor``'s storage if new; its key (``None`` if not counted)."""
+        if is_traceable_wrapper_subclass(tensor):
+            keys = [self.adopt(inner) for inner in _plain_tensors([tensor])]
+            return keys[0] if len(keys) == 1 else None
         key = self.key_of(tensor)
         if key is None:
             key = self._register(tensor)
@@ -138,7 +140,20 @@ class Lifetimes(TorchDispatchMode):
             self.peak_event = len(self.events)
 
 
+def _plain_tensors(leaves: Iterable[Any]) -> Iterator[torch.Tensor]:
+    """The tensors among ``leaves``; a wrapper subclass (DTensor) gives its inner tensors,
+    made inside its own dispatch where this mode does not see them."""
+    for leaf in leaves:
+        if is_traceable_wrapper_subclass(leaf):
+            names, _ = leaf.__tensor_flatten__()
+            yield from _plain_tensors(getattr(leaf, name) for name in names)
+        elif isinstance(leaf, torch.Tensor):
+            yield leaf
+
+
 def _storage(tensor: torch.Tensor) -> Any:
+    if is_traceable_wrapper_subclass(tensor):
+        return None  # a DTensor's storage is its local tensor's, counted when that is made
     try:
         return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):

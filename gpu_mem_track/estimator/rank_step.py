@@ -3,7 +3,7 @@
 For checking the distributed estimator: run inside a process group (``torchrun``, gloo
 on the CPU). The same tracking as the single-process check (``trace_cpu_step``): a
 :class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` dispatch mode sees every storage
-born and dying, from before the model is built, and the step is ``run_steps``'s. FSDP2
+born and dying, from the model's wrapping on, and the step is ``run_steps``'s. FSDP2
 frees and re-allocates its unsharded parameters by resizing their storages in place,
 which no dispatch mode sees, so its ``free_storage``/``alloc_storage`` are wrapped
 while measuring to tell the tracker. The measured step is the third: DDP rebuilds its
@@ -40,9 +40,15 @@ def measure_rank_step(
     as on the CPU) under ``dist_options``' strategy; the default process group must exist.
     Returns ``{"peak": bytes, "phases": {phase: bytes}}``."""
     tracker = Lifetimes({"cpu"}, lambda nbytes: nbytes)
+    torch.manual_seed(0)
+    # Built before tracking (as the single-process check builds it), then adopted: the
+    # wrapper's changes (FSDP2 frees the full parameters) are then seen.
+    built = factory()
     with tracker, _resizes_told(tracker):
-        torch.manual_seed(0)
-        model = _wrap(factory(), dist_options)
+        for tensor in [*built.parameters(), *built.buffers()]:
+            tracker.adopt(tensor)
+        model = _wrap(built, dist_options)
+        del built
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = _optimizer(params, dist_options)
         tensors = make_inputs(as_specs(inputs), "cpu", None)
