@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import Command, print_result
-from .model_args import add_model_arguments, load_model, step_options
+from .model_args import add_model_arguments, dist_options, load_model, step_options
 
 __all__ = ["COMMAND"]
 
@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the answer and its probes; exit 1 when no batch fits."""
     from ..errors import UsageError
     from ..estimator.batchsize import find_max_batch_size
+    from ..estimator.options import DistOptions
     from ..estimator.render import render_batch_size
     from ..units import parse_bytes
 
@@ -29,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
         budget = parse_bytes(args.budget) if args.budget is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    distributed = DistOptions.parse(**dist_options(args))
     factory, inputs = load_model(args)
-    result = find_max_batch_size(factory, inputs, budget=budget, measure=args.measure, **step_options(args))
+    result = find_max_batch_size(
+        factory, inputs, budget=budget, measure=args.measure, distributed=distributed, **step_options(args)
+    )
     print_result(result, args.json, render_batch_size)
     return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell
 

@@ -18,7 +18,7 @@ import torch
 
 from ..devices import Device
 from ..errors import UsageError
-from .options import StepOptions
+from .options import DistOptions, StepOptions
 from .records import BatchProbe, BatchSizeResult
 from .simulate import ModelLike, estimate_step
 from .specs import InputSpec
@@ -202,6 +202,7 @@ def find_max_batch_size(
     samples: Sequence[int] = (1, 2, 4),
     max_batch: int = 1 << 20,
     meter: PeakMeter | None = None,
+    distributed: DistOptions | None = None,
 ) -> BatchSizeResult:
     """The largest batch of ``model`` on ``inputs`` whose step fits ``budget`` bytes.
 
@@ -217,10 +218,17 @@ def find_max_batch_size(
     without CUDA it must be given. With measured peaks the batch above the answer is not
     run (it would exceed the budget): the fitted slope must predict it does not fit.
     The options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
+    ``distributed`` (a :class:`~gpu_mem_track.estimator.options.DistOptions`) estimates
+    one rank of a distributed step, the highest rank's peak against the budget; the
+    batch is per rank. It is estimated only, never measured.
     """
     if (step is None) == (model is None):
         raise UsageError("give either a model (with inputs) or a step function")
-    options = StepOptions.parse(dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device)
+    options = StepOptions.parse(
+        dtype=dtype, amp=amp, optimizer=optimizer, training=training, device=device, distributed=distributed
+    )
+    if (measure or step is not None) and options.distributed.world_size > 1:
+        raise UsageError("a distributed step is estimated only: drop --measure (or the step function)")
     measured = measure or step is not None
     budget, budget_source = _budget(budget, options.device)
     read = meter or _cuda_peak
@@ -236,7 +244,7 @@ def find_max_batch_size(
             source = f"measured steps on {options.device}"
         else:
             peak_of = lambda b: estimate_step(model, _rebatch(specs, b), options).peak  # noqa: E731
-            source = f"estimator ({options.target} target)"
+            source = f"estimator ({options.target} target{_per_rank(options.distributed)})"
     return search_batch_size(
         peak_of,
         budget,
@@ -246,6 +254,12 @@ def find_max_batch_size(
         source=source,
         budget_source=budget_source,
     )
+
+
+def _per_rank(dist: DistOptions) -> str:
+    if dist.world_size == 1 or dist.strategy == "none":
+        return ""
+    return f", {dist.strategy} over {dist.world_size} ranks, batch per rank"
 
 
 def _specs(inputs: Any) -> list[Any]:

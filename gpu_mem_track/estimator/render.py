@@ -49,9 +49,15 @@ def _title(estimate: Estimate) -> str:
     kind = "training step" if estimate.training else "inference (forward under no_grad)"
     optimizer = f", optimizer {estimate.optimizer}" if estimate.training else ""
     amp = ", autocast (simulated)" if estimate.amp else ""
+    ranks = (
+        f" (rank {estimate.rank} of {estimate.world_size}, {estimate.strategy}: the highest peak)"
+        if estimate.ranks
+        else ""
+    )
     return (
-        f"Estimated {kind} of {estimate.model} on {estimate.device}: inputs {', '.join(estimate.inputs)}, "
-        f"dtype {estimate.dtype}{optimizer}{amp}; rounding: {estimate.rounding}"
+        f"Estimated {kind} of {estimate.model} on {estimate.device}{ranks}: "
+        f"inputs {', '.join(estimate.inputs)}, dtype {estimate.dtype}{optimizer}{amp}; "
+        f"rounding: {estimate.rounding}"
     )
 
 
@@ -79,6 +85,10 @@ def _totals(estimate: Estimate) -> list[str]:
     )
     lines.append(f"  at the peak: {split}")
     lines.append("  phase peaks: " + ", ".join(f"{p.phase} {format_bytes(p.peak)}" for p in estimate.phases))
+    if estimate.ranks:
+        lines.append(
+            "per rank: " + ", ".join(f"{r.rank}: {format_bytes(r.peak)} ({r.phase})" for r in estimate.ranks)
+        )
     return lines
 
 
