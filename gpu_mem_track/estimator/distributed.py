@@ -63,7 +63,8 @@ DEFAULT_BUCKET_CAP_MB = 25
 
 def fsdp_units(module: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
     """The ``(name, module)`` pairs given their own ``fully_shard``, outermost last,
-    root (``""``) at the end. Without ``patterns``: every direct child with parameters;
+    root (``""``) at the end. Without ``patterns``: every direct child with parameters
+    (a ``ModuleList`` or ``ModuleDict``, which has no forward, gives its children);
     with them, every submodule whose name matches one (``fnmatch``)."""
     if patterns:
         units = [(n, m) for n, m in module.named_modules() if n and _matches(n, patterns)]
@@ -71,8 +72,20 @@ def fsdp_units(module: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, 
             raise UsageError(f"no module matches --fsdp-units {', '.join(patterns)}")
         units.sort(key=lambda unit: -unit[0].count("."))  # inner units are sharded first
     else:
-        units = [(n, m) for n, m in module.named_children() if any(True for _ in m.parameters())]
+        units = _children_with_parameters(module, "")
     return [*units, ("", module)]
+
+
+def _children_with_parameters(module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    units = []
+    for name, child in module.named_children():
+        if not any(True for _ in child.parameters()):
+            continue
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            units += _children_with_parameters(child, f"{prefix}{name}.")
+        else:
+            units.append((f"{prefix}{name}", child))
+    return units
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:

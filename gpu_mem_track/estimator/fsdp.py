@@ -78,6 +78,7 @@ class FSDPPlan(Plan):
         self.optimized = [p.sharded for u in self.units for p in u.params]
         self.stepped = self.optimized
         self.rs_inputs: list[torch.Tensor] = []
+        self.last_flat: torch.Tensor | None = None
         self.order: list[_Unit] = []  # units by forward order (post-forward)
 
     def _shard(self, param: _Param, device: Any) -> None:
@@ -110,17 +111,19 @@ class FSDPPlan(Plan):
         total = sum(p.padded_numel for p in unit.params) * self.options.world_size
         return torch.empty(total, dtype=unit.params[0].dtype, device=unit.params[0].padded.device)
 
-    def _gather(self, unit: _Unit) -> None:
+    def _gather(self, unit: _Unit) -> torch.Tensor | None:
+        """Copy-out of the unit's all-gather; the flat all-gather buffer, for the caller
+        to free (``None`` when the unit is already gathered)."""
         if unit.gathered or not unit.params:
-            return
+            return None
         flat = unit.prefetched if unit.prefetched is not None else self._copy_in(unit)
         unit.prefetched = None
         for param in unit.params:
             numel = param.padded_numel * self.options.world_size
             param.output.untyped_storage().resize_(numel * param.output.element_size())
             self.tracker.resized(param.output)
-        del flat
         unit.gathered = True
+        return flat
 
     def _reshard(self, unit: _Unit) -> None:
         if not unit.gathered:
@@ -152,7 +155,11 @@ class FSDPPlan(Plan):
 
     def _pre_forward(self, unit: _Unit) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
-            self._gather(unit)
+            flat = self._gather(unit)
+            if flat is not None and self.options.world_size > 1:
+                # FSDP2 frees a forward all-gather buffer after the next unit's copy-out
+                self.last_flat = flat
+            del flat
             unit.waiting = len(unit.params)
 
         return hook
@@ -160,6 +167,7 @@ class FSDPPlan(Plan):
     def _post_forward(self, unit: _Unit) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if unit.root:
+                self.last_flat = None  # the root's post-forward frees the last one
                 return
             self.order.append(unit)
             if self.options.reshard_after_forward:
@@ -174,7 +182,7 @@ class FSDPPlan(Plan):
         return hook
 
     def _pre_backward(self, unit: _Unit) -> None:
-        self._gather(unit)
+        self._gather(unit)  # in backward the flat buffer is freed after the copy-out
         index = self.order.index(unit)
         if index > 0:  # prefetch the unit before it (backward runs in reverse)
             target = self.order[index - 1]
@@ -197,12 +205,16 @@ class FSDPPlan(Plan):
         self.rs_inputs.clear()  # at most one reduce-scatter input kept in flight
         device, dtype = unit.params[0].padded.device, unit.params[0].dtype
         size = self.options.world_size
-        rs_input = torch.empty(sum(p.padded_numel for p in unit.params) * size, dtype=dtype, device=device)
+        numel = sum(p.padded_numel for p in unit.params)
+        rs_input = torch.empty(numel * size, dtype=dtype, device=device)
+        last = grads.pop() if grads else None  # freed after the reduce-scatter (as measured)
         del grads
-        output = torch.empty(sum(p.padded_numel for p in unit.params), dtype=dtype, device=device)
+        output = torch.empty(numel, dtype=dtype, device=device)
+        # gloo's reduce-scatter works on a copy of its input, freed once it returns
+        torch.empty(numel * size, dtype=dtype, device=device)
+        del last
         offset = 0
         for param in unit.params:
-            numel = param.sharded.numel()
-            param.sharded.grad = output[offset : offset + numel].view_as(param.sharded)
+            param.sharded.grad = output[offset : offset + param.sharded.numel()].view_as(param.sharded)
             offset += param.padded_numel
         self.rs_inputs.append(rs_input)
