@@ -49,6 +49,19 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         help="record the tensors autograd saves for backward, so censuses count them as "
         "activations with the line that saved them",
     )
+    run.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="under torchrun, every rank prints its summary (default: rank 0 only)",
+    )
+    run.add_argument(
+        "--rank-wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="under torchrun, how long rank 0 waits for the other ranks to end before it "
+        "prints the ranks table (default: 10)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         threshold = None if args.census_threshold is None else parse_bytes(args.census_threshold)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.rank_wait < 0:
+        raise UsageError(f"--rank-wait takes seconds >= 0, not {args.rank_wait}")
     options = RunOptions(
         script=args.script,
         args=tuple(args.args),
@@ -72,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         top=args.top,
         activations=args.activations,
+        all_ranks=args.all_ranks,
+        rank_wait=args.rank_wait,
     )
     return execute(prepare(options)).exit_code
 
@@ -84,7 +101,10 @@ COMMAND = Command(
     "it ran and hits. Writes reports/<run>/report.txt, lines.csv, timeline.csv and meta.json, "
     "also when the script fails or is interrupted, and exits with the script's exit code "
     "(1 after an uncaught exception, 130 after Ctrl-C, 2 when it could not start). Memory is "
-    "the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the CPU.",
+    "the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the CPU. "
+    "Under torchrun every rank writes reports/<launch>/rank<k>/ (one launch folder for all "
+    "ranks, with ranks.csv and report.txt comparing them), measures its own device, and only "
+    "rank 0 prints.",
     prepare_parser=prepare_parser,
     run=run,
 )

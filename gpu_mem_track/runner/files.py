@@ -47,6 +47,8 @@ LINE_COLUMNS = tuple(f.name for f in fields(LineRecord))
 #: Columns of ``timeline.csv``: the fields of ``records.TimelineRow``, in order. The hot
 #: path (``profiler.LineProfiler._line_row``) formats its rows by hand in this order.
 TIMELINE_COLUMNS = tuple(f.name for f in fields(TimelineRow))
+#: Columns a file written before they existed may lack (they read back as None).
+_OPTIONAL = frozenset({"rank"})
 #: How a cell of each column reads back, by the field's declared type; text otherwise.
 _PARSE: dict[str, Any] = {
     f.name: {"int": int, "int | None": int, "float": float, "bool": lambda text: text == "True"}.get(
@@ -165,12 +167,13 @@ def read_meta(path: Path) -> RunInfo:
 def _typed_rows(path: Path, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
     with path.open(encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        present = [c for c in columns if c in (reader.fieldnames or ())]
+        missing = [c for c in columns if c not in present and c not in _OPTIONAL]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
         for number, row in enumerate(reader, start=2):
             try:
-                yield {name: _value(name, row[name]) for name in columns}
+                yield {name: _value(name, row[name]) for name in present}
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}, line {number}: {exc}") from exc
 

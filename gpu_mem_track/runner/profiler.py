@@ -45,6 +45,8 @@ class LineProfiler:
         extras_every: seconds between readings of the sampler's slower extras (driver, RSS)
             for the timeline; rows in between leave them empty.
         clock: monotonic seconds.
+        rank: the rank of the distributed launch, written in every row and record (None
+            outside one).
     """
 
     def __init__(
@@ -55,7 +57,10 @@ class LineProfiler:
         threshold: int | None = None,
         extras_every: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
+        rank: int | None = None,
     ) -> None:
+        self.rank = rank
+        self._rank_cell = "" if rank is None else str(rank)
         self._sampler = sampler
         self._sample = sampler.sample
         self._timeline = timeline
@@ -126,6 +131,7 @@ class LineProfiler:
                     peak=stats[_PEAK],
                     peak_exact=stats[_EXACT],
                     seconds=stats[_SECONDS],
+                    rank=self.rank,
                 )
             )
         return out
@@ -185,7 +191,7 @@ class LineProfiler:
         self._seq += 1
         self._write_text(  # type: ignore[misc]
             f"{self._seq},{elapsed:.6f},{where},{lineno},,{current},{increment},{peak},{allocated},"
-            f"{'' if reserved is None else reserved},{driver},{rss}\n"
+            f"{'' if reserved is None else reserved},{driver},{rss},{self._rank_cell}\n"
         )
 
     def event_row(
@@ -212,6 +218,7 @@ class LineProfiler:
                 reserved=self._sampler.reserved,
                 driver=driver,
                 rss=rss,
+                rank=self.rank,
             )
         )
 

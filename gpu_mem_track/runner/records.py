@@ -32,7 +32,8 @@ class LineRecord:
     (see ``runner`` for how peaks are found without resetting the program's counters);
     ``peak_exact`` whether that peak was read from a high-water mark the line raised
     (True) or is the larger of the before/after readings, a lower bound (False);
-    ``seconds`` the wall time spent in it, callees included.
+    ``seconds`` the wall time spent in it, callees included; ``rank``: the rank of the
+    distributed launch that ran it (None outside one, and in files written before ranks).
     """
 
     file: str
@@ -45,13 +46,14 @@ class LineRecord:
     peak: int
     peak_exact: bool
     seconds: float
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LineRecord:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ class TimelineRow:
     ``increment`` and ``peak``: as in ``LineRecord``, for this one execution.
     ``allocated`` and ``reserved``: the CUDA caching allocator (None on the CPU);
     ``driver``: the driver's figure for the process where it was read (it is sampled, not
-    read at every line); ``rss``: the process's resident set size where read.
+    read at every line); ``rss``: the process's resident set size where read; ``rank``:
+    the rank of the distributed launch (None outside one).
     """
 
     seq: int
@@ -79,6 +82,7 @@ class TimelineRow:
     reserved: int | None = None
     driver: int | None = None
     rss: int | None = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +100,13 @@ class RunInfo:
     ``"sys.monitoring"`` or ``"sys.settrace"``; ``started``/``ended``: seconds since the
     epoch (``ended`` None while running); ``exit_code``: the script's (130 after Ctrl-C,
     1 after an uncaught exception), None while running; ``peak``: the highest memory seen
-    (bytes); ``peak_at``: ``file:line`` of the line that reached it.
+    (bytes); ``peak_at``: ``file:line`` of the line that reached it; ``peak_phase``: the
+    label of the last ``MemTracker.track()`` stamp before the peak ("" if none came
+    before it); ``end_memory``: the memory when the script ended (bytes).
+
+    In a distributed launch (``ranks.RankInfo``; all None outside one): ``rank``,
+    ``local_rank``, ``world_size``; ``launch``: the launch folder's name (the run folder
+    is ``<launch>/rank<k>``); ``device`` is the device this rank measured.
     """
 
     run_name: str
@@ -113,6 +123,12 @@ class RunInfo:
     exit_code: int | None = None
     peak: int | None = None
     peak_at: str = ""
+    peak_phase: str = ""
+    end_memory: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    launch: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import CodeType, TracebackType
@@ -26,8 +27,10 @@ from .. import __version__
 from ..devices import parse_device
 from ..errors import UsageError
 from ..outputs import claim_name, safe_name
+from ..ranks import RankInfo, rank_folder, rank_info
 from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
 from .files import RunFolder, TimelineWriter, write_lines, write_meta
+from .launch import report_launch, terminate_as_exit
 from .profiler import LineProfiler
 from .records import RunInfo, RunResult
 from .samplers import CudaSampler, RssSampler
@@ -62,11 +65,16 @@ class RunOptions:
     engine: str = "auto"
     top: int = 5
     activations: bool = False
+    all_ranks: bool = False
+    rank_wait: float = 10.0
 
 
 @dataclass
 class PreparedRun:
-    """A checked run: resolved paths, the folder (created), what to trace."""
+    """A checked run: resolved paths, the folder (created), what to trace. In a
+    distributed launch ``rank`` says which rank this is and ``folder`` is
+    ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
+    starts CUDA (``samplers.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
 
     options: RunOptions
     script: Path
@@ -74,16 +82,21 @@ class PreparedRun:
     include_files: frozenset[str]
     include_dirs: tuple[str, ...]
     device: str
+    rank: RankInfo | None = None
+    follow_rank: bool = False
 
 
-def prepare(options: RunOptions) -> PreparedRun:
+def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> PreparedRun:
     """Check the script, ``--include`` and the output folder, and create the run folder.
 
     Raises ``UsageError`` (one line naming the problem) for a missing or unreadable
     script, an unknown ``--include``, a bad device, an engine this Python lacks,
-    ``--activations`` without torch, or an output folder that cannot be written.
+    ``--activations`` without torch, an output folder that cannot be written, or a
+    launcher environment (``RANK``, ``WORLD_SIZE``) that makes no sense. ``environ``: the
+    environment to read the rank from (default ``os.environ``).
     """
     script = _readable_script(options.script)
+    rank = rank_info(environ)
     files, dirs = _resolve_includes(options.include, script)
     device = _resolve_device(options.device)
     try:
@@ -92,9 +105,15 @@ def prepare(options: RunOptions) -> PreparedRun:
         raise UsageError(f"--engine {options.engine}: {exc}") from exc
     if options.activations and importlib.util.find_spec("torch") is None:
         raise UsageError("--activations needs torch, which is not installed here")
+    traced = frozenset({str(script), *files})
+    if rank is not None:
+        folder = RunFolder(rank_folder(options.out_dir, options.run_name, script, rank, environ))
+        follow = device.startswith("cuda") and options.device in ("auto", "cuda")
+        device = f"cuda:{rank.local_rank}" if follow else device
+        return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(_claim_folder(Path(options.out_dir), name))
-    return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
+    return PreparedRun(options, script, folder, traced, dirs, device)
 
 
 def run(options: RunOptions, stream: TextIO | None = None) -> int:
@@ -105,15 +124,16 @@ def run(options: RunOptions, stream: TextIO | None = None) -> int:
 def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
     """Run the prepared script under the line tracer, write the reports and return the
     :class:`~gpu_mem_track.runner.records.RunResult`: the script's exit code (0, the
-    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C), the run's
-    description, its line records and its automatic censuses. ``prepared`` is not changed."""
-    from .render import render_line_report, render_summary
-
-    options, folder = prepared.options, prepared.folder
-    sampler = CudaSampler(prepared.device) if prepared.device.startswith("cuda") else RssSampler()
+    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C, 143 after SIGTERM
+    in a distributed launch), the run's description, its line records and its automatic
+    censuses. ``prepared`` is not changed."""
+    options, folder, rank = prepared.options, prepared.folder, prepared.rank
+    sampler = _sampler(prepared)
     timeline = TimelineWriter(folder.timeline)
-    session = RunSession(folder.path, prepared.device, timeline)
-    profiler = LineProfiler(sampler, timeline, session.census, options.census_threshold)
+    session = RunSession(folder.path, sampler if prepared.follow_rank else prepared.device, timeline)
+    profiler = LineProfiler(
+        sampler, timeline, session.census, options.census_threshold, rank=None if rank is None else rank.rank
+    )
     session.profiler = profiler
     engine = best_engine(profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
@@ -123,25 +143,59 @@ def execute(prepared: PreparedRun, stream: TextIO | None = None) -> RunResult:
     try:
         if options.activations:
             session.census_tracker(activations=True)
-        code = _run_script(prepared, engine, session)
+        with terminate_as_exit(rank is not None):
+            code = _run_script(prepared, engine, session)
     finally:
         session.close()
         profiler.finish()
+        end_memory = sampler.sample()[0]
         profiler.event_row("end")
         timeline.close()
         sampler.close()
         records = profiler.records()
-        where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
-        info = replace(
-            info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where, torch=_torch_version()
-        )
+        info = _ended(info, code, profiler, session, end_memory)
         write_lines(folder.lines, records)
         write_meta(folder.meta, info)
-        folder.report.write_text(render_line_report(info, records, session.censuses), encoding="utf-8")
-        out = stream or sys.stderr
+        _report(prepared, info, records, session.censuses, stream or sys.stderr)
+    return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses))
+
+
+def _sampler(prepared: PreparedRun) -> Any:
+    if not prepared.device.startswith("cuda"):
+        return RssSampler()
+    local_rank = prepared.rank.local_rank if prepared.follow_rank and prepared.rank else None
+    return CudaSampler(prepared.device, local_rank=local_rank)
+
+
+def _ended(info: RunInfo, code: int, profiler: LineProfiler, session: RunSession, end_memory: int) -> RunInfo:
+    """The run's description once the script ended."""
+    where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
+    return replace(
+        info,
+        ended=time.time(),
+        exit_code=code,
+        peak=profiler.peak,
+        peak_at=where,
+        peak_phase=session.peak_phase(profiler.peak),
+        end_memory=end_memory,
+        device=session.device,
+        torch=_torch_version(),
+    )
+
+
+def _report(prepared: PreparedRun, info: RunInfo, records: list, censuses: list, out: TextIO) -> None:
+    """Write report.txt; print the summary (in a launch: rank 0, or every rank with
+    ``--all-ranks``); in a launch, rebuild the launch folder's ranks table, and on rank 0
+    wait up to ``--rank-wait`` seconds for the other ranks and print the table."""
+    from .render import render_line_report, render_summary
+
+    folder, options, rank = prepared.folder, prepared.options, prepared.rank
+    folder.report.write_text(render_line_report(info, records, censuses), encoding="utf-8")
+    if rank is None or rank.is_first or options.all_ranks:
         out.write(render_summary(info, records, folder.path, options.top))
         out.flush()
-    return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses))
+    if rank is not None:
+        report_launch(folder.path.parent, rank, options.rank_wait, out)
 
 
 def _run_script(prepared: PreparedRun, engine: Any, session: RunSession) -> int:
@@ -359,8 +413,9 @@ def _library_dirs() -> Any:
 
 
 def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
+    path = prepared.folder.path
     return RunInfo(
-        run_name=prepared.folder.path.name,
+        run_name=path.name if prepared.rank is None else f"{path.parent.name}/{path.name}",
         script=str(prepared.script),
         argv=(str(prepared.script), *prepared.options.args),
         device=prepared.device,
@@ -370,7 +425,16 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         python=platform.python_version(),
         torch=_torch_version(),
         gpu_mem_track=__version__,
+        **_rank_fields(prepared),
     )
+
+
+def _rank_fields(prepared: PreparedRun) -> dict[str, Any]:
+    rank = prepared.rank
+    if rank is None:
+        return {}
+    launch = prepared.folder.path.parent.name
+    return {"rank": rank.rank, "local_rank": rank.local_rank, "world_size": rank.world_size, "launch": launch}
 
 
 def _torch_version() -> str:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ..devices import parse_device
 
-__all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras"]
+__all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras", "rank_device"]
 
 #: (driver, rss) in bytes, None where unknown.
 Extras = tuple["int | None", "int | None"]
@@ -82,17 +82,26 @@ class CudaSampler:
     """The CUDA caching allocator of one device: allocated bytes and their peak, read from
     the allocator's statistics; never resets anything, never imports torch or initialises
     CUDA itself (until the program has done both every reading is 0). ``reserved``
-    follows each sample; ``extras`` reads the driver's figure (NVML) and RSS."""
+    follows each sample; ``extras`` reads the driver's figure (NVML) and RSS.
+
+    ``local_rank``: in a distributed launch whose device was not named, the device is
+    decided when the program has started CUDA (see :func:`rank_device`) and ``device``
+    then names it; until then ``device`` is ``cuda:<local_rank>``. ``torch_module``: the
+    torch to read (default: the one the program imported; tests pass a fake)."""
 
     source = "cuda allocator"
     reserved: int | None = 0
 
-    def __init__(self, device: str, reader: Any = None) -> None:
+    def __init__(
+        self, device: str, reader: Any = None, local_rank: int | None = None, torch_module: Any = None
+    ) -> None:
         from ..tracker.readers import reader_for
 
-        self._device = device
-        self._index = parse_device(device).ordinal
-        self._reader = reader or reader_for(device)
+        self.device = device if local_rank is None else f"cuda:{local_rank}"
+        self._index = parse_device(self.device).ordinal
+        self._local_rank = local_rank
+        self._reader = reader or reader_for(self.device)
+        self._torch = torch_module
         self._cuda: Any = None
         self._stats: Any = None
         self._started = False
@@ -100,7 +109,7 @@ class CudaSampler:
     def sample(self) -> tuple[int, int]:
         cuda = self._cuda
         if cuda is None:
-            torch = sys.modules.get("torch")
+            torch = self._torch or sys.modules.get("torch")
             if torch is None:
                 return 0, 0
             cuda = self._cuda = torch.cuda
@@ -111,17 +120,32 @@ class CudaSampler:
             if not cuda.is_initialized():
                 return 0, 0
             self._started = True  # CUDA never stops once started: ask once
+            if self._local_rank is not None:
+                self._index = rank_device(cuda, self._local_rank)
+                self.device = f"cuda:{self._index}"
         stats = self._stats(self._index)
         allocated = stats["allocated_bytes"]["all"]
         self.reserved = stats["reserved_bytes"]["all"]["current"]
         return allocated["current"], allocated["peak"]
 
     def extras(self) -> Extras:
-        driver = self._reader.driver(self._device) if self._cuda is not None else None
+        driver = self._reader.driver(self.device) if self._cuda is not None else None
         return driver.nbytes if driver else None, self._reader.rss()
 
     def close(self) -> None:
         pass
+
+
+def rank_device(cuda: Any, local_rank: int) -> int:
+    """The CUDA device a rank uses, asked once the program has started CUDA: the current
+    device when the program chose one (``torch.cuda.set_device(local_rank)``), else
+    ``local_rank`` (a program that puts its tensors on ``cuda:<local_rank>`` without
+    ``set_device``), else 0 when the rank sees fewer devices (``CUDA_VISIBLE_DEVICES``
+    narrowed to one per rank). ``cuda``: ``torch.cuda``."""
+    current = int(cuda.current_device())
+    if current != 0:
+        return current
+    return local_rank if local_rank < int(cuda.device_count()) else current
 
 
 class FakeSampler:
