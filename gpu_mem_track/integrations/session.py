@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import UsageError
 from ..outputs import claim_name, default_run_name, safe_name
 from ..ranks import rank_folder, rank_info
-from ..tracker.listeners import redirected_folder
+from ..tracker.listeners import listening, redirected_folder
 
 __all__ = ["LABELS", "TrainingSession", "missing_extra", "user_frame"]
 
@@ -170,13 +170,18 @@ class TrainingSession:
         info = rank_info()
         self.folder = self._claim_folder(info)
         verbosity = self.verbosity if self.verbosity is not None else int(info is None or info.is_first)
-        self.tracker = MemTracker(
-            device=self.device if self.device is not None else _device_of(model),
-            out_dir=self.folder,
-            run_name=FILE_NAME,
-            verbosity=verbosity,
-            **self._options,
-        )
+        # The folder is claimed already: hand it over as the runner does (a listener naming
+        # it, the default out_dir), so a rank-aware MemTracker does not nest another
+        # launch folder inside it.
+        claim = listening(_FolderClaim(self.folder)) if self.folder is not None else contextlib.nullcontext()
+        with claim:
+            self.tracker = MemTracker(
+                device=self.device if self.device is not None else _device_of(model),
+                out_dir="reports" if self.folder is not None else None,
+                run_name=FILE_NAME,
+                verbosity=verbosity,
+                **self._options,
+            )
         self.tracker.watch(model)
         for optimizer in optimizers:
             inner = _unwrap(optimizer)
@@ -261,6 +266,17 @@ class TrainingSession:
             return True
 
         return out / claim_name(out, safe_name(self.run_name or default_run_name(time.time())), claim)
+
+
+class _FolderClaim:
+    """A stamp listener that only names a folder: trackers made while it listens with the
+    default output folder write there (``tracker.listeners``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder: Path | None = folder
+
+    def on_stamp(self, tracker: Any, stamp: Any) -> None:
+        """Stamps are not this listener's business."""
 
 
 def _check_tracker_options(options: dict[str, Any]) -> None:
