@@ -227,6 +227,12 @@ class Plan:
         owner = zero_partition([self.state[n].numel() for n in self.names], size)
         return [r == self.rank for r in owner]
 
+    def _owned_in_step_order(self) -> list[torch.Tensor]:
+        """This rank's parameters in the order ZeroRedundancyOptimizer gives its local
+        optimizer: by size, largest first (the order Adam steps them in)."""
+        owned = [self.state[n] for n, mine in zip(self.names, self._owned()) if mine]
+        return sorted(owned, key=lambda p: -p.numel())
+
 
 class DDPPlan(Plan):
     """``ddp`` and ``zero1`` (see the module doc)."""
@@ -241,7 +247,7 @@ class DDPPlan(Plan):
             self.roles.append((bucket, "gradient"))
         self.views = self._views(params)
         if self.options.strategy == "zero1":
-            self.optimized = [p for p, mine in zip(params, self._owned()) if mine]
+            self.optimized = self._owned_in_step_order()
 
     def _views(self, params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
         """Each parameter's view of its bucket, by ``id``."""
@@ -280,9 +286,8 @@ class Zero2Plan(Plan):
     """``zero2`` (see the module doc)."""
 
     def setup(self) -> None:
-        params = [self.state[n] for n in self.names]
         self.mine = self._owned()
-        self.optimized = [p for p, mine in zip(params, self.mine) if mine]
+        self.optimized = self._owned_in_step_order()
 
     @contextlib.contextmanager
     def hooks(self) -> Iterator[None]:
