@@ -110,7 +110,11 @@ def render(meta: dict, rows: list[dict]) -> str:
             f"| {r['case']} | {r['world_size']} | {r['rank']} | {r['estimated']:,} | {r['measured']:,} "
             f"| {diff:+,} B ({diff / r['measured']:+.2%}) |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + NOTES
+
+
+NOTES_PATH = Path(__file__).with_name("check_estimator_dist_notes.md")
+NOTES = NOTES_PATH.read_text() if NOTES_PATH.exists() else ""
 
 
 def main() -> None:
@@ -118,9 +122,14 @@ def main() -> None:
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cases", nargs="+", default=CASES)
     parser.add_argument("--world-sizes", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--render-only", action="store_true", help="re-render the .md from the .json")
     args = parser.parse_args()
     if args.worker:
         worker(args.cases, args.worker)
+        return
+    if args.render_only:
+        data = json.loads((ROOT / "reports" / "estimator_dist.json").read_text())
+        (ROOT / "reports" / "estimator_dist.md").write_text(render(data, data["rows"]))
         return
     import torch
 
