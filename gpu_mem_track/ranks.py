@@ -51,6 +51,7 @@ __all__ = [
     "launch_name",
     "rank_folder",
     "rank_folders",
+    "rank_device",
     "rank_info",
 ]
 
@@ -113,6 +114,18 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
 
 def _shown(env: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={env.get(k)!r}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+
+
+def rank_device(cuda: Any, local_rank: int) -> int:
+    """The CUDA device a rank uses, asked once the program has started CUDA: the current
+    device when the program chose one (``torch.cuda.set_device(local_rank)``), else
+    ``local_rank`` (a program that puts its tensors on ``cuda:<local_rank>`` without
+    ``set_device``), else 0 when the rank sees fewer devices (``CUDA_VISIBLE_DEVICES``
+    narrowed to one per rank). ``cuda``: ``torch.cuda``."""
+    current = int(cuda.current_device())
+    if current != 0:
+        return current
+    return local_rank if local_rank < int(cuda.device_count()) else current
 
 
 def agent_start(ppid: int, proc: Path = Path("/proc")) -> float | None:

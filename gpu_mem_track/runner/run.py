@@ -74,7 +74,7 @@ class PreparedRun:
     """A checked run: resolved paths, the folder (created), what to trace. In a
     distributed launch ``rank`` says which rank this is and ``folder`` is
     ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
-    starts CUDA (``samplers.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
+    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
 
     options: RunOptions
     script: Path

@@ -18,8 +18,9 @@ import sys
 from typing import Any, Protocol
 
 from ..devices import parse_device
+from ..ranks import rank_device
 
-__all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras", "rank_device"]
+__all__ = ["CudaSampler", "FakeSampler", "RssSampler", "Sampler", "Extras"]
 
 #: (driver, rss) in bytes, None where unknown.
 Extras = tuple["int | None", "int | None"]
@@ -85,7 +86,7 @@ class CudaSampler:
     follows each sample; ``extras`` reads the driver's figure (NVML) and RSS.
 
     ``local_rank``: in a distributed launch whose device was not named, the device is
-    decided when the program has started CUDA (see :func:`rank_device`) and ``device``
+    decided when the program has started CUDA (see ``ranks.rank_device``) and ``device``
     then names it; until then ``device`` is ``cuda:<local_rank>``. ``torch_module``: the
     torch to read (default: the one the program imported; tests pass a fake)."""
 
@@ -134,18 +135,6 @@ class CudaSampler:
 
     def close(self) -> None:
         pass
-
-
-def rank_device(cuda: Any, local_rank: int) -> int:
-    """The CUDA device a rank uses, asked once the program has started CUDA: the current
-    device when the program chose one (``torch.cuda.set_device(local_rank)``), else
-    ``local_rank`` (a program that puts its tensors on ``cuda:<local_rank>`` without
-    ``set_device``), else 0 when the rank sees fewer devices (``CUDA_VISIBLE_DEVICES``
-    narrowed to one per rank). ``cuda``: ``torch.cuda``."""
-    current = int(cuda.current_device())
-    if current != 0:
-        return current
-    return local_rank if local_rank < int(cuda.device_count()) else current
 
 
 class FakeSampler:
