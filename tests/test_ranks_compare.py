@@ -79,3 +79,15 @@ def test_plot_of_a_launch_overlays_its_ranks(tmp_path):
     legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
     assert any("a/rank0" in text for text in legend) and any("a/rank1" in text for text in legend)
     assert plot_files([launch], tmp_path / "ranks.png").stat().st_size > 0
+
+
+def test_the_ranks_command_rebuilds_the_table(tmp_path, capsys):
+    launch = make_launch(tmp_path, "a")
+    set_peak(launch, 1, 7 << 20, "backward")
+    (launch / "ranks.csv").unlink()
+    assert main(["ranks", str(launch)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gpu_mem_track launch a:") and "train.py:1 (backward)" in out
+    assert (launch / "ranks.csv").read_text().splitlines()[2].startswith("1,ok,cpu,7340032,")
+    assert main(["ranks", str(tmp_path / "nothing")]) == 2
+    assert "no such launch folder" in capsys.readouterr().err

@@ -34,9 +34,9 @@ class Command:
 
 def all_commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``--help`` lists them."""
-    from . import batch_size, compare, estimate, plot, probe, run, show
+    from . import batch_size, compare, estimate, plot, probe, ranks, run, show
 
-    return (run.COMMAND, probe.COMMAND, show.COMMAND, compare.COMMAND, plot.COMMAND) + (
+    return (run.COMMAND, probe.COMMAND, show.COMMAND, ranks.COMMAND, compare.COMMAND, plot.COMMAND) + (
         estimate.COMMAND,
         batch_size.COMMAND,
     )
