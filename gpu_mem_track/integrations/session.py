@@ -34,7 +34,7 @@ from ..outputs import claim_name, default_run_name, safe_name
 from ..ranks import rank_folder, rank_info
 from ..tracker.listeners import listening, redirected_folder
 
-__all__ = ["LABELS", "TrainingSession", "missing_extra", "user_frame"]
+__all__ = ["FILE_NAME", "LABELS", "TrainingSession", "missing_extra", "package_dirs", "user_frame"]
 
 #: The labels of the stamps a session writes, in order (``step N`` stands for the
 #: periodic ones, ``step 2``, ``step 100``, ...).
@@ -52,8 +52,8 @@ def missing_extra(
     error: ModuleNotFoundError, packages: Iterable[str], extra: str, module: str
 ) -> ImportError | None:
     """The ``ImportError`` the integration ``module`` raises when its framework is not
-    installed, naming the extra to install; None when the missing module is not one of ``packages``
-    (a broken install rather than a missing one: re-raise ``error`` then)."""
+    installed, naming the extra to install; None when the missing module is not one of
+    ``packages`` (a broken install rather than a missing one: re-raise ``error`` then)."""
     names = tuple(packages)
     if (error.name or "").split(".")[0] not in names:
         return None
