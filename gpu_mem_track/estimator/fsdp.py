@@ -72,6 +72,13 @@ class FSDPPlan(Plan):
         for unit in self.units:
             for param in unit.params:
                 self._shard(param, device)
+        # Each non-root unit's DeviceMesh keeps its ranks as an int32 tensor on the host:
+        # counted on a CPU target only, as on a GPU it is not device memory.
+        self.meshes = [
+            torch.empty(size, dtype=torch.int32, device="cpu") for u in self.units if u.params and not u.root
+        ]
+        for mesh in self.meshes:
+            self.tracker.adopt(mesh)
         for unit in self.units:
             for param in unit.params:
                 self._unsharded(param)
