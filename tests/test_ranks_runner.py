@@ -56,6 +56,10 @@ def test_ranks_write_one_launch_folder_and_rank_0_prints_the_table(tmp_path):
     assert (meta.rank, meta.local_rank, meta.world_size, meta.launch) == (1, 1, 2, folder.name)
     assert meta.run_name == f"{folder.name}/rank1" and meta.end_memory is not None
     assert {row.rank for row in read_timeline(first.folder / "timeline.csv")} == {1}
+    with (first.folder / "timeline.csv").open(newline="") as handle:
+        raw = list(csv.reader(handle))[1:]  # the hot path's rows and the event rows alike
+    assert {len(row) for row in raw} == {len(TIMELINE_COLUMNS)} and {row[-1] for row in raw} == {"1"}
+    assert {row[2] for row in raw} >= {"start", "line", "end"}
     assert {record.rank for record in read_lines(first.folder / "lines.csv")} == {1}
     with (folder / "ranks.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
