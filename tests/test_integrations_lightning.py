@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +19,7 @@ from torch import nn
 from gpu_mem_track.tracker.csvlog import read_stamps
 
 FRAMEWORKS = ("lightning", "pytorch_lightning")
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     # Lightning 2.6 builds torch's pytree LeafSpec, which torch 2.13 deprecates
@@ -117,3 +123,49 @@ def test_a_failing_training_step_leaves_no_recording(tmp_path, framework):
     with pytest.raises(RuntimeError, match="the model's own failure"):
         fit(package, callback, classifier_module(package, fail=True))
     assert [s.label for s in read_stamps(callback.folder / "tracker.csv")] == ["train start"]
+
+
+DDP_SCRIPT = """
+import lightning, torch
+from torch import nn
+from gpu_mem_track.integrations.lightning import LightningMemTrackCallback
+
+
+class Net(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).square().sum()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+
+if __name__ == "__main__":
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8))
+    callback = LightningMemTrackCallback(every=2, out_dir="reports", run_name="ddp", probe=False)
+    trainer = lightning.Trainer(
+        max_steps=3, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[callback],
+    )
+    trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+
+@pytest.mark.slow
+def test_under_torchrun_each_rank_writes_in_one_launch_folder_and_rank_0_prints(tmp_path):
+    pytest.importorskip("lightning")
+    (tmp_path / "train.py").write_text(textwrap.dedent(DDP_SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    launch = tmp_path / "reports" / "ddp"
+    assert sorted(p.name for p in launch.iterdir()) == ["rank0", "rank1"]
+    for rank in (0, 1):
+        stamps = read_stamps(launch / f"rank{rank}" / "tracker.csv")
+        assert [s.label for s in stamps][-3:] == ["step 1 optimizer step", "step 2", "train end"]
+    assert done.stdout.count("[train start]") == 1  # rank 0 only
