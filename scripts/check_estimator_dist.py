@@ -126,20 +126,22 @@ NOTES = """
   rank's partition in ZeroRedundancyOptimizer's order (largest first); stepping them in
   model order instead was 2,048 B over on rank 1 of the MLP (Adam's scratch of a
   different parameter at the peak).
-- **FSDP2**: a constant few bytes under on most ranks (64 B for the MLP on 2 ranks, 88 B on
-  4, 72/104 B for the convnet, 528/544 B for the transformer): small tensors made by
-  `fully_shard` and kept, not modelled. Traced on the MLP: the DeviceMesh's int32 rank
-  tensors (4 B per rank, three kept) and one 10-element float32 all-gather output that
-  FSDP2's initialisation keeps (`_fsdp_param.py`, `init_all_gather_outputs`).
-- **FSDP2, some ranks of some runs** (here convnet:fsdp rank 0 of 2, convnet:fsdp-keep rank 3
-  of 4, mlp:fsdp-keep ranks 0 and 2 of 4): the measured peak is higher by up to 1.3 MB.
-  This is timing, not a model error: the same case matches within the constant on the
-  other ranks and in other runs (an earlier run had mlp:fsdp rank 0 of 2 375,872 B over,
-  this one 64 B). Gloo runs collectives on its own thread; the copy its reduce-scatter
-  makes of its input is usually freed at once, but when the work finishes late it lives
-  until the next unit's prefetch (seen in an event trace: a 10,280 B copy of the last
-  MLP layer's reduce-scatter input held across the next all-gather), which can raise the
-  peak. The estimator frees it at once.
+- **FSDP2**: on all but three of the 36 rank rows, under by exactly the size of the model's
+  last parameter, unsharded (40 B: the 10-float output bias of the convnet and the MLP;
+  512 B: the transformer's last 128-float LayerNorm bias), on 2 and 4 ranks alike and with
+  or without `reshard_after_forward`: a tensor FSDP2 keeps alive through the whole step
+  that the estimator does not model; where FSDP2 holds it was not traced. The small host
+  tensors of the DeviceMesh (one int32 rank tensor per non-root unit, 4 B per rank) are
+  modelled on the CPU target.
+- **FSDP2, some ranks of some runs** (in this run: convnet:fsdp rank 1 of 2 and
+  convnet:fsdp-keep rank 3 of 4, 1,309,736 B; mlp:fsdp rank 1 of 2, 375,848 B): the
+  measured peak is higher. This is timing, not the model: the same case is 40 B off on the
+  other ranks, and which rank and case it hits changes from run to run (an earlier run hit
+  convnet:fsdp rank 0 instead). Gloo runs collectives on its own thread; the copy its
+  reduce-scatter makes of its input is usually freed as soon as the call returns, but when
+  the work finishes late it lives on (seen in an event trace: a 10,280 B copy of the last
+  MLP layer's reduce-scatter input held until the next unit's all-gather), which can raise
+  the peak. The estimator frees it at once.
 - The estimator models FSDP2's event order as measured: a forward all-gather buffer is
   freed after the next unit's copy-out (the root's post-forward frees the last); in
   backward right after the copy-out; backward prefetches the previous unit's all-gather;
