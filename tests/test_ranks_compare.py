@@ -91,3 +91,9 @@ def test_the_ranks_command_rebuilds_the_table(tmp_path, capsys):
     assert (launch / "ranks.csv").read_text().splitlines()[2].startswith("1,ok,cpu,7340032,")
     assert main(["ranks", str(tmp_path / "nothing")]) == 2
     assert "no such launch folder" in capsys.readouterr().err
+
+
+def test_a_launch_folder_given_where_a_run_is_needed_says_what_to_do(tmp_path, capsys):
+    launch = make_launch(tmp_path, "a")
+    assert main(["compare", "--by", "line", str(launch), str(launch / "rank0")]) == 2
+    assert "is a launch folder of a distributed run" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from ..ranks import is_launch_folder
 from ..runner.files import LINE_COLUMNS, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
 from ..runner.records import LineRecord, RunInfo, TimelineRow
 from ..tracker.csvlog import REQUIRED_COLUMNS, stamps_from_rows
@@ -121,6 +122,11 @@ def detect(path: str | Path) -> Source:
         folder = RunFolder(path)
         if any(p.is_file() for p in (folder.meta, folder.lines, folder.timeline)):
             return Source(path, "folder")
+        if is_launch_folder(path):
+            raise UsageError(
+                f"{path} is a launch folder of a distributed run: name one of its rank<k>/ "
+                "folders, or compare its ranks with --by rank"
+            )
         raise UsageError(
             f"{path} is not a gpu_mem_track run folder (no meta.json, lines.csv or timeline.csv)"
         )
