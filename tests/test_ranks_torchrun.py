@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -56,6 +57,19 @@ dist.destroy_process_group()
 """
 
 
+CRASH = """
+import time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+data = bytearray(1 << 20)
+if dist.get_rank() == 1:
+    raise RuntimeError("rank 1 fails")
+for _ in range(1200):  # rank 0 waits until torchrun stops it (SIGTERM)
+    time.sleep(0.05)
+"""
+
+
 def torchrun(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(source))
@@ -68,6 +82,7 @@ def torchrun(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
 def check_launch(tmp_path: Path, done: subprocess.CompletedProcess[str]) -> Path:
     assert done.returncode == 0, done.stderr[-3000:]
     (launch,) = (tmp_path / "reports").iterdir()
+    assert re.fullmatch(r"train-[0-9a-f]{8}", launch.name)  # --standalone: a UUID rendezvous id
     assert sorted(p.name for p in launch.iterdir() if p.is_dir()) == ["rank0", "rank1"]
     for rank in (0, 1):
         meta = read_meta(launch / f"rank{rank}" / "meta.json")
@@ -95,3 +110,17 @@ def test_ddp_on_two_cpu_ranks(tmp_path):
 @pytest.mark.slow
 def test_fsdp2_with_adam_on_two_cpu_ranks(tmp_path):
     check_launch(tmp_path, torchrun(tmp_path, FSDP))
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_marked_and_the_stopped_one_keeps_whole_reports(tmp_path):
+    done = torchrun(tmp_path, CRASH)
+    assert done.returncode != 0
+    (launch,) = (tmp_path / "reports").iterdir()
+    for rank, code in ((0, 143), (1, 1)):
+        meta = read_meta(launch / f"rank{rank}" / "meta.json")
+        assert meta.exit_code == code and meta.ended is not None
+        assert (launch / f"rank{rank}" / "lines.csv").is_file()
+        assert (launch / f"rank{rank}" / "report.txt").is_file()
+    with (launch / "ranks.csv").open(newline="") as handle:
+        assert [row["status"] for row in csv.DictReader(handle)] == ["exit 143", "exit 1"]
