@@ -4,7 +4,7 @@ PYTHON ?= python3
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-all test-gpu bench lint format clean
+.PHONY: install demo test test-slow test-all test-gpu bench lint format clean
 
 # Looks packages up without importing them (importing torch alone takes seconds).
 install:
@@ -12,7 +12,7 @@ install:
 		|| $(PYTHON) -m pip install "$(TORCH_PIN)"
 	@(cd / && $(PYTHON) -c "import importlib.util as u; \
 		assert all(u.find_spec(m) for m in ('pandas', 'tabulate', 'pytest', 'ruff', 'matplotlib', \
-		'IPython', 'ipykernel', 'nbclient', 'nbformat')); \
+		'IPython', 'ipykernel', 'nbclient', 'nbformat', 'transformers', 'accelerate', 'lightning')); \
 		assert u.find_spec('gpu_mem_track').origin.startswith('$(CURDIR)/')") 2>/dev/null \
 		|| $(PYTHON) -m pip install -e ".[dev]"
 
@@ -23,6 +23,10 @@ demo: install
 # left to `make test-all`, which runs everything.
 test: install
 	$(PYTHON) -m pytest -q -m "not slow"
+
+# Only the slow ones (CI runs `make test` then this: everything, once).
+test-slow: install
+	$(PYTHON) -m pytest -q -m slow
 
 test-all: install
 	$(PYTHON) -m pytest -q

@@ -136,7 +136,18 @@ def test_every_command_has_help(in_process, command):
 
 def test_the_commands_are_listed_in_order_and_version_prints(in_process):
     names = [c.name for c in all_commands()]
-    assert names == ["run", "probe", "show", "compare", "plot", "estimate", "batch-size", "snapshot", "html"]
+    assert names == [
+        "run",
+        "probe",
+        "show",
+        "ranks",
+        "compare",
+        "plot",
+        "estimate",
+        "batch-size",
+        "snapshot",
+        "html",
+    ]
     top = in_process("--help")
     places = [top.stdout.find(f"\n    {name}") for name in names]
     assert top.returncode == 0 and -1 not in places and places == sorted(places)

@@ -68,7 +68,11 @@ def test_script_runs_as_main_with_its_argv_and_path(tmp_path):
         ("import sys; sys.exit('bad input')", 1, "bad input"),
         ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),
         ("import os, signal; os.kill(os.getpid(), signal.SIGINT)", 130, "KeyboardInterrupt"),
-        ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 143, "SIGTERM received, writing the reports"),
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+            143,
+            "SIGTERM received, writing the reports",
+        ),
     ],
 )
 def test_exit_codes_and_reports_after_failures(tmp_path, body, code, stderr_has):

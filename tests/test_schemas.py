@@ -28,7 +28,7 @@ def test_columns_are_the_records_fields():
     assert LINE_COLUMNS == tuple(f.name for f in fields(LineRecord))
     assert TIMELINE_COLUMNS == tuple(f.name for f in fields(TimelineRow))
     assert TRACKER_COLUMNS == csvlog.REQUIRED_COLUMNS
-    assert set(TRACKER_COLUMNS) | set(csvlog.CATEGORY_COLUMNS) == set(csvlog.COLUMNS)
+    assert set(TRACKER_COLUMNS) | set(csvlog.CATEGORY_COLUMNS) | {"rank"} == set(csvlog.COLUMNS)
     ledger_figures = [f.name for f in fields(Ledger) if f.name not in ("device", "categories")]
     assert all(name in csvlog.COLUMNS for name in ledger_figures)
 

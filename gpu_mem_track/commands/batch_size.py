@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import Command, print_result
-from .model_args import add_model_arguments, load_model, simulation_options, step_options
+from .model_args import add_model_arguments, dist_options, load_model, simulation_options, step_options
 
 __all__ = ["COMMAND"]
 
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the answer and its probes; exit 1 when no batch fits."""
     from ..errors import UsageError
     from ..estimator.batchsize import find_max_batch_size
+    from ..estimator.options import DistOptions
     from ..estimator.render import render_batch_size
     from ..units import parse_bytes
 
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         budget = parse_bytes(args.budget) if args.budget is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    distributed = DistOptions.parse(**dist_options(args))
     factory, inputs = load_model(args)
     simulation = simulation_options(args)
     simulation["model_step"] = simulation.pop("step")  # the finder's ``step`` is a measured step(batch)
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         budget=budget,
         measure=args.measure,
         budget_on=args.budget_on,
+        distributed=distributed,
         **step_options(args),
         **simulation,
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..dtypes import DTYPE_ALIASES
 from ..errors import UsageError
-from ..estimator.options import AMP_DTYPES
+from ..estimator.options import AMP_DTYPES, STRATEGIES
 from ..estimator.records import OPTIMIZERS
 from . import count
 
@@ -18,6 +18,7 @@ GPU_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
 __all__ = [
     "add_model_arguments",
+    "dist_options",
     "load_model",
     "load_step",
     "simulation_options",
@@ -70,6 +71,28 @@ def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> Non
     parser.add_argument("--device", default="cuda", help="target device: cuda (default) or cpu")
     _add_simulation_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    ranks = parser.add_argument_group("distributed (per rank; the batch is per rank)")
+    ranks.add_argument("--world-size", default=1, metavar="N", help="number of ranks (default: 1)")
+    ranks.add_argument(
+        "--strategy",
+        help=f"one of {', '.join(STRATEGIES)} (default: ddp over more than one rank)",
+    )
+    ranks.add_argument("--bucket-cap-mb", metavar="MIB", help="DDP bucket size (default: 25, first bucket 1)")
+    ranks.add_argument(
+        "--gradient-as-bucket-view", action="store_true", help="DDP: gradients are views into the buckets"
+    )
+    ranks.add_argument(
+        "--fsdp-units",
+        action="append",
+        metavar="PATTERN",
+        help="FSDP: module names (fnmatch) given their own fully_shard, repeatable "
+        "(default: each direct child with parameters; the root always)",
+    )
+    ranks.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="FSDP: keep unsharded parameters from forward to backward",
+    )
 
 
 def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +102,7 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE:FUNCTION",
         help="your own step instead of the built-in one: package.module:function or file.py:function, "
         "called as function(model, optimizer, inputs); it computes its own loss and autocast, so "
-        "--loss and --amp do not apply (see the README)",
+        "--loss, --amp and --strategy do not apply (see the README)",
     )
     parser.add_argument(
         "--warmup",
@@ -172,3 +195,19 @@ def _workspace(text: str | None) -> int | str | None:
         return parse_bytes(text)
     except ValueError as exc:
         raise UsageError(f"--cublas-workspace: {exc}") from None
+
+
+def dist_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The distributed options as typed, for ``DistOptions.parse``."""
+    try:
+        cap = None if args.bucket_cap_mb is None else float(args.bucket_cap_mb)
+    except ValueError:
+        raise UsageError(f"--bucket-cap-mb must be a number, not {args.bucket_cap_mb!r}") from None
+    return dict(
+        world_size=args.world_size,
+        strategy=args.strategy,
+        bucket_cap_mb=cap,
+        gradient_as_bucket_view=args.gradient_as_bucket_view,
+        fsdp_units=tuple(args.fsdp_units or ()),
+        reshard_after_forward=not args.no_reshard_after_forward,
+    )

@@ -16,7 +16,8 @@ def prepare_parser(plot: argparse.ArgumentParser) -> None:
         type=Path,
         nargs="+",
         metavar="RUN",
-        help="reports/<run>/, its timeline.csv, or reports/<run>.csv",
+        help="reports/<run>/, its timeline.csv, reports/<run>.csv, or a torchrun launch folder "
+        "(reports/<launch>/: its ranks overlaid)",
     )
     plot.add_argument(
         "-o",
@@ -48,7 +49,8 @@ COMMAND = Command(
     help="draw memory over time for one or more runs (needs matplotlib)",
     description="Draw memory over time like mprof plot: allocated (or RSS / tensor bytes on the CPU), "
     "reserved and driver memory where recorded, the peak marked, track() labels annotated; several "
-    'runs overlay. Needs matplotlib: pip install "gpu_mem_track[plot]".',
+    "runs overlay; a torchrun launch folder draws its ranks overlaid. "
+    'Needs matplotlib: pip install "gpu_mem_track[plot]".',
     prepare_parser=prepare_parser,
     run=run,
 )

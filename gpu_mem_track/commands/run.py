@@ -79,6 +79,19 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         help="with --snapshot: trace entries kept, the last N (default: 100000; each costs host "
         "memory, up to a few KB with its stack); lines that ran before them keep the runner's peak",
     )
+    run.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="under torchrun, every rank prints its summary (default: rank 0 only)",
+    )
+    run.add_argument(
+        "--rank-wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="under torchrun, how long rank 0 waits for the other ranks to end before it "
+        "prints the ranks table (default: 10)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if args.snapshot_entries is not None and not args.snapshot:
         raise UsageError("--snapshot-entries only applies with --snapshot")
     entries = {} if args.snapshot_entries is None else {"snapshot_entries": args.snapshot_entries}
+    if args.rank_wait < 0:
+        raise UsageError(f"--rank-wait takes seconds >= 0, not {args.rank_wait}")
     options = RunOptions(
         script=args.script,
         args=tuple(args.args),
@@ -107,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         activations=args.activations,
         memory=args.memory,
         snapshot=args.snapshot,
+        all_ranks=args.all_ranks,
+        rank_wait=args.rank_wait,
         **entries,
     )
     result = execute(prepare(options))
@@ -132,7 +149,10 @@ COMMAND = Command(
     "uncaught exception, 130 after Ctrl-C, 128+N after signal N, 2 when it could not start). "
     "Memory is the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the "
     "CPU (see --memory). With --snapshot (CUDA) the run folder also keeps "
-    "snapshot.pickle, and line peaks come from its trace.",
+    "snapshot.pickle, and line peaks come from its trace. "
+    "Under torchrun every rank writes reports/<launch>/rank<k>/ (one launch folder for all "
+    "ranks, with ranks.csv and report.txt comparing them), measures its own device, and only "
+    "rank 0 prints.",
     prepare_parser=prepare_parser,
     run=run,
 )

@@ -5,8 +5,10 @@
 the cuBLAS workspaces); ``watch`` gives storages their roles and builds the result;
 ``options`` holds a step's options; ``specs`` parses inputs and factories; ``records``
 holds the results, ``render`` their text; ``batchsize`` searches the largest batch under
-a budget. The ``estimate`` and ``batch-size`` commands live in ``gpu_mem_track.commands``.
-``estimate`` and ``find_max_batch_size`` load on first use.
+a budget. ``distributed`` (with ``fsdp``) adds what one rank of DDP, ZeRO or FSDP2 holds;
+``rank_step`` measures a real rank under torchrun, to check it. The ``estimate`` and
+``batch-size`` commands live in ``gpu_mem_track.commands``. ``estimate`` and
+``find_max_batch_size`` load on first use.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 
 from ..devices import Device
 from ..errors import UsageError
-from .options import StepOptions
+from .options import DistOptions, StepOptions
 from .records import BatchProbe, BatchSizeResult
 from .simulate import ModelLike, estimate_step
 from .specs import InputSpec
@@ -244,6 +244,7 @@ def find_max_batch_size(
     alloc_conf: str | None = None,
     gpu: str | None = None,
     cublas_workspace: int | str | None = None,
+    distributed: DistOptions | None = None,
 ) -> BatchSizeResult:
     """The largest batch of ``model`` on ``inputs`` whose step fits ``budget`` bytes.
 
@@ -264,6 +265,10 @@ def find_max_batch_size(
     run (it would exceed the budget): the fitted slope must predict it does not fit.
     ``optimizer``, ``dtype``, ``amp``, ``training`` and ``loss_fn`` are as for :func:`estimate`;
     the options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
+    ``distributed`` (a :class:`~gpu_mem_track.estimator.options.DistOptions`) estimates
+    one rank of a distributed step (each rank through its own allocator model on the
+    CUDA target), the highest rank's peak against the budget; the batch is per rank. It
+    is estimated only, never measured, and not with ``model_step``.
     """
     if (step is None) == (model is None):
         raise UsageError("give either a model (with inputs) or a step function")
@@ -279,7 +284,10 @@ def find_max_batch_size(
         alloc_conf=alloc_conf,
         gpu=gpu,
         cublas_workspace=cublas_workspace,
+        distributed=distributed,
     )
+    if (measure or step is not None) and options.distributed.world_size > 1:
+        raise UsageError("a distributed step is estimated only: drop --measure (or the step function)")
     if model_step is not None:
         check_user_step(options, loss_fn)
     measured = measure or step is not None
@@ -297,7 +305,7 @@ def find_max_batch_size(
             source = f"measured steps on {options.device}"
         else:
             peak_of = _estimated_peaks(model, specs, options, (model_step, loss_fn), budget_on)
-            source = f"estimator ({options.target} target)"
+            source = f"estimator ({options.target} target{_per_rank(options.distributed)})"
     if options.target == "cuda":
         source += f", peak {budget_on}"
     return search_batch_size(
@@ -329,6 +337,12 @@ def _estimated_peaks(
         return est.peak
 
     return peak_of
+
+
+def _per_rank(dist: DistOptions) -> str:
+    if dist.world_size == 1 or dist.strategy == "none":
+        return ""
+    return f", {dist.strategy} over {dist.world_size} ranks, batch per rank"
 
 
 def _specs(inputs: Any) -> list[Any]:

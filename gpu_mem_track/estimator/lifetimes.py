@@ -12,11 +12,11 @@ handle and never given back.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from .memory import CublasWorkspace, ExactMemory, StorageMemory
@@ -75,10 +75,9 @@ class Lifetimes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         grew = False
         counted = False
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                grew |= self._register(leaf) is not None
-                counted |= leaf.device.type in self.counted
+        for leaf in _plain_tensors(tree_leaves(out)):
+            grew |= self._register(leaf) is not None
+            counted |= leaf.device.type in self.counted
         if counted and self.workspace is not None:
             grew |= self._take_workspace(str(func.overloadpacket.__name__))
         if grew:
@@ -87,6 +86,9 @@ class Lifetimes(TorchDispatchMode):
 
     def adopt(self, tensor: torch.Tensor) -> int | None:
         """Register ``tensor``'s storage if new; its key (``None`` if not counted)."""
+        if is_traceable_wrapper_subclass(tensor):
+            keys = [self.adopt(inner) for inner in _plain_tensors([tensor])]
+            return keys[0] if len(keys) == 1 else None
         key = self.key_of(tensor)
         if key is None:
             key = self._register(tensor)
@@ -110,6 +112,20 @@ class Lifetimes(TorchDispatchMode):
         for key, change in self.events[:until]:
             (alive.add if change > 0 else alive.discard)(key)
         return alive
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """Note that ``tensor``'s storage was resized in place (``untyped_storage().resize_``,
+        which no dispatch mode sees; FSDP2 frees and re-allocates its unsharded parameters
+        so). Counted as the death of the old size (its block given back to ``memory``)
+        and, unless now empty, a birth."""
+        storage = _storage(tensor)
+        entry = self._refs.pop(id(storage), None) if storage is not None else None
+        if entry is not None and entry[1]() is storage:
+            self.events.append((entry[0], -1))  # dropping the weakref drops its callback
+            self.live -= self.sizes[entry[0]]
+            self.memory.give_back(self.handles[entry[0]])
+        if storage is not None and storage.nbytes() > 0 and self._register(tensor) is not None:
+            self._note_peak("resize_")
 
     def current_phase(self) -> str:
         """``phase``, or ``"backward"`` inside a backward pass when ``detect_backward``."""
@@ -189,7 +205,20 @@ class Lifetimes(TorchDispatchMode):
             self.peak_free_block = self.memory.largest_free_block()
 
 
+def _plain_tensors(leaves: Iterable[Any]) -> Iterator[torch.Tensor]:
+    """The tensors among ``leaves``; a wrapper subclass (DTensor) gives its inner tensors,
+    made inside its own dispatch where this mode does not see them."""
+    for leaf in leaves:
+        if is_traceable_wrapper_subclass(leaf):
+            names, _ = leaf.__tensor_flatten__()
+            yield from _plain_tensors(getattr(leaf, name) for name in names)
+        elif isinstance(leaf, torch.Tensor):
+            yield leaf
+
+
 def _storage(tensor: torch.Tensor) -> Any:
+    if is_traceable_wrapper_subclass(tensor):
+        return None  # a DTensor's storage is its local tensor's, counted when that is made
     try:
         return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):

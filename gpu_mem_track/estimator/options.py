@@ -19,13 +19,74 @@ from ..dtypes import DTYPE_ALIASES, canonical_dtype, dtype_name, torch_dtype
 from ..errors import UsageError
 from .records import OPTIMIZERS
 
-__all__ = ["AMP_DTYPES", "CAST_DTYPES", "StepOptions", "cast_dtype_name"]
+__all__ = ["AMP_DTYPES", "CAST_DTYPES", "STRATEGIES", "DistOptions", "StepOptions", "cast_dtype_name"]
 
 #: The dtypes autocast may run in.
 AMP_DTYPES = ("float16", "bfloat16")
 
 #: The dtypes a model may be cast to (``dtype=``, ``--dtype``): it trains in these.
 CAST_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+#: How the step is spread over ranks: ``none`` (one process), ``ddp``
+#: (DistributedDataParallel), ``zero1`` (DDP plus optimizer state sharded, as with
+#: ZeroRedundancyOptimizer), ``zero2`` (plus gradients sharded), ``fsdp`` (FSDP2).
+STRATEGIES = ("none", "ddp", "zero1", "zero2", "fsdp")
+
+
+@dataclass(frozen=True)
+class DistOptions:
+    """How one step runs on ``world_size`` ranks (see ``estimator.distributed``).
+
+    ``strategy``: one of ``STRATEGIES``. ``bucket_cap_mb`` (MiB): DDP's bucket size,
+    ``None`` for torch's default (25 MiB, and a 1 MiB first bucket; an explicit cap
+    applies to the first bucket too). ``gradient_as_bucket_view``: DDP's option (the
+    gradients are views into the buckets). ``fsdp_units``: module-name patterns
+    (``fnmatch``) of the modules given their own ``fully_shard``; empty for every
+    direct child with parameters; the root is always one. ``reshard_after_forward``:
+    FSDP2's option (True: unsharded parameters are freed after each unit's forward
+    and gathered again in backward).
+    """
+
+    world_size: int = 1
+    strategy: str = "none"
+    bucket_cap_mb: float | None = None
+    gradient_as_bucket_view: bool = False
+    fsdp_units: tuple[str, ...] = ()
+    reshard_after_forward: bool = True
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        world_size: Any = 1,
+        strategy: Any = None,
+        bucket_cap_mb: Any = None,
+        gradient_as_bucket_view: bool = False,
+        fsdp_units: Any = (),
+        reshard_after_forward: bool = True,
+    ) -> DistOptions:
+        """Options as typed; ``UsageError`` naming a bad value. ``strategy`` defaults to
+        ``ddp`` when ``world_size`` is over 1, else ``none``."""
+        try:
+            size = int(world_size)
+        except (TypeError, ValueError):
+            raise UsageError(f"world size must be a whole number, not {world_size!r}") from None
+        if size < 1:
+            raise UsageError(f"world size must be at least 1, not {size}")
+        name = (strategy or ("ddp" if size > 1 else "none")).lower()
+        if name not in STRATEGIES:
+            raise UsageError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+        if bucket_cap_mb is not None and not float(bucket_cap_mb) > 0:
+            raise UsageError(f"bucket_cap_mb must be positive, not {bucket_cap_mb!r}")
+        units = (fsdp_units,) if isinstance(fsdp_units, str) else tuple(fsdp_units or ())
+        return cls(
+            world_size=size,
+            strategy=name,
+            bucket_cap_mb=None if bucket_cap_mb is None else float(bucket_cap_mb),
+            gradient_as_bucket_view=bool(gradient_as_bucket_view),
+            fsdp_units=units,
+            reshard_after_forward=bool(reshard_after_forward),
+        )
 
 
 @dataclass(frozen=True)
@@ -44,6 +105,8 @@ class StepOptions:
     :meth:`~gpu_mem_track.estimator.memory.CudaModel.parse`): ``alloc_conf``, a
     ``PYTORCH_CUDA_ALLOC_CONF`` value; ``gpu``, the architecture whose cuBLAS workspace
     is the default; ``cublas_workspace``, bytes or a ``CUBLAS_WORKSPACE_CONFIG`` value.
+    ``distributed``: the ranks and strategy (:class:`DistOptions`; one process by
+    default).
     """
 
     dtype: str | None = None
@@ -55,6 +118,7 @@ class StepOptions:
     alloc_conf: str | None = None
     gpu: str | None = None
     cublas_workspace: int | str | None = None
+    distributed: DistOptions = DistOptions()
 
     @classmethod
     def parse(
@@ -69,6 +133,7 @@ class StepOptions:
         alloc_conf: str | None = None,
         gpu: str | None = None,
         cublas_workspace: int | str | None = None,
+        distributed: DistOptions | None = None,
     ) -> StepOptions:
         """Options from what users type or pass: ``dtype`` a floating alias (``"bf16"``),
         a floating ``torch.dtype`` or None (integer and bool dtypes are refused); ``amp``
@@ -76,15 +141,17 @@ class StepOptions:
         ignored) or a callable; ``device`` anything
         :func:`~gpu_mem_track.devices.parse_device` takes; ``warmup`` a count >= 0 or None;
         ``alloc_conf``, ``gpu`` and ``cublas_workspace`` are kept as given (checked when
-        the CUDA target's memory model is built). Raises ``UsageError`` naming the bad
-        value."""
+        the CUDA target's memory model is built); ``distributed`` a :class:`DistOptions`
+        or None (one process). Raises ``UsageError`` naming the bad value."""
         dtype = None if dtype is None else cast_dtype_name(dtype)
         amp, optimizer = _amp_name(amp), _optimizer(optimizer)
         device = parse_device(device)
         if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
             raise UsageError(f"warmup must be a count of steps >= 0, not {warmup}")
         memory = (alloc_conf, gpu, cublas_workspace)
-        return cls(dtype, amp, optimizer, bool(training), device, warmup, *memory)
+        return cls(
+            dtype, amp, optimizer, bool(training), device, warmup, *memory, distributed or DistOptions()
+        )
 
     @property
     def target(self) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "Estimate",
     "LayerEstimate",
     "PhasePeak",
+    "RankPeak",
     "ValueRead",
 ]
 
@@ -100,6 +101,15 @@ class ValueRead:
 
 
 @dataclass(frozen=True)
+class RankPeak:
+    """One rank's peak device bytes in a distributed estimate, and its phase."""
+
+    rank: int
+    peak: int
+    phase: str
+
+
+@dataclass(frozen=True)
 class Estimate:
     """A simulated step's memory on the ``device`` target (see the module doc for units).
 
@@ -123,6 +133,11 @@ class Estimate:
     identical steps, so the optimizer state already exists, as in a training loop.
     ``loss`` names the loss function; ``value_reads`` lists the values the model's code
     read from meta tensors (see :mod:`~gpu_mem_track.estimator.values`).
+
+    Distributed (``world_size`` over 1, ``strategy`` not ``"none"``): the figures are
+    those of ``rank``, the rank with the highest peak (on the CUDA target each rank runs
+    through its own allocator model); ``ranks`` gives every rank's peak (ranks holding
+    the same share are simulated once).
     """
 
     model: str
@@ -155,6 +170,10 @@ class Estimate:
     cublas_workspace: int = 0
     allocator: str = ""
     step: str = ""
+    world_size: int = 1
+    strategy: str = "none"
+    rank: int = 0
+    ranks: tuple[RankPeak, ...] = ()
 
     @property
     def fragmentation(self) -> int | None:
@@ -186,6 +205,7 @@ class Estimate:
         values["phases"] = tuple(PhasePeak(**p) for p in values["phases"])
         values["layers"] = tuple(LayerEstimate(**layer) for layer in values["layers"])
         values["value_reads"] = tuple(ValueRead(**read) for read in values.get("value_reads", ()))
+        values["ranks"] = tuple(RankPeak(**r) for r in values.get("ranks", ()))
         return cls(**values)
 
     def _repr_html_(self) -> str:

@@ -52,9 +52,15 @@ def _title(estimate: Estimate) -> str:
     optimizer = f", optimizer {estimate.optimizer}" if estimate.training else ""
     amp = ", autocast (simulated)" if estimate.amp else ""
     loss = f", loss {estimate.loss}" if estimate.training and estimate.loss != "default" else ""
+    ranks = (
+        f" (rank {estimate.rank} of {estimate.world_size}, {estimate.strategy}: the highest peak)"
+        if estimate.ranks
+        else ""
+    )
     return (
-        f"Estimated {kind} of {estimate.model} on {estimate.device}: inputs {', '.join(estimate.inputs)}, "
-        f"dtype {estimate.dtype}{optimizer}{loss}{amp}; rounding: {estimate.rounding}"
+        f"Estimated {kind} of {estimate.model} on {estimate.device}{ranks}: "
+        f"inputs {', '.join(estimate.inputs)}, dtype {estimate.dtype}{optimizer}{loss}{amp}; "
+        f"rounding: {estimate.rounding}"
     )
 
 
@@ -104,6 +110,10 @@ def _totals(estimate: Estimate) -> list[str]:
     workspace = f" + cuBLAS workspace {format_bytes(workspace)}" if workspace else ""
     lines.append(f"  at the peak: {split}{workspace}")
     lines.append("  phase peaks: " + ", ".join(f"{p.phase} {format_bytes(p.peak)}" for p in estimate.phases))
+    if estimate.ranks:
+        lines.append(
+            "per rank: " + ", ".join(f"{r.rank}: {format_bytes(r.peak)} ({r.phase})" for r in estimate.ranks)
+        )
     return lines + _allocator_lines(estimate)
 
 

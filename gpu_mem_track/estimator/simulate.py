@@ -29,9 +29,10 @@ from torch.nn.utils.stateless import _reparametrize_module
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
 from .amp import SimulatedAutocast
+from .distributed import Plan, estimate_ranks, make_plan
 from .lifetimes import Lifetimes
 from .memory import CudaModel, ExactMemory
-from .options import StepOptions
+from .options import DistOptions, StepOptions
 from .records import Estimate
 from .specs import callable_name
 from .step import (
@@ -72,6 +73,12 @@ def estimate(
     gpu: str | None = None,
     cublas_workspace: int | str | None = None,
     warmup: int | None = None,
+    world_size: int = 1,
+    strategy: str | None = None,
+    bucket_cap_mb: float | None = None,
+    gradient_as_bucket_view: bool = False,
+    fsdp_units: tuple[str, ...] = (),
+    reshard_after_forward: bool = True,
 ) -> Estimate:
     """Estimate the device memory of one step of ``model`` on ``inputs``, on meta tensors.
 
@@ -112,7 +119,15 @@ def estimate(
     environment variable); ``gpu`` names the architecture (``"hopper"``: 32 MiB cuBLAS
     workspaces, see :data:`~gpu_mem_track.estimator.memory.GPU_ARCHITECTURES`);
     ``cublas_workspace`` overrides the workspace: bytes, or a ``CUBLAS_WORKSPACE_CONFIG``
-    value (None: the environment variable, else the architecture's default).
+    value (None: the environment variable, else the architecture's default). Each rank
+    of a distributed estimate runs through its own memory model, as one process does.
+
+    ``world_size`` and ``strategy`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"fsdp"``;
+    ``"ddp"`` by default over one rank) with ``bucket_cap_mb``,
+    ``gradient_as_bucket_view`` (DDP), ``fsdp_units`` and ``reshard_after_forward``
+    (FSDP2) estimate one rank of a distributed training step (see
+    :mod:`~gpu_mem_track.estimator.distributed`; the batch is per rank); not with
+    ``step`` (``UsageError``).
 
     The options are parsed once into a
     :class:`~gpu_mem_track.estimator.options.StepOptions` (``estimate_step`` takes one).
@@ -128,6 +143,14 @@ def estimate(
         alloc_conf=alloc_conf,
         gpu=gpu,
         cublas_workspace=cublas_workspace,
+        distributed=DistOptions.parse(
+            world_size=world_size,
+            strategy=strategy,
+            bucket_cap_mb=bucket_cap_mb,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            fsdp_units=fsdp_units,
+            reshard_after_forward=reshard_after_forward,
+        ),
     )
     return estimate_step(model, inputs, options, loss_fn=loss_fn, step=step)
 
@@ -141,8 +164,17 @@ def estimate_step(
     step: StepFunction | None = None,
 ) -> Estimate:
     """:func:`estimate` with its options already parsed (the CUDA target's memory model
-    and the warmup come from ``options``)."""
-    return _trace(model, inputs, options, loss_fn, "meta", step)
+    and the warmup come from ``options``). With ``options.distributed`` spread over
+    ranks, each distinct rank is simulated (``estimator.distributed``), each through its
+    own memory model, and the rank with the highest peak is returned, with every rank's
+    peak in ``ranks``. A user's ``step`` cannot be combined with a strategy
+    (``UsageError``, see :func:`~gpu_mem_track.estimator.step.check_user_step`)."""
+    dist = options.distributed
+    if step is not None or dist.world_size == 1 or dist.strategy == "none" or not options.training:
+        return _trace(model, inputs, options, loss_fn, "meta", step)
+    return estimate_ranks(
+        lambda rank: _trace(model, inputs, options, loss_fn, "meta", None, rank), model, dist
+    )
 
 
 def trace_cpu_step(
@@ -193,6 +225,7 @@ def _trace(
     loss_fn: Callable[[Any], torch.Tensor],
     sim: str,
     step: StepFunction | None,
+    rank: int = 0,
 ) -> Estimate:
     if step is not None:
         check_user_step(options, loss_fn)
@@ -212,18 +245,22 @@ def _trace(
         with values:
             tensors = make_inputs(specs, sim, options.torch_dtype)
         with values, tracker:
-            params = [t for t in state.values() if isinstance(t, nn.Parameter) and t.requires_grad]
+            dist = options.distributed if options.training and step is None else DistOptions()
+            plan = make_plan(dist, module, state, rank, tracker)
+            plan.setup()
             make = options.training or step is not None
-            opt = make_optimizer(options.optimizer, params, options.target) if make else None
+            opt = make_optimizer(options.optimizer, plan.optimized, options.target) if make else None
             restart = values.restart if isinstance(values, KnownValues) else (lambda: None)
-            watch = Watch(tracker, module, state, tensors, opt, warmup + 1, on_measure=restart)
-            with watch.hooks():
+            watch = Watch(tracker, module, state, tensors, opt, warmup + 1, on_measure=restart, plan=plan)
+            with watch.hooks(), plan.hooks():
                 if step is None:
-                    _builtin_steps(module, state, (specs, tensors), params, opt, options, loss_fn, watch)
+                    _builtin_steps(module, state, (specs, tensors), plan, opt, options, loss_fn, watch)
                 else:
                     with _reparametrize_module(module, state), watch.phase_hooks():
                         run_user_steps(step, module, opt, tensors, steps=warmup + 1, on_phase=watch.on_phase)
             header = _header(model, options, (specs, tensors), tracker, (step, loss_fn))
+            spread = options.distributed
+            header.update(world_size=spread.world_size, strategy=spread.strategy, rank=rank)
             header["value_reads"] = values.reads() if isinstance(values, KnownValues) else ()
             return watch.result(header)
     finally:
@@ -235,25 +272,26 @@ def _builtin_steps(
     module: nn.Module,
     state: dict[str, torch.Tensor],
     inputs: tuple[list[Any], list[torch.Tensor]],
-    params: list[nn.Parameter],
+    plan: Plan,
     opt: torch.optim.Optimizer | None,
     options: StepOptions,
     loss_fn: Callable[[Any], torch.Tensor],
     watch: Watch,
 ) -> None:
     """The built-in step, ``watch.measured + 1`` times; ``inputs`` are (specs, tensors):
-    inputs whose spec has a name go by keyword."""
+    inputs whose spec has a name go by keyword. ``plan`` (the distributed strategy's, a
+    no-op for one process) gives the parameters stepped and hears every phase."""
     amp_dtype = options.amp_dtype
     args, kwargs = split_named(*inputs)
     run_steps(
         lambda: functional_call(module, state, args, kwargs),
-        params,
+        plan.stepped,
         opt,
         training=options.training,
         steps=watch.measured + 1,
         loss_fn=loss_fn,
         autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
-        on_phase=watch.on_phase,
+        on_phase=lambda phase, step: (plan.on_phase(phase), watch.on_phase(phase, step)),
     )
 
 

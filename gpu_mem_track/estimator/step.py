@@ -269,7 +269,8 @@ def run_user_steps(
 
 def check_user_step(options: StepOptions, loss_fn: Callable[[Any], Any]) -> None:
     """A user's step computes its own loss and runs its own autocast: a ``loss_fn`` other
-    than the default, or ``amp``, given with one is a ``UsageError``."""
+    than the default, or ``amp``, given with one is a ``UsageError``. So is a distributed
+    strategy: the estimator adds a strategy's storages around its built-in step only."""
     if loss_fn is not default_loss:
         raise UsageError(
             f"the loss {callable_name(loss_fn)} (--loss, loss_fn) does not apply to a custom step "
@@ -279,4 +280,12 @@ def check_user_step(options: StepOptions, loss_fn: Callable[[Any], Any]) -> None
         raise UsageError(
             "autocast (--amp, amp) does not apply to a custom step (--step, step=): "
             "run torch.autocast inside the step"
+        )
+    dist = options.distributed
+    if dist.strategy != "none":
+        ranks = f"{dist.world_size} rank{'s' if dist.world_size != 1 else ''}"
+        raise UsageError(
+            f"a custom step (--step, step=) cannot be estimated with --strategy {dist.strategy} "
+            f"over {ranks}: the strategy's buckets, shards and gathers are added around the "
+            "built-in step only; drop --step, or estimate the step as one process"
         )

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..categories import CATEGORIES
+from .distributed import Plan
 from .lifetimes import Lifetimes
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
 
@@ -29,7 +30,10 @@ class Watch:
 
     ``state``: the parameters and buffers by name; ``inputs``: the input tensors;
     ``optimizer``: the step's optimizer (None without one); ``on_measure()`` is called as
-    the measured step starts (the values' reads restart there).
+    the measured step starts (the values' reads restart there). ``plan``: the distributed
+    strategy's (None: one process): its own storages get their roles first, its
+    ``stepped`` parameters hold the gradients, and under FSDP they (this rank's shards)
+    are the parameters counted.
     """
 
     def __init__(
@@ -41,10 +45,14 @@ class Watch:
         optimizer: torch.optim.Optimizer | None,
         steps: int,
         on_measure: Callable[[], None] = lambda: None,
+        plan: Plan | None = None,
     ) -> None:
         self.tracker, self.module, self.state, self.optimizer = tracker, module, state, optimizer
         self.on_measure = on_measure
+        self.plan = plan
         self.role: dict[int, str] = {}
+        for tensor, role in plan.roles if plan is not None else ():
+            self._give(tensor, role)
         for tensor in state.values():
             self._give(tensor, "parameter" if isinstance(tensor, nn.Parameter) else "buffer")
         for tensor in inputs:
@@ -81,10 +89,15 @@ class Watch:
             self.on_measure()
 
     def _take_gradients(self) -> None:
-        grads = [p.grad for p in self.state.values() if isinstance(p, nn.Parameter) and p.grad is not None]
+        grads = [p.grad for p in self._stepped() if p.grad is not None]
         found = {k for k in (self._give(g, "gradient") for g in grads) if k is not None}
         if found:
             self.gradients = found
+
+    def _stepped(self) -> list[torch.Tensor]:
+        if self.plan is not None:
+            return list(self.plan.stepped)
+        return [p for p in self.state.values() if isinstance(p, nn.Parameter)]
 
     def _take_states(self) -> None:
         self.states, self.host_bytes = set(), 0
@@ -167,6 +180,8 @@ class Watch:
         activations = self.activations or set()
         phases = tuple(PhasePeak(p, *tracker.phase_peaks[p]) for p in PHASES if p in tracker.phase_peaks)
         params = [t for t in self.state.values() if isinstance(t, nn.Parameter)]
+        if self.plan is not None and self.plan.options.strategy == "fsdp":
+            params = list(self.plan.stepped)  # what this rank keeps: its shards
         caching = tracker.memory.allocator is not None
         return Estimate(
             **header,

@@ -35,6 +35,7 @@ __all__ = [
     "LINE_COLUMNS",
     "LINE_REQUIRED",
     "TIMELINE_COLUMNS",
+    "TIMELINE_REQUIRED",
     "RunFolder",
     "TimelineWriter",
     "csv_line",
@@ -53,6 +54,10 @@ LINE_REQUIRED = tuple(f.name for f in fields(LineRecord) if f.default is MISSING
 #: Columns of ``timeline.csv``: the fields of ``records.TimelineRow``, in order. The hot
 #: path (``profiler.LineProfiler._line_row``) formats its rows by hand in this order.
 TIMELINE_COLUMNS = tuple(f.name for f in fields(TimelineRow))
+#: Columns a file written before they existed may lack (they read back as None).
+_OPTIONAL = frozenset({"rank"})
+#: The columns a ``timeline.csv`` of any version has.
+TIMELINE_REQUIRED = tuple(c for c in TIMELINE_COLUMNS if c not in _OPTIONAL)
 #: How a cell of each column reads back, by the field's declared type; text otherwise.
 _PARSE: dict[str, Any] = {
     f.name: {"int": int, "int | None": int, "float": float, "bool": lambda text: text == "True"}.get(
@@ -176,17 +181,19 @@ def read_meta(path: Path) -> RunInfo:
 def _typed_rows(
     path: Path, columns: Sequence[str], notes: list[str] | None = None, optional: Sequence[str] = ()
 ) -> Iterator[dict[str, Any]]:
-    """Typed rows with ``columns`` (all required) and those of ``optional`` the file has."""
+    """Typed rows with ``columns`` (required, but for ``_OPTIONAL`` ones older files lack)
+    and those of ``optional`` the file has."""
     with path.open(encoding="utf-8", newline="") as handle:
         complete = CompleteRows(handle)
         reader = csv.DictReader(complete)
-        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        header = reader.fieldnames or ()
+        missing = [c for c in columns if c not in header and c not in _OPTIONAL]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
-        columns = (*columns, *(c for c in optional if c in (reader.fieldnames or ())))
+        present = [c for c in (*columns, *optional) if c in header]
         for number, row in enumerate(reader, start=2):
             try:
-                yield {name: _value(name, row[name]) for name in columns}
+                yield {name: _value(name, row[name]) for name in present}
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}, line {number}: {exc}") from exc
     note = cut_note(path, complete)

@@ -62,6 +62,8 @@ class LineProfiler:
             execution during which the sampler's ``events`` count moved from ``start`` to
             ``end`` (the allocator's allocations and frees; ``run --snapshot``), with the
             memory read when it started and ended; or None.
+        rank: the rank of the distributed launch, written in every row and record (None
+            outside one).
     """
 
     def __init__(
@@ -73,7 +75,10 @@ class LineProfiler:
         extras_every: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
         windows: Any = None,
+        rank: int | None = None,
     ) -> None:
+        self.rank = rank
+        self._rank_cell = "" if rank is None else str(rank)
         self._sampler = sampler
         self._sample = sampler.sample
         self._timeline = timeline
@@ -167,6 +172,7 @@ class LineProfiler:
                     peak_exact=stats[_EXACT],
                     seconds=stats[_SECONDS],
                     rise=stats[_RISE],
+                    rank=self.rank,
                 )
             )
         return out
@@ -252,7 +258,7 @@ class LineProfiler:
         self._seq += 1
         self._write_text(  # type: ignore[misc]
             f"{self._seq},{elapsed:.6f},{where},{lineno},,{current},{increment},{peak},{allocated},"
-            f"{'' if reserved is None else reserved},{driver},{rss}\n"
+            f"{'' if reserved is None else reserved},{driver},{rss},{self._rank_cell}\n"
         )
 
     def event_row(
@@ -281,6 +287,7 @@ class LineProfiler:
                 reserved=self._sampler.reserved,
                 driver=driver,
                 rss=rss,
+                rank=self.rank,
             )
         )
 

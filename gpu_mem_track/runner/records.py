@@ -8,7 +8,7 @@ caching allocator's allocated bytes on CUDA, the process's resident set size on 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,8 @@ class LineRecord:
     started, the largest over its executions): what the line allocated even when it also
     freed more, so its net ``increment`` is negative. None in files written before it was
     recorded. ``hits`` counts executions of the statement that starts on ``line``
-    (a call spread over several lines counts once).
+    (a call spread over several lines counts once). ``rank``: the rank of the
+    distributed launch that ran it (None outside one, and in files written before ranks).
     """
 
     file: str
@@ -60,14 +61,16 @@ class LineRecord:
     peak_exact: bool
     seconds: float
     rise: int | None = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LineRecord:
-        """The record of ``to_dict``'s mapping; ``rise`` may be missing (older files)."""
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.name != "rise"})
+        """The record of ``to_dict``'s mapping; ``rise`` and ``rank`` may be missing
+        (older files)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.default is MISSING})
 
     @property
     def growth(self) -> int:
@@ -84,7 +87,8 @@ class TimelineRow:
     ``increment`` and ``peak``: as in ``LineRecord``, for this one execution.
     ``allocated`` and ``reserved``: the CUDA caching allocator (None on the CPU);
     ``driver``: the driver's figure for the process where it was read (it is sampled, not
-    read at every line); ``rss``: the process's resident set size where read.
+    read at every line); ``rss``: the process's resident set size where read; ``rank``:
+    the rank of the distributed launch (None outside one).
     """
 
     seq: int
@@ -101,6 +105,7 @@ class TimelineRow:
     reserved: int | None = None
     driver: int | None = None
     rss: int | None = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +126,13 @@ class RunInfo:
     the highest memory read during the run (bytes), in a line or not (the timeline's
     ``start`` and ``end`` rows included), so it is the highest figure ``timeline.csv``
     holds; ``peak_at``: ``file:line`` of the line that raised memory to it (see
-    ``profiler``), empty when no line came near it.
+    ``profiler``), empty when no line came near it; ``peak_phase``: the label of the last
+    ``MemTracker.track()`` stamp before the peak ("" if none came before it);
+    ``end_memory``: the memory when the script ended (bytes).
+
+    In a distributed launch (``ranks.RankInfo``; all None outside one): ``rank``,
+    ``local_rank``, ``world_size``; ``launch``: the launch folder's name (the run folder
+    is ``<launch>/rank<k>``); ``device`` is the device this rank measured.
     """
 
     run_name: str
@@ -138,6 +149,12 @@ class RunInfo:
     exit_code: int | None = None
     peak: int | None = None
     peak_at: str = ""
+    peak_phase: str = ""
+    end_memory: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    launch: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

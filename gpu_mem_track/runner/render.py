@@ -12,7 +12,7 @@ from ..units import format_bytes, format_peak
 from .records import LineRecord, RunInfo, SnapshotMerge, by_function, hottest
 from .samplers import HEAP_SOURCE
 
-__all__ = ["render_line_report", "render_summary"]
+__all__ = ["render_launch_report", "render_line_report", "render_ranks", "render_summary"]
 
 _HEAD = (
     f"{'Line #':>7}  {'Memory':>12}  {'Increment':>12}  {'Rise':>12}  {'Peak':>13}  {'Hits':>7}"
@@ -73,6 +73,8 @@ def render_summary(
             )
     if info.memory_source == "cuda allocator" and not info.peak:
         lines.append("Note: the script allocated no CUDA memory; --device cpu measures the process RSS.")
+    if info.rank is not None:
+        lines[0] += f" | rank {info.rank} of {info.world_size}"
     note = _SHORT_NOTES.get(info.memory_source)
     if note:
         lines.append(note)
@@ -85,11 +87,50 @@ def render_summary(
     return "\n".join(lines) + "\n"
 
 
+def render_ranks(summary: Any) -> str:
+    """The ranks table of a launch (``ranktable.LaunchSummary``): per rank its status,
+    device, peak, the line and phase of the peak and the memory at the end, then the
+    spread of the peaks."""
+    head = f"{'Rank':>4}  {'Status':<8}  {'Device':<7}  {'Peak':>11}  {'At end':>11}  Peak at (phase)"
+    out = [head, "=" * len(head)]
+    for r in summary.ranks:
+        phase = f" ({r.peak_phase})" if r.peak_phase else ""
+        out.append(
+            f"{r.rank:>4}  {r.status:<8}  {r.device or '-':<7}  {_bytes_or_dash(r.peak):>11}  "
+            f"{_bytes_or_dash(r.end_memory):>11}  {_short(r.peak_at) or '-'}{phase}"
+        )
+    spread = summary.spread
+    if spread is not None:
+        peaks = [r for r in summary.ranks if r.peak]
+        high, low = max(peaks, key=lambda r: r.peak), min(peaks, key=lambda r: r.peak)
+        out.append(f"Spread: largest peak / smallest = {spread:.3f} (rank {high.rank} / rank {low.rank})")
+    broken = [str(r.rank) for r in summary.ranks if r.status in ("no end", "missing")]
+    if broken:
+        out.append(
+            f"No clean end recorded for rank {', '.join(broken)} (killed, still running or never started)"
+        )
+    return "\n".join(out) + "\n"
+
+
+def render_launch_report(summary: Any) -> str:
+    """``report.txt`` of a launch folder: what ran, the ranks table, where each rank's
+    own report is."""
+    return (
+        f"gpu_mem_track launch {summary.launch}: {_short(summary.script) or '?'}"
+        f" on {summary.world_size} ranks\n\n{render_ranks(summary)}\n"
+        "Each rank's line report: rank<k>/report.txt\n"
+    )
+
+
+def _bytes_or_dash(nbytes: int | None) -> str:
+    return "-" if nbytes is None else format_bytes(nbytes)
+
+
 def _run_header(info: RunInfo) -> str:
     return (
         f"gpu_mem_track run {info.run_name}: {' '.join(info.argv)}\n"
         f"{_ending(info)} | device {info.device} | memory: {_source(info)} | engine {info.engine}\n"
-        f"{_peak(info)} | Python {info.python} | torch {info.torch or '-'}"
+        f"{_rank(info)}{_peak(info)} | Python {info.python} | torch {info.torch or '-'}"
         f" | gpu_mem_track {info.gpu_mem_track}\n"
         "Memory: after the line's last run. Increment: net, summed over its runs (callees included). "
         "Rise: the most one run\nraised memory above its start (what it allocated, even when it "
@@ -182,11 +223,18 @@ def _source(info: RunInfo) -> str:
     return info.memory_source
 
 
+def _rank(info: RunInfo) -> str:
+    if info.rank is None:
+        return ""
+    return f"rank {info.rank} of {info.world_size} (local rank {info.local_rank}) of {info.launch} | "
+
+
 def _peak(info: RunInfo) -> str:
     if info.peak is None:
         return "peak unknown"
     at = f" at {_short(info.peak_at)}" if info.peak_at else ""
-    return f"peak {format_bytes(info.peak)}{at}"
+    phase = f" (after {info.peak_phase!r})" if info.peak_phase else ""
+    return f"peak {format_bytes(info.peak)}{at}{phase}"
 
 
 def _rise(record: LineRecord) -> str:

@@ -4,7 +4,9 @@ The sequence: check everything that can be checked before the script runs (``pre
 ``UsageError`` on a user mistake; every output path made absolute), then ``execute``:
 run the script as ``__main__`` under the tracing engine (``launch.run_script``), write
 every report (also after an exception, ``sys.exit``, Ctrl-C, SIGTERM or SIGHUP), and
-return the script's exit code.
+return the script's exit code. Under torchrun (``ranks.rank_info``) the run folder is
+``<launch>/rank<k>/`` and each rank rebuilds the launch's ranks table at its end
+(``ranktable.report_launch``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import CodeType
@@ -22,6 +25,7 @@ from typing import Any, TextIO
 from .. import __version__
 from ..errors import UsageError
 from ..outputs import safe_name
+from ..ranks import RankInfo, rank_folder, rank_info
 from .checks import (
     check_memory,
     check_out_dir,
@@ -36,6 +40,7 @@ from .files import RunFolder, TimelineWriter, write_lines, write_meta
 from .history import DEFAULT_ENTRIES, HistoryRecorder
 from .launch import run_script
 from .profiler import LineProfiler
+from .ranktable import report_launch
 from .recording import SnapshotRun
 from .records import RunInfo, RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
@@ -75,11 +80,16 @@ class RunOptions:
     memory: str = "auto"
     snapshot: bool = False
     snapshot_entries: int = DEFAULT_ENTRIES
+    all_ranks: bool = False
+    rank_wait: float = 10.0
 
 
 @dataclass
 class PreparedRun:
-    """A checked run: resolved paths, the folder (created), what to trace."""
+    """A checked run: resolved paths, the folder (created), what to trace. In a
+    distributed launch ``rank`` says which rank this is and ``folder`` is
+    ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
+    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
 
     options: RunOptions
     script: Path
@@ -87,16 +97,21 @@ class PreparedRun:
     include_files: frozenset[str]
     include_dirs: tuple[str, ...]
     device: str
+    rank: RankInfo | None = None
+    follow_rank: bool = False
 
 
-def prepare(options: RunOptions) -> PreparedRun:
+def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> PreparedRun:
     """Check the script, ``--include`` and the output folder, and create the run folder.
 
     Raises ``UsageError`` (one line naming the problem) for a missing or unreadable
     script, an unknown ``--include``, a bad device, an engine this Python lacks,
-    ``--activations`` without torch, or an output folder that cannot be written.
+    ``--activations`` without torch, an output folder that cannot be written, or a
+    launcher environment (``RANK``, ``WORLD_SIZE``) that makes no sense. ``environ``: the
+    environment to read the rank from (default ``os.environ``).
     """
     script = readable_script(options.script)
+    rank = rank_info(environ)
     files, dirs = resolve_includes(options.include, script)
     device = resolve_device(options.device)
     check_memory(options.memory, device)
@@ -108,12 +123,18 @@ def prepare(options: RunOptions) -> PreparedRun:
         raise UsageError("--activations needs torch, which is not installed here")
     if options.snapshot:
         check_snapshot(options, device)
-    name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     # Absolute now: a script that calls os.chdir() must not move our reports.
     out_dir = Path(options.out_dir).absolute()
     check_out_dir(out_dir, options.out_dir)
+    traced = frozenset({str(script), *files})
+    if rank is not None:
+        folder = RunFolder(rank_folder(out_dir, options.run_name, script, rank, environ))
+        follow = device.startswith("cuda") and options.device in ("auto", "cuda")
+        device = f"cuda:{rank.local_rank}" if follow else device
+        return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
+    name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(claim_folder(out_dir, name))
-    return PreparedRun(options, script, folder, frozenset({str(script), *files}), dirs, device)
+    return PreparedRun(options, script, folder, traced, dirs, device)
 
 
 def run(options: RunOptions, stream: TextIO | None = None) -> int:
@@ -130,23 +151,24 @@ def execute(
 ) -> RunResult:
     """Run the prepared script under the line tracer, write the reports and return the
     :class:`~gpu_mem_track.runner.records.RunResult`: the script's exit code (0, the
-    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C, 143 after
-    SIGTERM), the run's description, its line records, its automatic censuses and, with
-    ``--snapshot``, how the snapshot was merged. ``prepared`` is not changed.
-    ``sampler`` and ``history`` replace the memory readings and torch's history recorder
-    (tests pass fakes)."""
-    options, folder = prepared.options, prepared.folder
+    ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C, 128 + N after
+    signal N: 143 after SIGTERM, 129 after SIGHUP), the run's description, its line
+    records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
+    ``prepared`` is not changed. ``sampler`` and ``history`` replace the memory readings
+    and torch's history recorder (tests pass fakes)."""
+    options, folder, rank = prepared.options, prepared.folder, prepared.rank
     if sampler is None:
-        sampler = _sampler(prepared.device, options.memory)
+        sampler = _sampler(prepared)
     snapshot = _snapshot_run(prepared, sampler, history) if options.snapshot else None
     timeline = TimelineWriter(folder.timeline)
-    session = RunSession(folder.path, prepared.device, timeline)
+    session = RunSession(folder.path, sampler if prepared.follow_rank else prepared.device, timeline)
     profiler = LineProfiler(
         sampler,
         timeline,
         session.census,
         options.census_threshold,
         windows=snapshot.windows if snapshot else None,
+        rank=None if rank is None else rank.rank,
     )
     session.profiler = profiler
     engine = best_engine(profiler, _wants(prepared), options.engine)
@@ -163,13 +185,14 @@ def execute(
     finally:
         session.close()
         profiler.finish()
+        end_memory = sampler.sample()[0]
         profiler.event_row("end")
         timeline.close()
         records = profiler.records()
         if snapshot is not None:
             records = snapshot.finish(records)
         sampler.close()
-        info = _finished(info, code, profiler)
+        info = _finished(info, code, profiler, session, end_memory)
         _write_reports(prepared, info, records, session, snapshot, stream)
     merge = snapshot.result if snapshot is not None else None
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
@@ -186,10 +209,21 @@ def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder 
     )
 
 
-def _finished(info: RunInfo, code: int, profiler: LineProfiler) -> RunInfo:
+def _finished(
+    info: RunInfo, code: int, profiler: LineProfiler, session: RunSession, end_memory: int
+) -> RunInfo:
+    """The run's description once the script ended."""
     where = f"{profiler.peak_at[0]}:{profiler.peak_at[1]}" if profiler.peak_at else ""
     return replace(
-        info, ended=time.time(), exit_code=code, peak=profiler.peak, peak_at=where, torch=_torch_version()
+        info,
+        ended=time.time(),
+        exit_code=code,
+        peak=profiler.peak,
+        peak_at=where,
+        peak_phase=session.peak_phase(profiler.peak),
+        end_memory=end_memory,
+        device=session.device,
+        torch=_torch_version(),
     )
 
 
@@ -201,22 +235,33 @@ def _write_reports(
     snapshot: SnapshotRun | None,
     stream: TextIO | None,
 ) -> None:
-    """lines.csv, meta.json and report.txt, then the summary on ``stream`` (stderr)."""
+    """lines.csv, meta.json and report.txt, then the summary on ``stream`` (stderr; in a
+    launch only rank 0 prints it, every rank with ``--all-ranks``); in a launch, rebuild
+    the launch folder's ranks table, and on rank 0 wait up to ``--rank-wait`` seconds for
+    the other ranks and print the table."""
     from .render import render_line_report, render_summary
 
-    folder, merge = prepared.folder, snapshot.result if snapshot is not None else None
+    folder, options, rank = prepared.folder, prepared.options, prepared.rank
+    merge = snapshot.result if snapshot is not None else None
     write_lines(folder.lines, records)
     write_meta(folder.meta, info)
     folder.report.write_text(render_line_report(info, records, session.censuses, merge), encoding="utf-8")
     out = stream or sys.stderr
-    out.write(render_summary(info, records, folder.path, prepared.options.top, merge))
-    out.flush()
+    if rank is None or rank.is_first or options.all_ranks:
+        out.write(render_summary(info, records, folder.path, options.top, merge))
+        out.flush()
+    if rank is not None:
+        report_launch(folder.path.parent, rank, options.rank_wait, out)
 
 
-def _sampler(device: str, memory: str) -> Any:
-    if device.startswith("cuda"):
-        return CudaSampler(device)
-    return HeapSampler() if memory == "heap" else RssSampler()
+def _sampler(prepared: PreparedRun) -> Any:
+    """The CUDA allocator's sampler (following the rank's device when ``follow_rank``),
+    else the C heap's (``--memory heap``) or the process RSS's."""
+    if prepared.device.startswith("cuda"):
+        rank = prepared.rank
+        local_rank = rank.local_rank if prepared.follow_rank and rank is not None else None
+        return CudaSampler(prepared.device, local_rank=local_rank)
+    return HeapSampler() if prepared.options.memory == "heap" else RssSampler()
 
 
 def _wants(prepared: PreparedRun) -> Any:
@@ -239,8 +284,9 @@ def _wants(prepared: PreparedRun) -> Any:
 
 
 def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
+    path = prepared.folder.path
     return RunInfo(
-        run_name=prepared.folder.path.name,
+        run_name=path.name if prepared.rank is None else f"{path.parent.name}/{path.name}",
         script=str(prepared.script),
         argv=(prepared.options.script, *prepared.options.args),
         device=prepared.device,
@@ -250,7 +296,16 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         python=platform.python_version(),
         torch=_torch_version(),
         gpu_mem_track=__version__,
+        **_rank_fields(prepared),
     )
+
+
+def _rank_fields(prepared: PreparedRun) -> dict[str, Any]:
+    rank = prepared.rank
+    if rank is None:
+        return {}
+    launch = prepared.folder.path.parent.name
+    return {"rank": rank.rank, "local_rank": rank.local_rank, "world_size": rank.world_size, "launch": launch}
 
 
 def _torch_version() -> str:

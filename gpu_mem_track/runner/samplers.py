@@ -18,6 +18,7 @@ import sys
 from typing import Any, Protocol
 
 from ..devices import parse_device
+from ..ranks import rank_device
 
 __all__ = ["HEAP_SOURCE", "CudaSampler", "FakeSampler", "HeapSampler", "RssSampler", "Sampler", "Extras"]
 
@@ -159,18 +160,32 @@ class CudaSampler:
     ``stats``: where the statistics come from, ``stats(device_index)`` returning the
     nested dict of ``torch.cuda.memory_stats_as_nested_dict`` (default: torch's, once the
     program has started CUDA); tests pass a fake.
+
+    ``local_rank``: in a distributed launch whose device was not named, the device is
+    decided when the program has started CUDA (see ``ranks.rank_device``) and ``device``
+    then names it; until then ``device`` is ``cuda:<local_rank>``. ``torch_module``: the
+    torch to read (default: the one the program imported; tests pass a fake).
     """
 
     source = "cuda allocator"
     reserved: int | None = 0
     events = 0
 
-    def __init__(self, device: str, reader: Any = None, stats: Any = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        reader: Any = None,
+        stats: Any = None,
+        local_rank: int | None = None,
+        torch_module: Any = None,
+    ) -> None:
         from ..tracker.readers import reader_for
 
-        self._device = device
-        self._index = parse_device(device).ordinal
-        self._reader = reader or reader_for(device)
+        self.device = device if local_rank is None else f"cuda:{local_rank}"
+        self._index = parse_device(self.device).ordinal
+        self._local_rank = local_rank
+        self._reader = reader or reader_for(self.device)
+        self._torch = torch_module
         self._cuda: Any = None
         self._stats: Any = stats
         self._started = stats is not None
@@ -189,7 +204,7 @@ class CudaSampler:
         """Whether the program has imported torch and started CUDA (asked until it has)."""
         cuda = self._cuda
         if cuda is None:
-            torch = sys.modules.get("torch")
+            torch = self._torch or sys.modules.get("torch")
             if torch is None:
                 return False
             cuda = self._cuda = torch.cuda
@@ -199,10 +214,13 @@ class CudaSampler:
         if not cuda.is_initialized():
             return False
         self._started = True  # CUDA never stops once started: ask once
+        if self._local_rank is not None:
+            self._index = rank_device(cuda, self._local_rank)
+            self.device = f"cuda:{self._index}"
         return True
 
     def extras(self) -> Extras:
-        driver = self._reader.driver(self._device) if self._cuda is not None else None
+        driver = self._reader.driver(self.device) if self._cuda is not None else None
         return driver.nbytes if driver else None, self._reader.rss()
 
     def close(self) -> None:

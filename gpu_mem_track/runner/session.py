@@ -28,16 +28,21 @@ class RunSession:
     """One run's listener (``tracker.listeners.StampListener``) and census taker.
 
     ``folder``: the run folder; ``device``: the run's resolved device (``cpu``,
-    ``cuda:N``); ``profiler``: set once made, receives the timeline rows. ``censuses``
-    holds the automatic censuses' stamps (``tracker.records.Stamp``), in order.
+    ``cuda:N``), or the sampler whose ``device`` names it once known (a rank's device is
+    decided when the script starts CUDA); ``profiler``: set once made, receives the
+    timeline rows. ``censuses`` holds the automatic censuses' stamps
+    (``tracker.records.Stamp``), in order; ``marks`` the label of each stamp of the
+    script's trackers with the run's peak (bytes) before it, in order (see
+    :meth:`peak_phase`).
     """
 
-    def __init__(self, folder: Path, device: str, timeline: TimelineWriter) -> None:
+    def __init__(self, folder: Path, device: Any, timeline: TimelineWriter) -> None:
         self.folder: Path | None = folder
-        self.device = device
+        self._device = device
         self.timeline = timeline
         self.profiler: Any = None
         self.censuses: list[Any] = []
+        self.marks: list[tuple[str, int]] = []
         self._tracker: Any = None
         self._per_line: dict[tuple[CodeType, int], int] = {}
 
@@ -49,6 +54,20 @@ class RunSession:
         self.profiler.event_row(event, stamp.label, (stamp.file, stamp.function, stamp.line))
         if event == "census":
             self.censuses.append(stamp)
+        else:
+            self.marks.append((stamp.label, self.profiler.peak))
+
+    @property
+    def device(self) -> str:
+        """The run's device (``cpu``, ``cuda:N``), as far as known now."""
+        return self._device if isinstance(self._device, str) else self._device.device
+
+    def peak_phase(self, peak: int) -> str:
+        """The label of the last stamp of the script's trackers before the run reached
+        ``peak`` bytes ("" when the peak came before any stamp). The run's peak only
+        rises, so the stamps taken before it are those that saw a lower one."""
+        before = [label for label, seen in self.marks if seen < peak]
+        return before[-1] if before else ""
 
     def census(self, code: CodeType, lineno: int, increment: int) -> None:
         """Census after a line whose execution grew memory by ``increment`` bytes (the

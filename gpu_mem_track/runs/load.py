@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..csvrows import CompleteRows, cut_note
 from ..errors import UsageError
-from ..runner.files import LINE_REQUIRED, TIMELINE_COLUMNS, RunFolder, read_lines, read_meta, read_timeline
+from ..ranks import is_launch_folder
+from ..runner.files import LINE_REQUIRED, TIMELINE_REQUIRED, RunFolder, read_lines, read_meta, read_timeline
 from ..runner.records import LineRecord, RunInfo, TimelineRow
 from ..tracker.csvlog import REQUIRED_COLUMNS, stamps_from_rows
 from ..tracker.records import Stamp
@@ -148,6 +149,11 @@ def detect(path: str | Path) -> Source:
         folder = RunFolder(path)
         if any(p.is_file() for p in (folder.meta, folder.lines, folder.timeline)):
             return Source(path, "folder")
+        if is_launch_folder(path):
+            raise UsageError(
+                f"{path} is a launch folder of a distributed run: name one of its rank<k>/ "
+                "folders, or compare its ranks with --by rank"
+            )
         runs = sorted(p.name for p in path.iterdir() if (p / "meta.json").is_file())
         if runs:
             example = path / runs[0]
@@ -162,7 +168,7 @@ def detect(path: str | Path) -> Source:
         raise UsageError(f"{path} is empty (no CSV header): not a gpu_mem_track report")
     if header.issuperset(TRACKER_COLUMNS):
         return Source(path, "tracker")
-    if header.issuperset(TIMELINE_COLUMNS):
+    if header.issuperset(TIMELINE_REQUIRED):
         return Source(path, "timeline")
     if header.issuperset(LINE_REQUIRED):
         return Source(path, "lines")

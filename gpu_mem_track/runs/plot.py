@@ -67,13 +67,15 @@ class Plotted:
 def plot_files(
     paths: Sequence[str | Path], output: str | Path, title: str | None = None, points: int = DEFAULT_POINTS
 ) -> Plotted:
-    """Load each run (see ``runs``), draw them on one chart and write it to ``output``
-    (``image_path``: the format follows its suffix, png, svg, pdf...; none means PNG and
-    ``.png`` is appended). ``UsageError`` for a path that cannot be loaded or has no
-    timeline, or an output that cannot be written; ``PlotUnavailable`` without
-    matplotlib (checked before loading)."""
+    """Load each run (see ``runs``; a launch folder stands for its ranks), draw them on
+    one chart and write it to ``output`` (``image_path``: the format follows its suffix,
+    png, svg, pdf...; none means PNG and ``.png`` is appended). ``UsageError`` for a path
+    that cannot be loaded or has no timeline, or an output that cannot be written;
+    ``PlotUnavailable`` without matplotlib (checked before loading)."""
+    from .ranks import expand_launches
+
     _matplotlib()
-    runs = [load_run(path, lines=False, points=points) for path in paths]
+    runs = [load_run(path, lines=False, points=points) for path in expand_launches(paths)]
     for run in runs:
         if not run.samples:
             raise UsageError(f"{run.path} has no memory over time to plot ({_why_empty(run)})")

@@ -4,7 +4,7 @@ All sizes are raw bytes. Columns (``COLUMNS``), empty where they do not apply:
 
 - every row: ``seq``, ``time`` (seconds since the epoch), ``elapsed`` (seconds since the
   tracker started), ``file``, ``line``, ``function``, ``label``, ``row`` (``totals`` or
-  ``change``), ``device``;
+  ``change``), ``device``, ``rank`` (the rank of a distributed launch, empty outside one);
 - change rows: ``kind``, ``shape`` (``4096x25088``; ``scalar`` for 0-d), ``dtype``,
   ``count_delta``, ``bytes_delta``, ``count`` and ``bytes`` (the group after the change),
   ``names`` (``;``-separated);
@@ -17,7 +17,8 @@ All sizes are raw bytes. Columns (``COLUMNS``), empty where they do not apply:
   ``cat_other``. The categories, ``hidden``, ``cache`` and ``framework`` add up to
   ``driver`` (or, as far as known, ``reserved``, ``allocated``; on CPU ``tensors``).
 
-Reports written before the category columns existed are read as well (categories None).
+Reports written before the category or rank columns existed are read as well (categories
+None, no rank).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ __all__ = [
     "write_header",
 ]
 
-_WHERE = ("seq", "time", "elapsed", "file", "line", "function", "label", "row", "device")
+_WHERE = ("seq", "time", "elapsed", "file", "line", "function", "label", "row", "device", "rank")
 _CHANGE = ("kind", "shape", "dtype", "count_delta", "bytes_delta", "count", "bytes", "names")
 #: The ledger's own figures, in ``records.Ledger`` field order (its device is a where column).
 _LEDGER = tuple(f.name for f in fields(Ledger) if f.name not in ("device", "categories"))
@@ -53,12 +54,14 @@ _DERIVED = ("hidden", "cache", "framework", "framework_other")
 CATEGORY_COLUMNS = tuple(f"cat_{name}" for name in CATEGORIES)
 _TOTALS = _LEDGER + _DERIVED + ("views", "skipped") + CATEGORY_COLUMNS
 COLUMNS = _WHERE + _CHANGE + _TOTALS
-#: The columns every report has (the categories came later: older reports lack them).
-REQUIRED_COLUMNS = tuple(column for column in COLUMNS if column not in CATEGORY_COLUMNS)
+#: The columns every report has (the categories and the rank came later: older reports
+#: lack them).
+REQUIRED_COLUMNS = tuple(column for column in COLUMNS if column not in (*CATEGORY_COLUMNS, "rank"))
 
 
-def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
-    """The CSV rows of one stamp: its totals row, then its change rows."""
+def stamp_rows(stamp: Stamp, rank: int | None = None) -> list[dict[str, Any]]:
+    """The CSV rows of one stamp: its totals row, then its change rows (``rank``: of the
+    distributed launch, None outside one)."""
     where = {
         "seq": stamp.seq,
         "time": repr(float(stamp.time)),
@@ -68,6 +71,7 @@ def stamp_rows(stamp: Stamp) -> list[dict[str, Any]]:
         "function": stamp.function,
         "label": stamp.label,
         "device": stamp.ledger.device,
+        "rank": rank,
     }
     ledger = stamp.ledger
     totals = {name: getattr(ledger, name) for name in _LEDGER + _DERIVED}
@@ -101,13 +105,13 @@ def write_header(path: Path) -> None:
         csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
 
 
-def append_stamp(path: Path, stamp: Stamp) -> None:
+def append_stamp(path: Path, stamp: Stamp, rank: int | None = None) -> None:
     """Append a stamp's rows to ``path`` (writing the header first if the file is new),
     then flush and close, so a crash after this call loses nothing of it."""
     if not path.exists() or path.stat().st_size == 0:
         write_header(path)
     with path.open("a", newline="", encoding="utf-8") as handle:
-        csv.DictWriter(handle, fieldnames=COLUMNS).writerows(stamp_rows(stamp))
+        csv.DictWriter(handle, fieldnames=COLUMNS).writerows(stamp_rows(stamp, rank))
 
 
 def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:

@@ -26,6 +26,7 @@ from .. import __version__
 from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
+from ..ranks import launch_name, rank_device, rank_info
 from .census import TensorSource, take_census
 from .classic import ClassicMethods
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
@@ -66,12 +67,19 @@ class MemTracker(ClassicMethods):
         path: the classic name of ``out_dir``.
         verbose: the classic switch; True means ``verbosity=2``.
         device: ``"cuda:1"``, ``"cuda"``, ``"cpu"``, a ``torch.device`` or a CUDA index.
-            Default: the current CUDA device when CUDA is available, else the CPU. A CUDA
-            device asked for where CUDA is not available is reported on the CPU instead,
-            with a note saying so (unless ``reader`` is given: it stands for the device).
+            Default: the current CUDA device when CUDA is available, else the CPU; in a
+            distributed launch, the rank's device (``ranks.rank_device``: the current one
+            when the script chose it, else ``cuda:<LOCAL_RANK>``). A CUDA device asked for
+            where CUDA is not available is reported on the CPU instead, with a note saying
+            so (unless ``reader`` is given: it stands for the device).
         out_dir: folder of the text log and CSV (created if missing); None writes no files.
-        run_name: base name of the report files; default ``<script>-<date>-<time>``.
+            In a distributed launch (``ranks.rank_info``) the files go to
+            ``<out_dir>/<launch>/rank<k>/`` (``ranks.launch_name``), the folder every rank
+            of the launch shares (a folder already named ``rank<k>`` is used as it is).
+        run_name: base name of the report files; default ``<script>-<date>-<time>``
+            (``tracker`` in a launch folder).
         verbosity: 0 prints nothing, 1 prints each stamp, 2 also lists every live group.
+            Default 1, and 0 on the ranks other than 0 of a distributed launch.
         stream: where stamps are printed (default: ``sys.stdout`` at call time).
         probe: split the framework cost with the CUDA context cost measured for this GPU
             by ``gpu-mem-track probe`` (True: read from the probe's cache; when there is
@@ -102,7 +110,7 @@ class MemTracker(ClassicMethods):
         *,
         out_dir: str | Path | None = "reports",
         run_name: str | None = None,
-        verbosity: int = 1,
+        verbosity: int | None = None,
         stream: TextIO | None = None,
         probe: bool | Probe = True,
         census: str = "fast",
@@ -113,6 +121,9 @@ class MemTracker(ClassicMethods):
     ) -> None:
         if isinstance(frame, bool):  # the classic MemTracker(detail, path, verbose, device)
             frame, detail, path, verbose, device = None, frame, detail, path, verbose  # type: ignore[assignment]
+        self.rank = rank_info()
+        if verbosity is None:
+            verbosity = 0 if self.rank is not None and not self.rank.is_first else 1
         check_options(frame, census, verbosity)
         self.detail = detail
         self.verbosity = 2 if verbose else verbosity
@@ -140,6 +151,8 @@ class MemTracker(ClassicMethods):
         if redirect is not None and folder is not None and Path(folder) == Path("reports"):
             # a listener (`gpu_mem_track run`) claims the default folder: write in its folder
             folder, run_name = redirect, run_name or "tracker"
+        elif self.rank is not None and folder is not None and Path(folder).name != self.rank.folder_name:
+            folder, run_name = self._rank_folder(Path(folder)), run_name or "tracker"
         self.run_name = run_name or default_run_name(clock())
         self.files = ReportFiles.create(folder, self.run_name) if folder is not None else None
         if self.files is not None:
@@ -257,12 +270,15 @@ class MemTracker(ClassicMethods):
                     raise UsageError(f"no such device: {chosen} ({count} CUDA devices visible)")
             return str(chosen)
         if torch.cuda.is_initialized():
-            self._device = Device("cuda", torch.cuda.current_device())
+            rank = self.rank
+            index = torch.cuda.current_device() if rank is None else rank_device(torch.cuda, rank.local_rank)
+            self._device = Device("cuda", index)
             return str(self._device)
         if self._cuda_available is None:
             # Asked once: is_available() starts the CUDA driver (no context) to count devices.
             self._cuda_available = chosen is not None or cuda_usable()
-        return "cuda:0" if self._cuda_available else "cpu"
+        index = 0 if self.rank is None else self.rank.local_rank
+        return f"cuda:{index}" if self._cuda_available else "cpu"
 
     @property
     def last_scan(self) -> str:
@@ -364,10 +380,26 @@ class MemTracker(ClassicMethods):
             stream.flush()
         if self.files is not None:
             self.files.write_text(text)
-            append_stamp(self.files.csv, stamp)
+            append_stamp(self.files.csv, stamp, self._rank_number)
         else:
-            self._memory_rows.extend(stamp_rows(stamp))
+            self._memory_rows.extend(stamp_rows(stamp, self._rank_number))
         notify(self, stamp)
+
+    @property
+    def _rank_number(self) -> int | None:
+        return None if self.rank is None else self.rank.rank
+
+    def _rank_folder(self, out_dir: Path) -> Path:
+        """``<out_dir>/<launch>/rank<k>``, created: the folder this rank shares with the
+        launch's other ranks (the script is ``sys.argv[0]``)."""
+        assert self.rank is not None
+        script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else "python"
+        folder = out_dir / launch_name(script, None, self.rank) / self.rank.folder_name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot write reports to {folder}: {exc.strerror or exc}") from exc
+        return folder
 
     def _note(self, message: str) -> None:
         """Say ``message`` once: on the stream (stderr by default) and in the text log."""
