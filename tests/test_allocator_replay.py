@@ -265,6 +265,7 @@ def _fixtures() -> Path | None:
 FIXTURES = _fixtures()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(FIXTURES is None, reason="../shared/fixtures/snapshots not present")
 def test_recorded_forward_pass_replays_whole_and_cut() -> None:
     snap = load_snapshot(FIXTURES / "transformer-2.7b-ctx128-forward-amp.pickle.gz")

@@ -108,6 +108,7 @@ def small_mlp():
         pytest.param("cuda", "reserved", 30 * 2**20, id="gpu-target-reserved"),
     ],
 )
+@pytest.mark.slow
 def test_the_answer_agrees_with_the_estimator_at_that_batch(device, budget_on, budget):
     result = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, device=device, budget_on=budget_on)
     # Reserved memory grows in whole segments: a stepped peak, narrowed by bisection.
@@ -123,6 +124,7 @@ def test_the_answer_agrees_with_the_estimator_at_that_batch(device, budget_on, b
     assert result.margin == budget - at and result.budget_source == "given"
 
 
+@pytest.mark.slow
 def test_reserved_budget_fits_fewer_samples_than_allocated():
     # Reserved memory holds whole segments (and the workspaces' 20 MiB segment), so the
     # same budget fits a smaller batch when it limits reserved bytes.
@@ -195,6 +197,7 @@ def test_cli_batch_size_prints_json(in_process, where):
     assert estimate(mlp, (data["batch"] + 1, 784)).reserved_peak > 64 * 2**20
 
 
+@pytest.mark.slow
 def test_cli_batch_size_on_allocated(in_process):
     args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "64MiB", "--json"]
     done = in_process(*args, "--budget-on", "allocated", "--cublas-workspace", "0")
@@ -243,6 +246,7 @@ def keep_last_output(model, optimizer, inputs):
 """
 
 
+@pytest.mark.slow
 def test_cli_batch_size_with_a_user_step(tmp_path, in_process):
     steps = tmp_path / "steps.py"
     steps.write_text(STEP_FILE)

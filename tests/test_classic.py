@@ -68,6 +68,7 @@ def run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_classic_readme_example_runs_unchanged(tmp_path):
     done = run(EXAMPLE, tmp_path)
     assert done.returncode == 0, done.stderr
@@ -84,6 +85,7 @@ def test_the_classic_readme_example_runs_unchanged(tmp_path):
     assert len(list((tmp_path / "reports").glob("main-*.csv"))) == 1
 
 
+@pytest.mark.slow
 def test_classic_frame_and_gpu_index_without_cuda_says_so_and_reports_cpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")

@@ -463,6 +463,7 @@ def _token_inputs():
     return [InputSpec((4, 32), torch.int64), InputSpec((4, 32), torch.int64, "labels")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "options"), HF_MODELS)
 def test_hugging_face_training_step_equals_the_real_cpu_step(name, options):
     pytest.importorskip("transformers")
@@ -484,6 +485,7 @@ def test_hugging_face_training_step_equals_the_real_cpu_step(name, options):
     assert cuda.parameters == est.parameters and cuda.peak >= est.peak  # 512 B blocks
 
 
+@pytest.mark.slow
 def test_cli_estimates_a_tiny_gpt2_without_cache(tmp_path, capsys):
     pytest.importorskip("transformers")
     from gpu_mem_track.cli import main

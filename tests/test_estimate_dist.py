@@ -187,6 +187,7 @@ def test_estimate_command_rejects_a_bad_strategy(in_process):
     assert "unknown strategy 'tp'" in result.stderr
 
 
+@pytest.mark.slow
 def test_batch_size_is_per_rank(in_process):
     args = [
         "batch-size",

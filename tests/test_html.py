@@ -243,6 +243,7 @@ def body_attributes(dom: str) -> dict[str, str]:
     return dict(re.findall(r'([\w-]+)="([^"]*)"', body))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
 def test_the_page_runs_without_errors_and_its_table_sorts_in_chromium(tmp_path):
     lines = [line(f"v{i} = f({i})", 10 + i, (i * 5) % 7, (i * 3) % 11 + 1) for i in range(8)]
@@ -263,6 +264,7 @@ def test_the_page_runs_without_errors_and_its_table_sorts_in_chromium(tmp_path):
         assert f'id="{section}"' in dom
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
 def test_a_page_without_timeline_or_ranks_renders_and_a_script_error_is_caught_into_the_dom(tmp_path):
     folder = runner_folder(tmp_path, "run", two_lines())

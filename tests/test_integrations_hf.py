@@ -59,6 +59,7 @@ def names(stamp, kind):
     return {n for c in stamp.changes if c.kind == kind and c.bytes_delta > 0 for n in c.names}
 
 
+@pytest.mark.slow
 def test_trainer_stamps_the_first_step_and_every_n_steps_in_one_run_folder(tmp_path):
     reports = tmp_path / "reports"
     callback = HFMemTrackCallback(every=2, out_dir=reports, run_name="gpt2", verbosity=0, probe=False)
@@ -100,6 +101,7 @@ def test_trainer_stamps_the_first_step_and_every_n_steps_in_one_run_folder(tmp_p
     assert by["step 2"].ledger.categories.optimizer_state == optimizer.ledger.categories.optimizer_state
 
 
+@pytest.mark.slow
 def test_a_forward_that_raises_leaves_no_hook_and_no_recording(tmp_path):
     callback = HFMemTrackCallback(out_dir=tmp_path / "reports", run_name="bad", verbosity=0, probe=False)
     with pytest.raises(IndexError):

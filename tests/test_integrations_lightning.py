@@ -81,6 +81,7 @@ def names(stamp, kind):
     return {n for c in stamp.changes if c.kind == kind and c.bytes_delta > 0 for n in c.names}
 
 
+@pytest.mark.slow
 def test_trainer_stamps_the_first_step_and_every_n_steps_in_one_run_folder(tmp_path, framework):
     package, callback_class = framework
     callback = callback_class(every=2, out_dir=tmp_path / "reports", run_name="net", verbosity=0, probe=False)
@@ -117,6 +118,7 @@ def test_trainer_stamps_the_first_step_and_every_n_steps_in_one_run_folder(tmp_p
     assert optimizer.ledger.categories.gradient == param_bytes
 
 
+@pytest.mark.slow
 def test_a_failing_training_step_leaves_no_recording(tmp_path, framework):
     package, callback_class = framework
     callback = callback_class(out_dir=tmp_path / "reports", run_name="bad", verbosity=0, probe=False)

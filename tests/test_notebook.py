@@ -143,6 +143,7 @@ def test_the_peak_compares_high_water_marks_and_never_resets_them():
 # -- a real kernel -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_notebook_runs_the_magics_through_a_real_kernel(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -50,6 +50,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 def test_downsample_keeps_the_extremes_in_order_within_the_cap():
     values = [(i * 7919) % 1000 for i in range(100_000)]
     values[54_321] = 5_000  # a lone spike
@@ -190,6 +191,7 @@ def test_labels_do_not_overlap_and_peaks_cover_no_curve(tmp_path):
         assert not any(overlaps(box, label) for label in boxes)
 
 
+@pytest.mark.slow
 def test_cli_plots_one_run_to_a_png(tmp_path):
     run = runner_folder(tmp_path, "fp32", timeline=training())
     done = cli("plot", str(run), "-o", str(tmp_path / "one.png"))
@@ -199,6 +201,7 @@ def test_cli_plots_one_run_to_a_png(tmp_path):
     assert (tmp_path / "one.png").stat().st_size > 20_000
 
 
+@pytest.mark.slow
 def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path, monkeypatch, in_process):
     a = runner_folder(tmp_path, "fp32", timeline=training())
     b = runner_folder(tmp_path, "amp", timeline=training(scale=0.5))
@@ -212,6 +215,7 @@ def test_cli_overlays_runs_and_a_tracker_csv_with_a_title(tmp_path, monkeypatch,
     assert (tmp_path / "timeline.png").stat().st_size > 20_000
 
 
+@pytest.mark.slow
 def test_cli_plot_without_a_suffix_writes_png_and_says_where(tmp_path):
     from gpu_mem_track.runs.plot import image_path
 
@@ -224,6 +228,7 @@ def test_cli_plot_without_a_suffix_writes_png_and_says_where(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_plot_of_a_killed_run_uses_its_timeline_and_names_what_is_missing(tmp_path):
     run = runner_folder(tmp_path, "killed", timeline=training(steps=2))
     done = cli("plot", str(run), str(runner_folder(tmp_path, "empty")), cwd=tmp_path)
@@ -282,6 +287,7 @@ def test_cli_plot_without_matplotlib_exits_1_saying_how_to_install(tmp_path):
     assert not (tmp_path / "timeline.png").exists()
 
 
+@pytest.mark.slow
 def test_plotting_leaves_pyplot_and_torch_unimported(tmp_path):
     tracker = tracker_csv(tmp_path / "t.csv", [("model", 0.1, MIB)])
     code = (

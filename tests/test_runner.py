@@ -129,6 +129,7 @@ def test_unwritable_output_folder_is_exit_2_before_the_script_runs(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.slow
 def test_include_adds_a_module_and_nothing_else_is_traced(tmp_path):
     write(tmp_path / "mylib.py", "def make():\n    return [0] * 10\n")
     script = write(tmp_path / "main.py", "import json\nimport mylib\nmylib.make()\njson.dumps([1])\n")
@@ -236,6 +237,7 @@ def test_activations_flag_names_saved_tensors_in_the_census(tmp_path):
     assert "cat_activation" in census.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_run_needs_no_torch_on_the_cpu(tmp_path):
     """``run --device cpu`` imports nothing of torch itself (checked on a Python without it)."""
     from engine_workload import python312

@@ -24,6 +24,7 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+@pytest.mark.slow
 def test_a_script_that_changes_folder_still_gets_its_reports(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     write(
@@ -49,6 +50,7 @@ def test_a_script_that_changes_folder_still_gets_its_reports(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, getattr(signal, "SIGHUP", 1)])
 def test_sigterm_and_sighup_write_the_reports_and_exit_128_plus_the_signal(tmp_path, signum):
@@ -87,6 +89,7 @@ def test_sigterm_and_sighup_write_the_reports_and_exit_128_plus_the_signal(tmp_p
     assert (out / "report.txt").read_text().startswith("gpu_mem_track run r:")
 
 
+@pytest.mark.slow
 def test_script_sees_the_command_line_python_would_give_it(tmp_path):
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub" / "argv.py", "import sys\nprint(sys.argv)\n")
@@ -127,6 +130,7 @@ def test_include_of_torch_or_the_standard_library_is_refused(tmp_path, name):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.slow
 def test_out_dir_that_is_a_file_says_so(tmp_path):
     script = write(tmp_path / "ok.py", "x = 1\n")
     done = run(tmp_path, "--out-dir", str(script), str(script))
@@ -136,6 +140,7 @@ def test_out_dir_that_is_a_file_says_so(tmp_path):
     assert done.returncode == 2 and f"({script} is a file)" in done.stderr
 
 
+@pytest.mark.slow
 def test_top_0_prints_every_line_that_raised_memory(tmp_path):
     body = "".join(f"x{i} = b'y' * ({i + 1} * 2**20)\n" for i in range(8))
     script = write(tmp_path / "many.py", body)
@@ -194,6 +199,7 @@ def test_memory_choice_that_cannot_be_measured_is_exit_2(tmp_path):
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_forked_child_dies_of_sigterm_as_without_the_runner(tmp_path):
     script = write(

@@ -138,6 +138,7 @@ def test_without_the_recorder_the_saved_tensor_is_invisible_and_with_it_counted_
     del out, loss
 
 
+@pytest.mark.slow
 def test_saved_tensors_vanish_when_the_graph_is_deleted_and_nothing_is_kept_alive():
     model, x, target = Net(), torch.randn(4, 16), torch.tensor(TARGET)
     recorder = SavedTensorRecorder()

@@ -204,6 +204,7 @@ def test_recorded_training_step() -> None:
         assert seg.allocated_size == sum(b.size for b in seg.blocks if b.state == "active_allocated")
 
 
+@pytest.mark.slow
 @needs_fixtures
 def test_recorded_segments_only_and_forward() -> None:
     only = load_snapshot(FIXTURES / "segments-only.pickle.gz")

@@ -267,6 +267,7 @@ def test_watch_rejects_what_it_cannot_name(quiet_tracker):
         quiet_tracker().watch(3)
 
 
+@pytest.mark.slow
 def test_tracking_keeps_no_tensor_alive(quiet_tracker):
     tracker = quiet_tracker(verbosity=2, stream=io.StringIO())
     model = nn.Linear(50, 50)
@@ -327,6 +328,7 @@ def _train_locally(tracker, collect_before_track):
     return stamp, refs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["young", "after-collection", "first-census"])
 def test_function_local_model_and_adam_are_named_and_classified_without_watch(quiet_tracker, when):
     tracker = quiet_tracker()
