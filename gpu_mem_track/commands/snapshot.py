@@ -3,16 +3,45 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from . import Command
+from . import Command, count
 
 __all__ = ["COMMAND"]
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    from ..snapshots.command import add_arguments
-
-    add_arguments(parser)
+    parser.add_argument(
+        "files", type=Path, nargs="+", metavar="FILE", help="snapshot files (.pickle, .pickle.gz)"
+    )
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATH_OR_MODULE",
+        help="also count frames of this file, folder, module or package as user code (repeatable; "
+        "matched against the recorded paths as path components); otherwise only Python files outside "
+        "torch, the standard library and installed packages count",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("reports"), help="folder of report folders (default: reports)"
+    )
+    parser.add_argument(
+        "--name", help="report folder name (default: the file name without .pickle.gz; -2, -3... if taken)"
+    )
+    parser.add_argument(
+        "--device",
+        type=count,
+        metavar="N",
+        help="CUDA device index to analyse (default: the one with the longest trace)",
+    )
+    parser.add_argument(
+        "--top",
+        type=count,
+        default=10,
+        metavar="N",
+        help="lines in each table of the report (default: 10; 0: all)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
