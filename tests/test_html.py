@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -162,10 +163,24 @@ def test_runs_that_cannot_be_compared_get_a_note_not_an_error(tmp_path):
     assert data["comparison"] is None and data["notes"][0].startswith("no comparison: ")
 
 
-def test_snapshot_pickles_and_missing_inputs_are_one_line_usage_errors(tmp_path):
+def test_a_memory_snapshot_is_analysed_as_the_snapshot_command_does(tmp_path):
+    from snapshotfiles import write
+    from test_snapshot_report import training_data
+
+    from gpu_mem_track.snapshots.command import load_checked, report_folder
+
+    snap = write(tmp_path / "step.pickle.gz", training_data(), compress=True)
+    (run,) = collect([snap])["runs"]
+    folder, analysis = report_folder(load_checked(snap), tmp_path / "out")
+    assert run["path"] == str(snap) and run["peak"] == analysis.peak.allocated
+    assert run["lines"] == [r.to_dict() for r in load_run(folder).lines]
+    assert not list(Path(tempfile.gettempdir()).glob("gpu_mem_track-html-*"))  # nothing left behind
+
+
+def test_bad_snapshots_and_missing_inputs_are_one_line_usage_errors(tmp_path):
     pickle = tmp_path / "snap.pickle"
     pickle.write_bytes(b"\x80\x04N.")
-    with pytest.raises(UsageError, match="snapshot pickles are not read"):
+    with pytest.raises(UsageError, match="not a memory snapshot"):
         collect([pickle])
     with pytest.raises(UsageError, match="no such run"):
         collect([tmp_path / "missing"])

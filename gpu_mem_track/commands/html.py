@@ -18,7 +18,8 @@ def prepare_parser(html: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="RUN_OR_CSV_OR_SNAPSHOT",
         help="a run folder (reports/<run>/, with its rank<k>/ subfolders if any), its lines.csv "
-        "or timeline.csv, a MemTracker CSV, or a snapshot folder; two runs are also compared",
+        "or timeline.csv, a MemTracker CSV, a memory snapshot (.pickle[.gz], analysed as the "
+        "snapshot command does) or its folder; two runs are also compared",
     )
     html.add_argument(
         "-o",
@@ -55,7 +56,8 @@ COMMAND = Command(
     "timeline (drag to zoom, double-click to reset, hover for the line and value), its per-line "
     "table (click a header to sort, pick a file to filter), its censuses (census.csv, tracker.csv) "
     "and its ranks (rank<k>/ subfolders); with two runs, also their comparison (by line when both "
-    "have per-line records, else by track() label). Raw allocator snapshot pickles are not read.",
+    "have per-line records, else by track() label). Memory snapshots (torch.cuda.memory._dump_snapshot) "
+    "are analysed as the snapshot command does.",
     prepare_parser=prepare_parser,
     run=run,
 )

@@ -14,8 +14,9 @@ page embeds (``page.render_page``). Per run:
 - ``ranks``: one entry per ``rank<k>/`` subfolder that is a run (none when absent).
 
 With exactly two inputs, ``comparison`` holds ``runs.compare``'s rows (by line when both
-runs have per-line records, else by label). Raw allocator snapshot pickles are not read
-here: ``UsageError`` says so. All sizes are bytes of each run's memory source.
+runs have per-line records, else by label). A raw memory snapshot (``.pickle``, ``.pkl``,
+gzip-compressed or not) is analysed as the ``snapshot`` command does. All sizes are bytes
+of each run's memory source.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 #: Censuses per run and group changes per census kept in the page.
 MAX_CENSUSES, MAX_CHANGES = 200, 25
 
-_SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
+_SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,8 @@ def rank_folders(path: Path) -> list[tuple[int, Path]]:
 
 
 def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
-    if path.suffix in _SNAPSHOT_SUFFIXES and path.is_file():
-        raise UsageError(
-            f"{path}: raw allocator snapshot pickles are not read by the html report on this "
-            "version; give the snapshot's folder (it is laid out as a run folder) instead"
-        )
+    if path.is_file() and path.name.endswith(_SNAPSHOT_SUFFIXES):
+        return _snapshot(path, points)
     ranks = rank_folders(path)
     main = path if not ranks or _is_run(path) else ranks[0][1]
     source = detect(main)
@@ -110,6 +108,21 @@ def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
         "censuses": _censuses(source),
         "ranks": [_rank(rank, folder, points) for rank, folder in ranks],
     }
+    return data, run
+
+
+def _snapshot(path: Path, points: int) -> tuple[dict[str, Any], Run]:
+    """A raw memory snapshot: analysed as the ``snapshot`` command does, into a folder
+    that lives only while it is read."""
+    import tempfile
+
+    from ..snapshots.command import load_checked, report_folder
+
+    snapshot = load_checked(path)
+    with tempfile.TemporaryDirectory(prefix="gpu_mem_track-html-") as scratch:
+        folder, _ = report_folder(snapshot, Path(scratch))
+        data, run = _load(folder, points)
+    data["path"] = str(path)
     return data, run
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UsageError
-from .analyse import analyse, pick_device
+from .analyse import SnapshotAnalysis, analyse, pick_device
 from .attribution import Attributor
 from .folder import claim_folder, default_name, write_folder
 from .load import load_snapshot
@@ -21,33 +22,50 @@ from .records import Snapshot
 from .replay import replay
 from .report import render_summary
 
-__all__ = ["run"]
+__all__ = ["load_checked", "report_folder", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
     """Analyse every file of ``args`` (the ``snapshot`` command's options: ``files``,
     ``include``, ``out_dir``, ``name``, ``device``, ``top``); 0 on success. Every file is
     loaded before anything is written; a bad one raises ``UsageError``."""
-    snapshots = [_load(path) for path in args.files]
+    snapshots = [load_checked(path) for path in args.files]
     for snapshot in snapshots:
         _analyse_one(snapshot, args)
     return 0
 
 
-def _load(path: Path) -> Snapshot:
+def load_checked(path: Path) -> Snapshot:
+    """The snapshot in ``path``; ``UsageError`` (one line) when it is missing or not one."""
     if not path.exists():
         raise UsageError(f"no such snapshot: {path}")
     return load_snapshot(path)
 
 
 def _analyse_one(snapshot: Snapshot, args: argparse.Namespace) -> None:
-    device = pick_device(snapshot, args.device)
-    if args.device is not None and device not in snapshot.devices():
+    folder, analysis = report_folder(snapshot, args.out_dir, args.name, args.include, args.device, args.top)
+    sys.stdout.write(render_summary(analysis, folder, min(args.top, 5) or 5))
+
+
+def report_folder(
+    snapshot: Snapshot,
+    out_dir: Path,
+    name: str | None = None,
+    include: Sequence[str] = (),
+    device: int | None = None,
+    top: int = 10,
+) -> tuple[Path, SnapshotAnalysis]:
+    """Analyse ``snapshot`` (``device``: its CUDA index, default the one with the longest
+    trace; ``include``: more paths counted as user code) and write its runner-style folder
+    ``out_dir/name`` (default name: the file's, made unique); returns the folder and the
+    analysis. ``UsageError`` for a device the snapshot lacks or a folder it cannot write."""
+    chosen = pick_device(snapshot, device)
+    if device is not None and chosen not in snapshot.devices():
         found = ", ".join(str(d) for d in snapshot.devices()) or "none"
-        raise UsageError(f"{snapshot.source}: no device {device} in the snapshot (devices: {found})")
-    attributor = Attributor(args.include)
-    replayed = replay(snapshot, device)
+        raise UsageError(f"{snapshot.source}: no device {chosen} in the snapshot (devices: {found})")
+    attributor = Attributor(include)
+    replayed = replay(snapshot, chosen)
     analysis = analyse(snapshot, replayed, attributor)
-    folder = claim_folder(args.out_dir, args.name or default_name(snapshot.source))
-    write_folder(folder, analysis, replayed, attributor, args.top)
-    sys.stdout.write(render_summary(analysis, folder.path, min(args.top, 5) or 5))
+    folder = claim_folder(Path(out_dir), name or default_name(snapshot.source))
+    write_folder(folder, analysis, replayed, attributor, top)
+    return folder.path, analysis
