@@ -39,6 +39,7 @@ bench: install
 	@$(PYTHON) -c "import memory_profiler" 2>/dev/null || $(PYTHON) -m pip install memory_profiler
 	$(PYTHON) scripts/bench_census.py
 	$(PYTHON) scripts/bench_runner.py
+	$(PYTHON) scripts/bench_ranks.py
 
 lint:
 	$(PYTHON) -m ruff check gpu_mem_track tests scripts
