@@ -72,6 +72,14 @@ def variants(steps: int, device: str, out_dir: str) -> dict[str, list[str]]:
             "heap",
             *script,
         ]
+    if device == "cpu":
+        # live CPU tensor storages followed by a dispatch mode instead of RSS, same tracing
+        found["gpu_mem_track run --memory tensors"] = [
+            *found["gpu_mem_track run"][: -len(script)],
+            "--memory",
+            "tensors",
+            *script,
+        ]
     if importlib.util.find_spec("memory_profiler") is not None:
         found["memory_profiler"] = [sys.executable, "-m", "memory_profiler", *script]
     return found

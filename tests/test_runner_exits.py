@@ -195,7 +195,7 @@ def test_memory_heap_sees_freed_memory_where_rss_may_not(tmp_path):
 
 def test_memory_choice_that_cannot_be_measured_is_exit_2(tmp_path):
     script = write(tmp_path / "ok.py", "x = 1\n")
-    done = run(tmp_path, "--memory", "tensors", str(script))
+    done = run(tmp_path, "--memory", "bogus", str(script))
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
 

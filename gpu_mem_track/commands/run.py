@@ -47,11 +47,13 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--memory",
-        choices=("auto", "rss", "heap"),
+        choices=("auto", "rss", "heap", "tensors"),
         default="auto",
-        help="what to measure on the CPU: rss, the process's resident set size (auto), or heap, "
+        help="what to measure on the CPU: rss, the process's resident set size (auto); heap, "
         "the C heap in use (tensors included; freed tensors subtract at once; glibc only; each read "
-        "walks malloc's free lists, slow in a fragmented heap)",
+        "walks malloc's free lists, slow in a fragmented heap); or tensors, the bytes of live CPU "
+        "tensor storages made by torch ops in the script's thread, with exact peaks (imports torch "
+        "before the script; adds a Python call to every torch op)",
     )
     run.add_argument(
         "--activations",

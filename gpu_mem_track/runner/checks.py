@@ -121,12 +121,14 @@ def resolve_device(device: str) -> str:
 
 def check_memory(memory: str, device: str) -> None:
     """``UsageError`` for a ``--memory`` choice that cannot be measured here."""
-    if memory not in ("auto", "rss", "heap"):
-        raise UsageError(f"--memory takes auto, rss or heap, not {memory!r}")
+    if memory not in ("auto", "rss", "heap", "tensors"):
+        raise UsageError(f"--memory takes auto, rss, heap or tensors, not {memory!r}")
     if memory != "auto" and device != "cpu":
         raise UsageError(f"--memory {memory} measures the CPU; on {device} the CUDA allocator is read")
     if memory == "heap" and mallinfo2() is None:
         raise UsageError("--memory heap needs glibc 2.33 or later (mallinfo2), which this system lacks")
+    if memory == "tensors" and importlib.util.find_spec("torch") is None:
+        raise UsageError("--memory tensors needs torch, which is not installed here")
 
 
 def driver_gpu_count() -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..units import format_bytes, format_peak
 from .records import LineRecord, RunInfo, SnapshotMerge, by_function, hottest
-from .samplers import HEAP_SOURCE
+from .samplers import HEAP_SOURCE, TENSORS_SOURCE
 
 __all__ = ["render_launch_report", "render_line_report", "render_ranks", "render_summary"]
 
@@ -23,8 +23,8 @@ _CPU_NOTE = (
     "CPU: memory is the process's resident set size. Freed tensors go back to the C allocator, "
     "which reuses them\nwithout returning them to the system, so increments are RSS movements, "
     "not tensor bytes, and a line's\nsummed increments over a loop can exceed the run's peak. "
-    "--memory heap measures the C heap in use\n(tensors included) instead; a census "
-    "(--census-threshold) names the tensors."
+    "--memory heap measures the C heap in use\n(tensors included) instead, --memory tensors the "
+    "bytes of live CPU tensor storages; a census\n(--census-threshold) names the tensors."
 )
 #: The same for ``--memory heap``.
 _HEAP_NOTE = (
@@ -32,6 +32,12 @@ _HEAP_NOTE = (
     "back):\ntensor storage plus other C/C++ data, not Python objects. A freed tensor subtracts at "
     "once. No high-water\nmark exists for it, so every peak is a lower bound (the larger of "
     "before and after)."
+)
+#: The same for ``--memory tensors``.
+_TENSORS_NOTE = (
+    "CPU: memory is the bytes of live CPU tensor storages made by torch ops in the script's "
+    "thread since the run\nstarted (not other threads, torch.load or from_numpy storages, nor "
+    "resizes); peaks are exact."
 )
 
 
@@ -204,15 +210,18 @@ def _ending(info: RunInfo) -> str:
 
 _SHORT_NOTES = {
     "process RSS": "Note: CPU figures are RSS movements, not tensor bytes (freed memory stays with the C "
-    "allocator for reuse); --memory heap or --census-threshold show tensor bytes.",
+    "allocator for reuse); --memory tensors or --census-threshold show tensor bytes.",
     HEAP_SOURCE: "Note: CPU figures are the C heap in use (tensors and other C/C++ data); peaks are "
     "lower bounds.",
+    TENSORS_SOURCE: "Note: CPU figures are live tensor storages made by torch ops in the script's thread.",
 }
 
 
 def _note(info: RunInfo) -> str:
     """What the figures mean where they are not allocator bytes ("" on CUDA)."""
-    return {"process RSS": _CPU_NOTE, HEAP_SOURCE: _HEAP_NOTE}.get(info.memory_source, "")
+    return {"process RSS": _CPU_NOTE, HEAP_SOURCE: _HEAP_NOTE, TENSORS_SOURCE: _TENSORS_NOTE}.get(
+        info.memory_source, ""
+    )
 
 
 def _source(info: RunInfo) -> str:

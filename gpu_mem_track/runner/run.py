@@ -58,8 +58,9 @@ class RunOptions:
     is followed by a census of live tensors (None: never). ``device``: ``"auto"``,
     ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``engine``: ``"auto"``, ``"monitoring"`` or
     ``"settrace"``. ``top``: lines in the printed summary (0: all). ``memory``: on the
-    CPU, ``"rss"`` (the default, ``"auto"``) or ``"heap"`` (the C heap in use, see
-    ``samplers.HeapSampler``); on CUDA only ``"auto"``. ``activations``: record the
+    CPU, ``"rss"`` (the default, ``"auto"``), ``"heap"`` (the C heap in use, see
+    ``samplers.HeapSampler``) or ``"tensors"`` (live CPU tensor storages, see
+    ``tensorbytes.TensorSampler``); on CUDA only ``"auto"``. ``activations``: record the
     tensors autograd saves for backward while the script runs, so censuses count them as
     activations with the line that saved them (see ``saved.SavedTensorRecorder``).
     ``snapshot``: record the CUDA allocator's history while the script runs, keep it as
@@ -256,12 +257,19 @@ def _write_reports(
 
 def _sampler(prepared: PreparedRun) -> Any:
     """The CUDA allocator's sampler (following the rank's device when ``follow_rank``),
-    else the C heap's (``--memory heap``) or the process RSS's."""
+    else the C heap's (``--memory heap``), the live CPU tensor storages' (``--memory
+    tensors``: imports torch now, before the script runs, and starts following storages)
+    or the process RSS's."""
     if prepared.device.startswith("cuda"):
         rank = prepared.rank
         local_rank = rank.local_rank if prepared.follow_rank and rank is not None else None
         return CudaSampler(prepared.device, local_rank=local_rank)
-    return HeapSampler() if prepared.options.memory == "heap" else RssSampler()
+    memory = prepared.options.memory
+    if memory == "tensors":
+        from .tensorbytes import TensorSampler
+
+        return TensorSampler()
+    return HeapSampler() if memory == "heap" else RssSampler()
 
 
 def _wants(prepared: PreparedRun) -> Any:

@@ -20,10 +20,21 @@ from typing import Any, Protocol
 from ..devices import parse_device
 from ..ranks import rank_device
 
-__all__ = ["HEAP_SOURCE", "CudaSampler", "FakeSampler", "HeapSampler", "RssSampler", "Sampler", "Extras"]
+__all__ = [
+    "HEAP_SOURCE",
+    "TENSORS_SOURCE",
+    "CudaSampler",
+    "FakeSampler",
+    "HeapSampler",
+    "RssSampler",
+    "Sampler",
+    "Extras",
+]
 
 #: ``HeapSampler.source``.
 HEAP_SOURCE = "C heap in use"
+#: ``tensorbytes.TensorSampler.source`` (here so readers need not import torch).
+TENSORS_SOURCE = "CPU tensor storages"
 
 #: (driver, rss) in bytes, None where unknown.
 Extras = tuple["int | None", "int | None"]

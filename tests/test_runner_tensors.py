@@ -1,0 +1,90 @@
+"""``run --memory tensors``: live CPU tensor storages and their high-water mark, exact per line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_runner import folder, run, write
+
+from gpu_mem_track.errors import UsageError
+from gpu_mem_track.runner.checks import check_memory
+from gpu_mem_track.runner.files import read_lines, read_meta
+from gpu_mem_track.runner.tensorbytes import TensorSampler
+
+MIB = 2**20
+
+
+def test_sampler_counts_births_and_deaths_with_an_exact_high_water_mark():
+    sampler = TensorSampler()
+    try:
+        start = sampler.sample()
+        x = torch.empty(2**20)  # 4 MiB
+        view = x[10:]  # same storage: adds nothing
+        assert sampler.sample() == (start[0] + 4 * MIB, max(start[1], start[0] + 4 * MIB))
+        temporary = torch.ones(2**21)  # 8 MiB
+        del temporary
+        assert sampler.sample() == (start[0] + 4 * MIB, start[0] + 12 * MIB)
+        del x, view
+        assert sampler.sample() == (start[0], start[0] + 12 * MIB)
+        assert sampler.events == 4  # two births, two deaths
+    finally:
+        sampler.close()
+    after = torch.empty(2**10)  # the mode is gone: nothing counted
+    assert sampler.sample() == (start[0], start[0] + 12 * MIB) and after.numel() == 2**10
+
+
+def test_sampler_ignores_storages_on_other_devices():
+    sampler = TensorSampler()
+    try:
+        meta = torch.empty(2**20, device="meta")
+        assert sampler.sample() == (0, 0) and meta.numel() == 2**20
+    finally:
+        sampler.close()
+
+
+@pytest.mark.parametrize("memory", ["heap", "tensors"])
+def test_cpu_memory_choices_are_refused_on_a_cuda_device(memory):
+    with pytest.raises(UsageError, match=f"--memory {memory} measures the CPU; on cuda:0"):
+        check_memory(memory, "cuda:0")
+
+
+@pytest.mark.slow
+def test_run_reports_exact_tensor_bytes_per_line(tmp_path):
+    script = write(
+        tmp_path / "tensors.py",
+        """
+        import torch
+
+
+        def transient():
+            scratch = torch.ones(2**21)
+            return scratch.numel()  # no new tensor: the peak is the two storages exactly
+
+
+        x = torch.empty(2**20)
+        total = transient()
+        del x
+        """,
+    )
+    done = run(tmp_path, "--memory", "tensors", str(script))
+    assert done.returncode == 0, done.stderr
+    assert "memory: CPU tensor storages" in done.stderr
+    lines = {r.line: r for r in read_lines(folder(tmp_path) / "lines.csv") if r.function == "<module>"}
+    allocate, call, free = lines[10], lines[11], lines[12]
+    assert (allocate.memory, allocate.increment, allocate.peak, allocate.peak_exact) == (
+        4 * MIB,
+        4 * MIB,
+        4 * MIB,
+        True,
+    )
+    assert (call.memory, call.increment, call.peak, call.peak_exact, call.rise) == (
+        4 * MIB,
+        0,
+        12 * MIB,
+        True,
+        8 * MIB,
+    )
+    assert (free.memory, free.increment, free.rise) == (0, -4 * MIB, 0)
+    meta = read_meta(folder(tmp_path) / "meta.json")
+    assert meta.memory_source == "CPU tensor storages" and meta.peak == 12 * MIB
+    assert "peaks are exact" in (folder(tmp_path) / "report.txt").read_text()
