@@ -171,7 +171,7 @@ def main() -> None:
         "commit": commit.stdout.strip() or "unknown",
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
-        "cuda_check": "against a recorded GPU step: reports/estimator_gpu_check.md; on a live GPU: make test-gpu",
+        "cuda_check": "recorded GPU step: reports/estimator_gpu_check.md; live GPU: make test-gpu",
     }
     out = ROOT / "reports"
     out.mkdir(exist_ok=True)
