@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -30,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import bench_runner  # scripts/ is sys.path[0] when this file runs as a script
@@ -209,14 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {group: bench_runner.summarize(series) for group, series in times.items()}
     meta = metadata(args, argv, start, end)
     text = render(times, summary, meta)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "times": times, "summary": summary}, indent=2) + "\n"
-    )
-    print(f"wrote {out} and {out.with_suffix('.json')}")
+    bench_runner.write_report(args.out, text, {"meta": meta, "times": times, "summary": summary})
     return 0
 
 

@@ -184,16 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python3 "
         + " ".join(["scripts/bench_runner.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    text = render(summary, meta)
+    write_report(args.out, render(summary, meta), {"meta": meta, "times": times, "summary": summary})
+    return 0
+
+
+def write_report(path: str, text: str, data: dict[str, Any]) -> None:
+    """Print the report ``text``, write it to ``path`` (parent folders made) and ``data``
+    as indented JSON beside it (``path`` with the suffix ``.json``); say where."""
     print(text)
-    out = Path(args.out)
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "times": times, "summary": summary}, indent=2) + "\n"
-    )
+    out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {out} and {out.with_suffix('.json')}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,22 @@ def check_loop(step) -> dict:  # noqa: ANN001
     return {"loop": step.__name__, "estimated_peak": est.peak, "measured_peak": real.peak, "builtin": builtin}
 
 
+def peaks(est, cuda, same, default) -> dict:  # noqa: ANN001
+    """The figures every model's row has: the estimate on the CPU target (``est``) and on
+    the CUDA target (``cuda``) against the real CPU step measured with the same kernels
+    (``same``) and the default ones (``default``); errors are estimate / measured - 1."""
+    return {
+        "estimated_peak": est.peak,
+        "estimated_peak_phase": est.peak_phase.phase,
+        "cuda_target_peak": cuda.peak,
+        "cuda_target_reserved": cuda.reserved_peak,
+        "measured_peak_same_kernels": same.peak,
+        "measured_peak_default_kernels": default.peak,
+        "error_same_kernels": est.peak / same.peak - 1,
+        "error_default_kernels": est.peak / default.peak - 1,
+    }
+
+
 def check(name: str, shape: tuple[int, ...]) -> dict:
     factory = getattr(examples, name)
     est = estimate(factory, shape, device="cpu")
@@ -117,14 +133,7 @@ def check(name: str, shape: tuple[int, ...]) -> dict:
     return {
         "model": name,
         "input": "x".join(map(str, shape)),
-        "estimated_peak": est.peak,
-        "estimated_peak_phase": est.peak_phase.phase,
-        "cuda_target_peak": (cuda := estimate(factory, shape, device="cuda")).peak,
-        "cuda_target_reserved": cuda.reserved_peak,
-        "measured_peak_same_kernels": same.peak,
-        "measured_peak_default_kernels": default.peak,
-        "error_same_kernels": est.peak / same.peak - 1,
-        "error_default_kernels": est.peak / default.peak - 1,
+        **peaks(est, estimate(factory, shape, device="cuda"), same, default),
         "estimated": {k: getattr(est, k + "_bytes") for k in ("parameter", "gradient", "optimizer_state")},
         "census": census,
     }
@@ -144,14 +153,7 @@ def check_hf(name: str) -> dict:
     return {
         "model": f"examples.hf:{name}",
         "input": ", ".join(map(str, HF_INPUTS)),
-        "estimated_peak": est.peak,
-        "estimated_peak_phase": est.peak_phase.phase,
-        "cuda_target_peak": (cuda := estimate(factory, HF_INPUTS, device="cuda")).peak,
-        "cuda_target_reserved": cuda.reserved_peak,
-        "measured_peak_same_kernels": same.peak,
-        "measured_peak_default_kernels": default.peak,
-        "error_same_kernels": est.peak / same.peak - 1,
-        "error_default_kernels": est.peak / default.peak - 1,
+        **peaks(est, estimate(factory, HF_INPUTS, device="cuda"), same, default),
         "value_reads": [read.__dict__ for read in est.value_reads],
     }
 

@@ -1,6 +1,7 @@
 """Hand-built memory snapshots in the exact plain shape ``torch.cuda.memory._snapshot()``
 returns (keys and value types as torch 2.x writes them; see torch/cuda/memory.py), and a
-writer that pickles them as ``_dump_snapshot`` does (optionally gzip-compressed)."""
+writer that pickles them as ``_dump_snapshot`` does (optionally gzip-compressed); and
+``FIXTURES``, the folder of snapshots recorded on real GPUs (None when absent)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,17 @@ def write(path: Path, data: Any, compress: bool = False) -> Path:
     raw = pickle.dumps(data)
     path.write_bytes(gzip.compress(raw) if compress else raw)
     return path
+
+
+def _fixtures() -> Path | None:
+    """The recorded snapshots (``shared/fixtures/snapshots`` beside the checkout, else
+    under /work/shared); None when neither is there."""
+    for shared in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")):
+        folder = shared / "fixtures" / "snapshots"
+        if folder.is_dir():
+            return folder
+    return None
+
+
+#: The folder of real snapshots recorded on GPUs, or None (tests using it skip).
+FIXTURES = _fixtures()

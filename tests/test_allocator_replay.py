@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from pathlib import Path
 
 import pytest
 import snapshotfiles as sf
@@ -254,15 +253,7 @@ def test_a_completion_with_other_frames_was_forced_later() -> None:
     assert [(c.kind, c.deferred) for c in calls] == [("free", False)]
 
 
-def _fixtures() -> Path | None:
-    for shared in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")):
-        folder = shared / "fixtures" / "snapshots"
-        if folder.is_dir():
-            return folder
-    return None
-
-
-FIXTURES = _fixtures()
+FIXTURES = sf.FIXTURES
 
 
 @pytest.mark.slow

@@ -177,15 +177,7 @@ def test_unreadable_paths(tmp_path: Path) -> None:
         loads_snapshot(gzip.compress(b""), "z")
 
 
-def _fixtures() -> Path | None:
-    for shared in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")):
-        folder = shared / "fixtures" / "snapshots"
-        if folder.is_dir():
-            return folder
-    return None
-
-
-FIXTURES = _fixtures()
+FIXTURES = sf.FIXTURES
 needs_fixtures = pytest.mark.skipif(FIXTURES is None, reason="../shared/fixtures/snapshots not present")
 
 

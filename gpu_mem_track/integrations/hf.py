@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .session import TrainingSession, missing_extra, package_dirs
+from .session import SessionCallback, TrainingSession, missing_extra, package_dirs
 
 try:
     from transformers import TrainerCallback
@@ -30,7 +30,7 @@ __all__ = ["HFMemTrackCallback"]
 _FRAMEWORK = ("torch", "transformers", "accelerate")
 
 
-class HFMemTrackCallback(TrainerCallback):
+class HFMemTrackCallback(SessionCallback, TrainerCallback):
     """A ``transformers.TrainerCallback`` that stamps the tracked device's memory at train
     start, after the first step's forward, backward and optimizer step, every ``every``
     optimizer steps (``state.global_step``) and at train end.
@@ -47,14 +47,6 @@ class HFMemTrackCallback(TrainerCallback):
     def __init__(self, every: int = 100, **options: Any) -> None:
         self.session = TrainingSession(every, skip=package_dirs(*_FRAMEWORK), **options)
         self._hook: Any = None
-
-    @property
-    def tracker(self) -> Any:
-        return self.session.tracker
-
-    @property
-    def folder(self) -> Any:
-        return self.session.folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         optimizer = kwargs.get("optimizer")

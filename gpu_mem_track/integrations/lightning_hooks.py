@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .session import TrainingSession, package_dirs
+from .session import SessionCallback, TrainingSession, package_dirs
 
 __all__ = ["LightningHooks"]
 
@@ -33,7 +33,7 @@ _FRAMEWORK = (
 )
 
 
-class LightningHooks:
+class LightningHooks(SessionCallback):
     """A Lightning ``Callback``'s memory stamps: at train start, after the first step's
     forward, backward and optimizer step, every ``every`` optimizer steps
     (``trainer.global_step``) and at train end.
@@ -50,14 +50,6 @@ class LightningHooks:
     def __init__(self, every: int = 100, **options: Any) -> None:
         self.session = TrainingSession(every, skip=package_dirs(*_FRAMEWORK), **options)
         self._stepped = False
-
-    @property
-    def tracker(self) -> Any:
-        return self.session.tracker
-
-    @property
-    def folder(self) -> Any:
-        return self.session.folder
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._stepped = False

@@ -34,7 +34,15 @@ from ..outputs import claim_name, default_run_name, safe_name
 from ..ranks import rank_folder, rank_info
 from ..tracker.listeners import listening, redirected_folder
 
-__all__ = ["FILE_NAME", "LABELS", "TrainingSession", "missing_extra", "package_dirs", "user_frame"]
+__all__ = [
+    "FILE_NAME",
+    "LABELS",
+    "SessionCallback",
+    "TrainingSession",
+    "missing_extra",
+    "package_dirs",
+    "user_frame",
+]
 
 #: The labels of the stamps a session writes, in order (``step N`` stands for the
 #: periodic ones, ``step 2``, ``step 100``, ...).
@@ -266,6 +274,22 @@ class TrainingSession:
             return True
 
         return out / claim_name(out, safe_name(self.run_name or default_run_name(time.time())), claim)
+
+
+class SessionCallback:
+    """What every framework callback exposes of its ``session`` (a
+    :class:`TrainingSession`): ``tracker`` (the ``MemTracker``) and ``folder`` (the run
+    folder), both set at train start."""
+
+    session: TrainingSession
+
+    @property
+    def tracker(self) -> Any:
+        return self.session.tracker
+
+    @property
+    def folder(self) -> Any:
+        return self.session.folder
 
 
 class _FolderClaim:
