@@ -204,12 +204,7 @@ class LiveTensorFinder:
             ]
             hits = gc.get_referrers(*asked, *changed)
             del changed
-        tensor_set = frozenset(classes)
-        owner_set = frozenset(owner_classes)
-        found = [obj for obj in hits if type(obj) in tensor_set]
-        for obj in hits:
-            if type(obj) in owner_set:
-                self.owners.add(obj)
+        found = _split_hits(hits, frozenset(classes), frozenset(owner_classes), self.owners)
         del hits
         self._note_empty(classes, counts, asked, {type(obj) for obj in found})
         for cls, count in zip(owner_classes, owner_counts):
@@ -253,6 +248,21 @@ def _filter_heap(classes: frozenset[type]) -> list[Any]:
     return list(itertools.compress(objects, map(classes.__contains__, map(type, objects))))
 
 
+def _split_hits(
+    hits: list[Any], tensor_classes: frozenset[type], owner_classes: frozenset[type], owners: Owners
+) -> list[Any]:
+    """The tensors among ``hits`` (exact type in ``tensor_classes``), in one pass that also
+    records the modules and optimizers (exact type in ``owner_classes``) in ``owners``."""
+    found = []
+    for obj in hits:
+        cls = type(obj)
+        if cls in tensor_classes:
+            found.append(obj)
+        elif cls in owner_classes:
+            owners.add(obj)
+    return found
+
+
 def full_scan() -> list[Any]:
     """Every live tensor object, by filtering all of ``gc.get_objects()`` (slower, exhaustive)."""
     return _filter_heap(frozenset(tensor_types()))
@@ -266,13 +276,10 @@ class FullScan:
         self.last_scan = ""
 
     def __call__(self) -> list[Any]:
-        tensors = frozenset(tensor_types())
-        hits = _filter_heap(tensors | frozenset(owner_types()))
-        for obj in hits:
-            if type(obj) not in tensors:
-                self.owners.add(obj)
+        tensors, owners = frozenset(tensor_types()), frozenset(owner_types())
+        hits = _filter_heap(tensors | owners)
         self.last_scan = "full"
-        return [obj for obj in hits if type(obj) in tensors]
+        return _split_hits(hits, tensors, owners, self.owners)
 
     def roots(self) -> list[tuple[str, Any]]:
         """The live optimizers and top-level modules (see ``Owners``)."""
