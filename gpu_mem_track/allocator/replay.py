@@ -163,7 +163,7 @@ def replay_snapshot(
     given); ``keep``: how many mismatches to describe. An unsplit remainder the trace
     shows only through a best-fit decision is inferred and the replay run again."""
     settings = settings or settings_from_snapshot(snapshot.allocator_settings)
-    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else ()
+    trace = snapshot.device_trace(device)
     end = snapshot.device_segments(device)
     calls, skipped = plan_calls(trace)
     ends: dict[int, int] = {}

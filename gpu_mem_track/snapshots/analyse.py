@@ -181,7 +181,7 @@ def source_code(file: str, line: int) -> str:
 def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
     """The analysis of ``replayed`` (``replay.replay(snapshot, device)``)."""
     device = replayed.device
-    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else ()
+    trace = snapshot.device_trace(device)
     if not trace:
         return _without_trace(snapshot, replayed, attributor)
     peak_at = _peak_step(replayed)

@@ -233,6 +233,10 @@ class Snapshot:
         """The segments of one device, in address order."""
         return tuple(sorted((s for s in self.segments if s.device == device), key=lambda s: s.address))
 
+    def device_trace(self, device: int) -> tuple[TraceEntry, ...]:
+        """The trace entries of one device, oldest first (empty when it has none)."""
+        return self.device_traces[device] if device < len(self.device_traces) else ()
+
     def devices(self) -> tuple[int, ...]:
         """Device indexes with segments or trace entries, ascending."""
         found = {s.device for s in self.segments}

@@ -129,7 +129,7 @@ class Replay:
 
 def replay(snapshot: Snapshot, device: int) -> Replay:
     """Replay ``device``'s trace (empty: the end state only) as the module docstring says."""
-    trace = _trace(snapshot, device)
+    trace = snapshot.device_trace(device)
     segments = snapshot.device_segments(device)
     layout = _Layout.at_start(segments, trace, _settings(snapshot))
     changes, tails = [], []
@@ -161,7 +161,7 @@ def free_blocks_at(snapshot: Snapshot, device: int, index: int | None) -> list[i
     segments = snapshot.device_segments(device)
     if index is None:
         return sorted((b.size for s in segments for b in s.blocks if b.state == "inactive"), reverse=True)
-    trace = _trace(snapshot, device)
+    trace = snapshot.device_trace(device)
     layout = _Layout.at_start(segments, trace, _settings(snapshot))
     for entry in trace[: index + 1]:
         layout.apply(entry)
@@ -174,11 +174,6 @@ def _settings(snapshot: Snapshot) -> AllocatorSettings:
         return settings_from_snapshot(snapshot.allocator_settings)
     except (ValueError, TypeError, AttributeError, KeyError):
         return AllocatorSettings()
-
-
-def _trace(snapshot: Snapshot, device: int) -> Sequence[TraceEntry]:
-    traces = snapshot.device_traces
-    return traces[device] if device < len(traces) else ()
 
 
 class _Layout:
