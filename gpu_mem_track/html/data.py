@@ -22,7 +22,6 @@ of each run's memory source.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import UsageError
+from ..ranks import rank_folders as launch_rank_folders
 from ..runner.files import RunFolder, read_timeline
 from ..runs.compare import Comparison, compare_runs
 from ..runs.load import DEFAULT_POINTS, Run, Source, detect, downsample, load_run
@@ -74,15 +74,8 @@ def collect(paths: Sequence[str | Path], points: int = DEFAULT_POINTS) -> dict[s
 
 
 def rank_folders(path: Path) -> list[tuple[int, Path]]:
-    """The ``rank<k>/`` subfolders of ``path`` that hold a run, by rank."""
-    if not path.is_dir():
-        return []
-    found = []
-    for child in path.iterdir():
-        match = re.fullmatch(r"rank(\d+)", child.name)
-        if match and child.is_dir() and _is_run(child):
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+    """The ``rank<k>/`` subfolders of ``path`` (``ranks.rank_folders``) that hold a run, by rank."""
+    return [(rank, folder) for rank, folder in launch_rank_folders(path).items() if _is_run(folder)]
 
 
 def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
