@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from dataclasses import dataclass
 
@@ -47,6 +48,16 @@ def no_hooks_left_behind():
     assert sys.getprofile() is profile, "a test left a profile function installed"
     assert _saved_tensor_hooks() == saved, "a test left saved-tensor hooks installed"
     assert _global_module_hooks() == module_hooks, "a test left global module hooks installed"
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """One process: the launcher's rank variables unset (tests that want ranks set them
+    themselves), and no model of an earlier test left in a reference cycle (its
+    parameters and gradients would count in the census's totals)."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    gc.collect()
 
 
 @pytest.fixture

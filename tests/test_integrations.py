@@ -20,14 +20,7 @@ from gpu_mem_track.tracker.csvlog import read_stamps
 from gpu_mem_track.tracker.listeners import listening
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpu_mem_track"
-RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    """Tests run as one process unless they set the launcher's variables themselves."""
-    for name in RANK_ENV:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("one_process")
 
 
 def session(tmp_path, **options):

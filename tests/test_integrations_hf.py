@@ -3,8 +3,6 @@ initialised GPT-2 (nothing downloaded) trained for three steps on token ids in m
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
@@ -17,15 +15,7 @@ from gpu_mem_track.integrations.hf import HFMemTrackCallback  # noqa: E402
 from gpu_mem_track.tracker.csvlog import read_stamps  # noqa: E402
 
 # transformers 5.23 and accelerate 1.15 warn about nothing here: no filters needed.
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    """One process, and no model of an earlier test left in a reference cycle (its
-    parameters and gradients would count in the census's totals)."""
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("one_process")
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:

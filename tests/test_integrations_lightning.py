@@ -4,7 +4,6 @@ steps."""
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import subprocess
@@ -22,18 +21,10 @@ FRAMEWORKS = ("lightning", "pytorch_lightning")
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [
+    pytest.mark.usefixtures("one_process"),
     # Lightning 2.6 builds torch's pytree LeafSpec, which torch 2.13 deprecates
     pytest.mark.filterwarnings("ignore:.*LeafSpec.*is deprecated:FutureWarning"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    """One process, and no model of an earlier test left in a reference cycle (its
-    parameters and gradients would count in the census's totals)."""
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    gc.collect()
 
 
 @pytest.fixture(params=FRAMEWORKS)
