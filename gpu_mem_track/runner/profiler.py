@@ -93,6 +93,7 @@ class LineProfiler:
         self._stack: list[_Frame] = []
         self._stats: dict[tuple[CodeType, int], list[Any]] = {}
         self._starts: dict[CodeType, dict[int, int]] = {}
+        self._file_starts: dict[str, dict[int, int]] = {}  # parsed once per file
         self._seq = 0
         self._start = clock()
         self._extras_at = -extras_every
@@ -117,7 +118,10 @@ class LineProfiler:
     def line(self, code: CodeType, lineno: int) -> None:
         starts = self._starts.get(code)
         if starts is None:
-            starts = self._starts[code] = statement_starts(code.co_filename)
+            starts = self._file_starts.get(code.co_filename)
+            if starts is None:
+                starts = self._file_starts[code.co_filename] = statement_starts(code.co_filename)
+            self._starts[code] = starts
         first = starts.get(lineno, lineno) if starts else lineno
         stack = self._stack
         frame = stack[-1] if stack and stack[-1][0] is code else None
