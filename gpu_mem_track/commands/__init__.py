@@ -36,7 +36,13 @@ def all_commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``--help`` lists them."""
     from . import batch_size, compare, estimate, html, plot, probe, ranks, run, show, snapshot
 
-    return (run.COMMAND, probe.COMMAND, show.COMMAND, ranks.COMMAND, compare.COMMAND, plot.COMMAND) + (
+    return (
+        run.COMMAND,
+        probe.COMMAND,
+        show.COMMAND,
+        ranks.COMMAND,
+        compare.COMMAND,
+        plot.COMMAND,
         estimate.COMMAND,
         batch_size.COMMAND,
         snapshot.COMMAND,
