@@ -145,7 +145,8 @@ def test_place_box_takes_the_nearest_spot_no_curve_crosses():
     above = place_box((100, 55), (40, 10), grid, bounds, taken, cell=2)
     assert above == (56, 62, 96, 72) and not overlaps(above, taken[0])
     full = np.ones_like(grid)
-    assert place_box((100, 55), (40, 10), full, bounds, cell=2)[0] >= 0  # no free spot: still a box
+    # No free spot: every spot covers as much, so the nearest, its right edge 8 px left of the peak
+    assert place_box((100, 55), (40, 10), full, bounds, cell=2) == (52, 46, 92, 56)
 
 
 def _boxes(texts, renderer):
