@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..snapshots.records import Block, Segment, TraceEntry
-from .settings import K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorSettings, round_size
+from .settings import K_SMALL_BUFFER, AllocatorSettings, round_size
 
 __all__ = ["StartState", "Tail", "rebuild_start"]
 
@@ -143,12 +143,6 @@ def _segments_at_start(
     return spans
 
 
-def _tail_limit(rounded: int, settings: AllocatorSettings) -> int:
-    if rounded < settings.split_limit:
-        return K_SMALL_SIZE
-    return max(settings.max_non_split_rounding_size, K_ROUND_LARGE)
-
-
 def _blocks(start: int, size: int, kind: str, addresses: list[int], context: tuple) -> list[Block]:
     """The segment's blocks: live ones with their sizes settled, gaps as free blocks."""
     live, allocs, settings, ends, tails = context
@@ -176,7 +170,7 @@ def _blocks(start: int, size: int, kind: str, addresses: list[int], context: tup
 
 def _settle(address, rounded, following, info, allocs, settings, ends) -> Tail:
     low = address + rounded
-    high = min(low + _tail_limit(rounded, settings), following)
+    high = min(low + settings.unsplit_slack(rounded), following)
     seen = _sighting(low, high, following, info, allocs)
     if seen is not None:
         return Tail(address, low, high, seen, "seen")

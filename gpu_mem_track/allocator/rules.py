@@ -73,8 +73,6 @@ def _block_problem(segment, block, at: int, previous_free: bool, settings: Alloc
     rounded = round_size(block.requested_size, settings)
     if small and block.size != rounded:
         return f"small block of {block.size} B for a request of {block.requested_size} B"
-    oversize = max(settings.max_non_split_rounding_size, K_ROUND_LARGE)
-    slack = K_SMALL_SIZE if rounded < settings.split_limit else oversize
-    if not small and not rounded <= block.size <= rounded + slack:
+    if not small and not rounded <= block.size <= rounded + settings.unsplit_slack(rounded):
         return f"large block of {block.size} B for a request of {block.requested_size} B"
     return ""

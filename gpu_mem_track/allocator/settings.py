@@ -70,6 +70,14 @@ class AllocatorSettings:
         """``max_split_size`` with no limit as infinity (comparisons stay simple)."""
         return float("inf") if self.max_split_size is None else self.max_split_size
 
+    def unsplit_slack(self, rounded: int) -> int:
+        """The most bytes a block may exceed the rounded request (``rounded`` bytes) it
+        serves: 1 MiB under ``split_limit`` (a split leaves only larger remainders), else
+        ``max_non_split_rounding_size`` but at least 2 MiB (an oversize block is whole)."""
+        if rounded < self.split_limit:
+            return K_SMALL_SIZE
+        return max(self.max_non_split_rounding_size, K_ROUND_LARGE)
+
     def conf_string(self) -> str:
         """These settings as a ``PYTORCH_CUDA_ALLOC_CONF`` value (``""`` for the defaults)."""
         parts = []
