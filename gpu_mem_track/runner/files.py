@@ -40,6 +40,7 @@ __all__ = [
     "TimelineWriter",
     "csv_line",
     "read_lines",
+    "replace_text",
     "read_meta",
     "read_timeline",
     "write_lines",
@@ -162,8 +163,13 @@ def read_timeline(path: Path, notes: list[str] | None = None) -> Iterator[Timeli
 
 def write_meta(path: Path, info: RunInfo) -> None:
     """Write ``meta.json`` atomically (a crash leaves the previous version)."""
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(info.to_dict(), indent=2) + "\n", encoding="utf-8")
+    replace_text(path, json.dumps(info.to_dict(), indent=2) + "\n")
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` atomically: through ``<name>.partial``, then renamed over it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
     partial.replace(path)
 
 

@@ -15,7 +15,6 @@ to end (:func:`wait_for_ranks`) before printing the table.
 from __future__ import annotations
 
 import contextlib
-import csv
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..ranks import RankInfo, rank_folders
-from .files import read_meta
+from .files import csv_line, read_meta, replace_text
 from .records import RunInfo
 
 __all__ = [
@@ -173,26 +172,14 @@ def write_launch_files(launch: Path) -> LaunchSummary:
 
     with _locked(launch / ".ranks.lock"):
         summary = read_launch(launch)
-        _replace(launch / "ranks.csv", _ranks_csv(summary))
-        _replace(launch / "report.txt", render_launch_report(summary))
+        replace_text(launch / "ranks.csv", _ranks_csv(summary))
+        replace_text(launch / "report.txt", render_launch_report(summary))
     return summary
 
 
 def _ranks_csv(summary: LaunchSummary) -> str:
-    import io
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(RANK_COLUMNS)
-    for row in summary.ranks:
-        writer.writerow(["" if v is None else v for v in (getattr(row, c) for c in RANK_COLUMNS)])
-    return buffer.getvalue()
-
-
-def _replace(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    rows = ([getattr(row, c) for c in RANK_COLUMNS] for row in summary.ranks)
+    return csv_line(RANK_COLUMNS) + "".join(csv_line(values) for values in rows)
 
 
 @contextlib.contextmanager
