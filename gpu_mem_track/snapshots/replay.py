@@ -28,14 +28,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..allocator.settings import AllocatorSettings, round_size, settings_from_snapshot
+from ..allocator.settings import (
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    AllocatorSettings,
+    round_size,
+    settings_from_snapshot,
+)
 from .records import Segment, Snapshot, TraceEntry
 
 __all__ = ["Replay", "ReplayCheck", "Step", "free_blocks_at", "replay"]
 
-_MIN_BLOCK = 512
-_SMALL = 1 << 20  # largest small-pool request; also the largest unsplit tail
-_SMALL_SEGMENT = 2 << 20
 _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
 
@@ -261,12 +265,12 @@ class _Layout:
                 if gap < 0:
                     self.misfits += 1
                     gap = 0
-                small = self.segments[start] == _SMALL_SEGMENT and not self.expandable
-                if small or gap == 0 or gap <= _SMALL:
+                small = self.segments[start] == K_SMALL_BUFFER and not self.expandable
+                if small or gap == 0 or gap <= K_SMALL_SIZE:
                     self.size[addr] = rounded + (0 if small else gap)
                 else:
                     self.size[addr] = rounded
-                    self.tails[addr] = min(gap - _SMALL - _MIN_BLOCK, _SMALL)
+                    self.tails[addr] = min(gap - K_SMALL_SIZE - K_MIN_BLOCK_SIZE, K_SMALL_SIZE)
 
     def segment_of(self, addr: int) -> int | None:
         i = bisect_right(self.starts, addr) - 1
@@ -298,7 +302,8 @@ class _Layout:
         if self.power2:
             rounded = round_size(request, self.settings)
         else:
-            rounded = _MIN_BLOCK if request < _MIN_BLOCK else -(-request // _MIN_BLOCK) * _MIN_BLOCK
+            unit = K_MIN_BLOCK_SIZE
+            rounded = unit if request < unit else -(-request // unit) * unit
         segment = self.segment_of(addr)
         size = rounded
         if segment is not None and not self.expandable:
@@ -310,7 +315,7 @@ class _Layout:
             free = end - addr
             if free < rounded:
                 self.misfits += 1
-            elif self.segments[segment] != _SMALL_SEGMENT and not self.splits(rounded, free):
+            elif self.segments[segment] != K_SMALL_BUFFER and not self.splits(rounded, free):
                 size = free
             addresses.insert(i, addr)
         elif segment is None:
@@ -325,7 +330,7 @@ class _Layout:
         """Whether the allocator cuts a large free block of ``free`` bytes for ``rounded``."""
         if rounded >= self.max_split:
             return False
-        return free - rounded > _SMALL
+        return free - rounded > K_SMALL_SIZE
 
     def pin(self, before: int, addr: int) -> None:
         """An allocation at ``addr`` right after a block whose tail was unknown fixes it."""
@@ -333,7 +338,7 @@ class _Layout:
         if tail is None:
             return
         end = before + self.size[before]
-        if end <= addr <= end + _SMALL:
+        if end <= addr <= end + K_SMALL_SIZE:
             self.size[before] = addr - before
             for sizes in (self.counted, self.start_counted):
                 if before in sizes:
