@@ -78,7 +78,9 @@ def test_plot_of_a_launch_overlays_its_ranks(tmp_path):
     figure = timeline_figure(runs)
     legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
     assert any("a/rank0" in text for text in legend) and any("a/rank1" in text for text in legend)
-    assert plot_files([launch], tmp_path / "ranks.png").path.stat().st_size > 0
+    plotted = plot_files([launch], tmp_path / "ranks.png")
+    assert plotted.path == tmp_path / "ranks.png" and plotted.notes == ()
+    assert plotted.path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_the_ranks_command_rebuilds_the_table(tmp_path, capsys):
