@@ -1,4 +1,4 @@
-# Chores. `make demo`, `make test` and `make test-all` install what is missing first.
+# Chores. Every target but `lint`, `format` and `clean` installs what is missing first.
 PYTHON ?= python3
 # The torch installed when none is importable: this machine's local CPU build. A torch
 # the user already has (any >= 2.1) is kept as it is.
