@@ -33,7 +33,7 @@ from ..ranks import rank_folders as launch_rank_folders
 from ..runner.files import RunFolder, read_timeline
 from ..runs.compare import Comparison, compare_runs
 from ..runs.load import DEFAULT_POINTS, Run, Source, detect, downsample, load_run
-from ..tracker.csvlog import read_stamps
+from ..tracker.csvlog import read_stamps, shape_text
 
 __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 
@@ -182,7 +182,7 @@ def _census(origin: str, stamp: Any) -> dict[str, Any]:
         "changes": [
             {
                 "kind": c.kind,
-                "shape": "x".join(map(str, c.shape)) or "scalar",
+                "shape": shape_text(c.shape),
                 "dtype": c.dtype.replace("torch.", ""),
                 "count_delta": c.count_delta,
                 "bytes_delta": c.bytes_delta,

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..tracker.csvlog import shape_text
 from ..units import format_bytes, format_peak
 
 __all__ = [
@@ -77,7 +78,7 @@ def changes_html(changes: Sequence[Any], caption: str = "tensor groups created o
             format_bytes(c.bytes_delta, signed=True),
             f"{c.count_delta:+d}",
             c.kind,
-            "x".join(map(str, c.shape)) or "scalar",
+            shape_text(c.shape),
             c.dtype.replace("torch.", ""),
             _names(c.names),
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..runner.records import hottest
+from ..tracker.csvlog import shape_text
 from ..tracker.render import render_stamp
 from ..units import format_bytes, format_peak
 from .records import CellProfile, StatementMemory
@@ -28,11 +29,10 @@ def render_statement(result: StatementMemory) -> str:
             f"({format_bytes(result.rss_before)} -> {format_bytes(result.rss_after)})"
         )
     for change in result.changes:
-        shape = "x".join(map(str, change.shape)) or "scalar"
         names = f"  {', '.join(change.names)}" if change.names else ""
         lines.append(
             f"  {format_bytes(change.bytes_delta, signed=True):>12} {change.count_delta:+d} "
-            f"{change.kind} {shape} {change.dtype.replace('torch.', '')}{names}"
+            f"{change.kind} {shape_text(change.shape)} {change.dtype.replace('torch.', '')}{names}"
         )
     if not result.changes:
         lines.append("  no tensor group created or freed")

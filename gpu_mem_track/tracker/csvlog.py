@@ -40,6 +40,7 @@ __all__ = [
     "append_stamp",
     "read_frame",
     "read_stamps",
+    "shape_text",
     "stamp_rows",
     "stamps_from_rows",
     "write_header",
@@ -87,7 +88,7 @@ def stamp_rows(stamp: Stamp, rank: int | None = None) -> list[dict[str, Any]]:
                 **where,
                 "row": "change",
                 "kind": change.kind,
-                "shape": _shape_text(change.shape),
+                "shape": shape_text(change.shape),
                 "dtype": change.dtype,
                 "count_delta": change.count_delta,
                 "bytes_delta": change.bytes_delta,
@@ -256,7 +257,8 @@ def _categories(row: dict[str, str]) -> Categories | None:
     return Categories(**{name: int(cell) for name, cell in zip(CATEGORIES, cells)})
 
 
-def _shape_text(shape: tuple[int, ...]) -> str:
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as the CSV spells it: ``2x3``, or ``scalar`` for ``()``."""
     return "x".join(map(str, shape)) if shape else "scalar"
 
 
