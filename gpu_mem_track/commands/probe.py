@@ -43,7 +43,8 @@ COMMAND = Command(
     help="measure what the CUDA context, cuBLAS and cuDNN cost on a GPU",
     description="Measure, in a fresh subprocess, driver-level memory before CUDA starts, "
     "after the context exists, after the first cuBLAS matmul and after the first cuDNN "
-    "convolution, and print the framework cost of each part. Needs CUDA and nvidia-ml-py.",
+    "convolution, and print the framework cost of each part; the result is saved to the probe cache, "
+    "where MemTracker's stamps read the CUDA context cost. Needs CUDA and nvidia-ml-py.",
     prepare_parser=prepare_parser,
     run=run,
 )
