@@ -84,15 +84,18 @@ class LineProfiler:
         self._timeline = timeline
         self._write_text = timeline.write_text if timeline is not None else None
         self._on_cuda = sampler.source == "cuda allocator"
-        self._where: dict[CodeType, str] = {}
+        # Keyed by id(code), which hashes far faster than the code object (hashed anew from
+        # its name, bytecode and constants at every lookup); ``_codes`` keeps each alive.
+        self._codes: dict[int, CodeType] = {}
+        self._where: dict[int, str] = {}
         self._on_increment = on_increment
         self._threshold = threshold
         self._extras_every = extras_every
         self._clock = clock
         self._windows = windows
         self._stack: list[_Frame] = []
-        self._stats: dict[tuple[CodeType, int], list[Any]] = {}
-        self._starts: dict[CodeType, dict[int, int]] = {}
+        self._stats: dict[tuple[int, int], list[Any]] = {}
+        self._starts: dict[int, dict[int, int]] = {}
         self._file_starts: dict[str, dict[int, int]] = {}  # parsed once per file
         self._seq = 0
         self._start = clock()
@@ -116,12 +119,9 @@ class LineProfiler:
         self._stack.append([code, None, 0, 0, 0.0, 0, 0])
 
     def line(self, code: CodeType, lineno: int) -> None:
-        starts = self._starts.get(code)
+        starts = self._starts.get(id(code))
         if starts is None:
-            starts = self._file_starts.get(code.co_filename)
-            if starts is None:
-                starts = self._file_starts[code.co_filename] = statement_starts(code.co_filename)
-            self._starts[code] = starts
+            starts = self._first_seen(code)
         first = starts.get(lineno, lineno) if starts else lineno
         stack = self._stack
         frame = stack[-1] if stack and stack[-1][0] is code else None
@@ -162,7 +162,8 @@ class LineProfiler:
     def records(self) -> list[LineRecord]:
         """One record per source line that ran, with its source text."""
         out = []
-        for (code, lineno), stats in self._stats.items():
+        for (key, lineno), stats in self._stats.items():
+            code = self._codes[key]
             out.append(
                 LineRecord(
                     file=code.co_filename,
@@ -196,6 +197,16 @@ class LineProfiler:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _first_seen(self, code: CodeType) -> dict[int, int]:
+        """Keep ``code`` alive (its id keys the tables) and return its file's statement
+        starts (``statements``), parsed once per file."""
+        self._codes[id(code)] = code
+        starts = self._file_starts.get(code.co_filename)
+        if starts is None:
+            starts = self._file_starts[code.co_filename] = statement_starts(code.co_filename)
+        self._starts[id(code)] = starts
+        return starts
+
     def _close(self, frame: _Frame, current: int, high: int, now: float) -> bool:
         """Record the end of the frame's running line; True when ``on_increment`` ran."""
         code, lineno, before, high_before = frame[0], frame[1], frame[2], frame[3]
@@ -206,7 +217,7 @@ class LineProfiler:
         else:  # the mark did not move (or the program reset it): a lower bound
             peak, exact = max(before, current, high if high < high_before else 0), False
         rise = peak - before
-        key = (code, lineno)
+        key = (id(code), lineno)
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = [0, 0, 0, 0, False, 0.0, 0]
@@ -247,9 +258,9 @@ class LineProfiler:
         """The timeline row of one line execution, formatted here: the hot path. Its cells
         follow ``files.TIMELINE_COLUMNS`` (``records.TimelineRow``) by hand, for speed;
         tests/test_schemas.py holds the two together."""
-        where = self._where.get(code)
+        where = self._where.get(id(code))
         if where is None:
-            where = self._where[code] = csv_line(["line", code.co_filename, _function(code)])[:-1]
+            where = self._where[id(code)] = csv_line(["line", code.co_filename, _function(code)])[:-1]
         elapsed = now - self._start
         driver = rss = ""
         if elapsed - self._extras_at >= self._extras_every:
