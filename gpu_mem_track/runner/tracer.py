@@ -44,7 +44,9 @@ class SettraceEngine:
     def __init__(self, sink: LineSink, wants: Wants) -> None:
         self._sink = sink
         self._wants = wants
-        self._decided: dict[CodeType, bool] = {}
+        # id(code): (code, wanted); the id hashes far faster than the code object (hashed
+        # anew from its fields at every lookup), and the entry keeps the code alive
+        self._decided: dict[int, tuple[CodeType, bool]] = {}
         self._previous: Any = None
         self._thread: int | None = None
 
@@ -63,10 +65,10 @@ class SettraceEngine:
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
-        wanted = self._decided.get(code)
-        if wanted is None:
-            wanted = self._decided[code] = bool(self._wants(code))
-        if not wanted or event != "call":
+        entry = self._decided.get(id(code))
+        if entry is None:
+            entry = self._decided[id(code)] = (code, bool(self._wants(code)))
+        if not entry[1] or event != "call":
             return None
         self._sink.enter(code)
         return self._local
