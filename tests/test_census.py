@@ -355,3 +355,18 @@ def test_owners_give_top_level_models_and_optimizers_held_weakly():
     scan = FullScan()
     local = nn.Linear(3, 3)
     assert any(t is local.weight for t in scan()) and any(o is local for _, o in scan.roots())
+
+
+def test_a_parameter_reachable_from_a_model_and_its_submodule_takes_the_model_name():
+    from gpu_mem_track.tracker.naming import known_tensors
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    roots = [("head", model[1]), ("model", model), ("opt", optimizer)]
+    names = [k.name for k in known_tensors(roots) if k.kind in ("Parameter", "Optimizer state")]
+    assert names[:4] == ["model.0.weight", "model.0.bias", "model.1.weight", "model.1.bias"]
+    assert names[4:6] == ["head.weight", "head.bias"]  # the submodule's own root still yields them
+    assert names[6:] == [f"momentum_buffer of {n}" for n in names[:4]]
+    del model, optimizer

@@ -130,27 +130,22 @@ def known_tensors(roots: list[tuple[str, Any]]) -> Iterator[Known]:
     Modules are visited largest first so a parameter reachable from a model and from one
     of its submodules takes the model's (longer) name. Earlier roots win ties.
     """
-    modules = [(p, o) for p, o in roots if isinstance(o, nn.Module)]
-    if len(modules) > 1:  # sizing walks every parameter: only worth it when there is a choice
-        modules.sort(key=lambda item: -_module_size(item[1]))
+    # Each module's tensors listed once; sized by their parameters, not by another walk.
+    modules = [list(_module_tensors(o, p)) for p, o in roots if isinstance(o, nn.Module)]
+    if len(modules) > 1:
+        modules.sort(key=lambda tensors: -sum(1 for k in tensors if k.kind == "Parameter"))
     param_names: dict[int, str] = {}
-    for prefix, module in modules:
-        for known in _module_tensors(module, prefix):
+    for tensors in modules:
+        for known in tensors:
             if known.kind == "Parameter":
                 param_names.setdefault(id(known.tensor), known.name or "")
             yield known
+    del modules
     for prefix, obj in roots:
         if isinstance(obj, torch.optim.Optimizer):
             yield from _optimizer_tensors(obj, prefix, param_names)
         elif isinstance(obj, torch.Tensor):
             yield Known(obj, None, prefix or None)
-
-
-def _module_size(module: nn.Module) -> int:
-    try:
-        return sum(1 for _ in module.parameters())
-    except Exception:
-        return 0
 
 
 def _module_tensors(module: nn.Module, prefix: str) -> Iterator[Known]:
