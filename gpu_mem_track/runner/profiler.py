@@ -32,7 +32,7 @@ from .records import LineRecord, TimelineRow
 from .samplers import Sampler
 from .statements import statement_starts
 
-__all__ = ["LineProfiler"]
+__all__ = ["LineProfiler", "function_name"]
 
 #: Index of each aggregate in the per-line list: hits, memory after the last execution,
 #: total increment, max peak, whether that peak is exact, seconds, max rise.
@@ -167,7 +167,7 @@ class LineProfiler:
             out.append(
                 LineRecord(
                     file=code.co_filename,
-                    function=_function(code),
+                    function=function_name(code),
                     line=lineno,
                     code=linecache.getline(code.co_filename, lineno).strip(),
                     hits=stats[_HITS],
@@ -260,7 +260,7 @@ class LineProfiler:
         tests/test_schemas.py holds the two together."""
         where = self._where.get(id(code))
         if where is None:
-            where = self._where[id(code)] = csv_line(["line", code.co_filename, _function(code)])[:-1]
+            where = self._where[id(code)] = csv_line(["line", code.co_filename, function_name(code)])[:-1]
         elapsed = now - self._start
         driver = rss = ""
         if elapsed - self._extras_at >= self._extras_every:
@@ -311,6 +311,6 @@ def _one_percent(peak: int) -> int:
     return peak // 100
 
 
-def _function(code: CodeType) -> str:
+def function_name(code: CodeType) -> str:
     """The qualified name where the Python records it (3.11+), else the plain name."""
     return getattr(code, "co_qualname", code.co_name)

@@ -12,12 +12,14 @@ and the run's own reports are written as without ``--snapshot``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..devices import parse_device
 from .history import HistoryRecorder, LineWindows
 from .peaks import Window
+from .profiler import function_name
 from .records import LineRecord, SnapshotMerge
 
 __all__ = ["SNAPSHOT_FILE", "SnapshotRun"]
@@ -115,14 +117,14 @@ class SnapshotRun:
             note = f"{mismatched} of {len(windows)} line runs began or ended at bytes other than the replay's"
         if note:  # the analysis by stacks still holds; the placement by count does not
             self._write_analysis(snapshot, replayed)
-            return list(records), _with(base, note=note)
+            return list(records), replace(base, note=note)
         for key, count in self._forgotten().items():
             outside[key] = outside.get(key, 0) + count
         placed = self._analyse_placed(snapshot, windows, positions, first)
         merged = merge_peaks(records, peaks, outside)
         raised = sum(new.peak > old.peak for new, old in zip(merged, records))
         exact = sum(r.peak_exact for r in merged)
-        return merged, _with(base, exact=exact, raised=raised, outside=sum(outside.values()), placed=placed)
+        return merged, replace(base, exact=exact, raised=raised, outside=sum(outside.values()), placed=placed)
 
     def _analyse_placed(self, snapshot: Any, windows: list[Window], positions: list[int], first: int) -> int:
         """Write the analysis of the snapshot whose stackless entries were given the line
@@ -159,10 +161,4 @@ class SnapshotRun:
 
 def _key(code: Any, line: int) -> tuple[str, str, int]:
     """A line as ``LineRecord`` names it (``profiler.LineProfiler.records``)."""
-    return code.co_filename, getattr(code, "co_qualname", code.co_name), line
-
-
-def _with(merge: SnapshotMerge, **changes: Any) -> SnapshotMerge:
-    from dataclasses import replace
-
-    return replace(merge, **changes)
+    return code.co_filename, function_name(code), line

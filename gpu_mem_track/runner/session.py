@@ -17,6 +17,7 @@ from types import CodeType
 from typing import Any
 
 from .files import TimelineWriter
+from .profiler import function_name
 
 __all__ = ["CENSUS_PER_LINE", "CENSUS_PER_RUN", "RunSession"]
 
@@ -83,7 +84,7 @@ class RunSession:
         frame = sys._getframe(1)
         while frame is not None and frame.f_code is not code:
             frame = frame.f_back
-        where = (code.co_filename, lineno, getattr(code, "co_qualname", code.co_name))
+        where = (code.co_filename, lineno, function_name(code))
         try:
             tracker.stamp_at(frame, f"line {lineno} grew {format_bytes(increment)}", where=where)
         finally:
