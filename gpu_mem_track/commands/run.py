@@ -27,7 +27,8 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--device",
         default="auto",
-        help="cpu, cuda or cuda:N (default: cuda:0 when the NVIDIA driver shows a GPU, else cpu)",
+        help="cpu, cuda or cuda:N (default: cuda:0 when the NVIDIA driver shows a GPU, else cpu; "
+        "under torchrun, auto and cuda mean each rank's own GPU, cuda:N pins one)",
     )
     run.add_argument(
         "--census-threshold",
