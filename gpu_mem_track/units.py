@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CUDA_BLOCK", "counted", "cuda_block_bytes", "format_bytes", "format_peak", "parse_bytes"]
+__all__ = [
+    "CUDA_BLOCK",
+    "counted",
+    "cuda_block_bytes",
+    "format_bytes",
+    "format_peak",
+    "parse_bytes",
+    "shape_text",
+]
 
 #: The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK = 512
@@ -84,3 +92,8 @@ def parse_bytes(text: str) -> int:
     if not match or match.group(2).lower() not in _SUFFIX:
         raise ValueError(f"not a byte size: {text!r} (examples: 512, 64MiB, 1.5GB)")
     return int(round(float(match.group(1)) * _SUFFIX[match.group(2).lower()]))
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as reports spell it (CSV, HTML, notebooks): ``2x3``, or ``scalar`` for ``()``."""
+    return "x".join(map(str, shape)) if shape else "scalar"

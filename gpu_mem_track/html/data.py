@@ -33,7 +33,8 @@ from ..ranks import rank_folders as launch_rank_folders
 from ..runner.files import RunFolder, read_timeline
 from ..runs.compare import Comparison, compare_runs
 from ..runs.load import DEFAULT_POINTS, Run, Source, detect, downsample, load_run
-from ..tracker.csvlog import read_stamps, shape_text
+from ..tracker.csvlog import read_stamps
+from ..units import shape_text
 
 __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 

@@ -15,8 +15,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..tracker.csvlog import shape_text
-from ..units import format_bytes, format_peak
+from ..units import format_bytes, format_peak, shape_text
 
 __all__ = [
     "cell_html",

@@ -5,9 +5,8 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..runner.records import hottest
-from ..tracker.csvlog import shape_text
 from ..tracker.render import render_stamp
-from ..units import format_bytes, format_peak
+from ..units import format_bytes, format_peak, shape_text
 from .records import CellProfile, StatementMemory
 
 __all__ = ["render_cell", "render_statement"]

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..categories import CATEGORIES
 from ..csvrows import CompleteRows, cut_note
+from ..units import shape_text
 from .records import Categories, GroupChange, Ledger, Skipped, Stamp
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
     "append_stamp",
     "read_frame",
     "read_stamps",
-    "shape_text",
     "stamp_rows",
     "stamps_from_rows",
     "write_header",
@@ -255,11 +255,6 @@ def _categories(row: dict[str, str]) -> Categories | None:
     if not all(cells):
         return None
     return Categories(**{name: int(cell) for name, cell in zip(CATEGORIES, cells)})
-
-
-def shape_text(shape: tuple[int, ...]) -> str:
-    """A shape as the CSV spells it: ``2x3``, or ``scalar`` for ``()``."""
-    return "x".join(map(str, shape)) if shape else "scalar"
 
 
 def _shape_from(text: str) -> tuple[int, ...]:
