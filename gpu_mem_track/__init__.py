@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr
     from .estimator.render import render_batch_size, render_estimate
     from .estimator.simulate import estimate
     from .estimator.specs import InputSpec
-    from .runner.records import RunResult
+    from .runner.result import RunResult
     from .runner.run import PreparedRun, RunOptions
     from .runner.run import execute as execute_run
     from .runner.run import prepare as prepare_run
@@ -65,7 +65,7 @@ _HOMES = {
     "PreparedRun": "runner.run",
     "prepare_run": "runner.run:prepare",
     "execute_run": "runner.run:execute",
-    "RunResult": "runner.records",
+    "RunResult": "runner.result",
     "compare_files": "runs.compare",
     "compare_runs": "runs.compare",
     "render_comparison": "runs.compare",

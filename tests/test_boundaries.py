@@ -26,7 +26,7 @@ MODEL_MODULES = (
     "gpu_mem_track.outputs",
     "gpu_mem_track.units",
     "gpu_mem_track.tracker.records",
-    "gpu_mem_track.runner.records",
+    "gpu_mem_track.runfolder.records",
     "gpu_mem_track.estimator.records",
     "gpu_mem_track.estimator.options",
 )
@@ -127,7 +127,7 @@ def test_runner_runs_model_and_cli_import_no_torch():
         "gpu_mem_track",
         *MODEL_MODULES,
         *MODEL_RENDERERS,
-        *(name for name in modules("runner", "runs", "commands") if name != chosen),
+        *(name for name in modules("runfolder", "runner", "runs", "commands") if name != chosen),
         "gpu_mem_track.cli",
     ]
     assert torch_importers(names) == []
@@ -135,6 +135,14 @@ def test_runner_runs_model_and_cli_import_no_torch():
 
 def test_estimator_imports_neither_tracker_nor_runner():
     assert offenders("estimator", ("gpu_mem_track.tracker", "gpu_mem_track.runner")) == {}
+
+
+def test_the_run_folder_format_imports_none_of_its_producers_or_readers():
+    """``runfolder`` is the run folder's format: the runner, the snapshot reader and the
+    notebook write it, ``runs`` and ``html`` read it; it imports none of them (and no torch,
+    checked above)."""
+    users = ("runner", "runs", "snapshots", "html", "notebook", "tracker", "estimator")
+    assert offenders("runfolder", tuple(f"gpu_mem_track.{name}" for name in users)) == {}
 
 
 def test_tracker_imports_no_runner_and_runs_no_estimator():

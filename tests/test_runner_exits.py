@@ -12,7 +12,7 @@ import time
 import pytest
 from test_runner import ROOT, folder, run, write
 
-from gpu_mem_track.runner.files import read_lines, read_meta, read_timeline
+from gpu_mem_track.runfolder.files import read_lines, read_meta, read_timeline
 from gpu_mem_track.runs.load import load_run
 
 

@@ -7,8 +7,8 @@ import torch
 from test_runner import folder, run, write
 
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.runfolder.files import read_lines, read_meta
 from gpu_mem_track.runner.checks import check_memory
-from gpu_mem_track.runner.files import read_lines, read_meta
 from gpu_mem_track.runner.tensorbytes import TensorSampler
 
 MIB = 2**20

@@ -19,7 +19,7 @@ from runfiles import runner_folder
 from snapshotfiles import SETTINGS
 
 from gpu_mem_track.allocator.settings import round_size, settings_from_snapshot
-from gpu_mem_track.runner.files import read_lines
+from gpu_mem_track.runfolder.files import read_lines
 from gpu_mem_track.runs.compare import compare_files
 from gpu_mem_track.runs.load import load_run
 from gpu_mem_track.snapshots import snapshot_from_data

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..devices import parse_device
+from ..runfolder.records import LineRecord, SnapshotMerge
 from .history import HistoryRecorder, LineWindows
 from .peaks import Window
 from .profiler import function_name
-from .records import LineRecord, SnapshotMerge
 
 __all__ = ["SNAPSHOT_FILE", "SnapshotRun"]
 

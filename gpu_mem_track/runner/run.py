@@ -26,6 +26,9 @@ from .. import __version__
 from ..errors import UsageError
 from ..outputs import safe_name
 from ..ranks import RankInfo, rank_folder, rank_info
+from ..runfolder.files import RunFolder, TimelineWriter, write_lines, write_meta
+from ..runfolder.ranktable import report_launch
+from ..runfolder.records import RunInfo
 from .checks import (
     check_memory,
     check_out_dir,
@@ -36,13 +39,11 @@ from .checks import (
     resolve_device,
     resolve_includes,
 )
-from .files import RunFolder, TimelineWriter, write_lines, write_meta
 from .history import DEFAULT_ENTRIES, HistoryRecorder
 from .launch import run_script
 from .profiler import LineProfiler
-from .ranktable import report_launch
 from .recording import SnapshotRun
-from .records import RunInfo, RunResult
+from .result import RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
 from .tracer import best_engine, engine_class
@@ -151,7 +152,7 @@ def execute(
     history: HistoryRecorder | None = None,
 ) -> RunResult:
     """Run the prepared script under the line tracer, write the reports and return the
-    :class:`~gpu_mem_track.runner.records.RunResult`: the script's exit code (0, the
+    :class:`~gpu_mem_track.runner.result.RunResult`: the script's exit code (0, the
     ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C, 128 + N after
     signal N: 143 after SIGTERM, 129 after SIGHUP), the run's description, its line
     records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
@@ -240,13 +241,15 @@ def _write_reports(
     launch only rank 0 prints it, every rank with ``--all-ranks``); in a launch, rebuild
     the launch folder's ranks table, and on rank 0 wait up to ``--rank-wait`` seconds for
     the other ranks and print the table."""
-    from .render import render_line_report, render_summary
+    from ..runfolder.render import render_line_report, render_summary
+    from ..tracker.render import render_stamp
 
     folder, options, rank = prepared.folder, prepared.options, prepared.rank
     merge = snapshot.result if snapshot is not None else None
     write_lines(folder.lines, records)
     write_meta(folder.meta, info)
-    folder.report.write_text(render_line_report(info, records, session.censuses, merge), encoding="utf-8")
+    censuses = [render_stamp(stamp) for stamp in session.censuses]
+    folder.report.write_text(render_line_report(info, records, censuses, merge), encoding="utf-8")
     out = stream or sys.stderr
     if rank is None or rank.is_first or options.all_ranks:
         out.write(render_summary(info, records, folder.path, options.top, merge))

@@ -19,10 +19,9 @@ from typing import Any, Protocol
 
 from ..devices import parse_device
 from ..ranks import rank_device
+from ..runfolder.records import HEAP_SOURCE
 
 __all__ = [
-    "HEAP_SOURCE",
-    "TENSORS_SOURCE",
     "CudaSampler",
     "FakeSampler",
     "HeapSampler",
@@ -31,10 +30,6 @@ __all__ = [
     "Extras",
 ]
 
-#: ``HeapSampler.source``.
-HEAP_SOURCE = "C heap in use"
-#: ``tensorbytes.TensorSampler.source`` (here so readers need not import torch).
-TENSORS_SOURCE = "CPU tensor storages"
 
 #: (driver, rss) in bytes, None where unknown.
 Extras = tuple["int | None", "int | None"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from .files import TimelineWriter
+from ..runfolder.files import TimelineWriter
 from .profiler import function_name
 
 __all__ = ["CENSUS_PER_LINE", "CENSUS_PER_RUN", "RunSession"]

@@ -33,7 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..estimator.lifetimes import _plain_tensors, _storage
-from .samplers import TENSORS_SOURCE, Extras, RssSampler
+from ..runfolder.records import TENSORS_SOURCE
+from .samplers import Extras, RssSampler
 
 __all__ = ["StorageBytes", "TensorSampler"]
 

@@ -1,6 +1,6 @@
 """Write a snapshot's analysis as a runner folder, so ``compare`` and ``plot`` read it.
 
-``reports/<name>/`` holds, in the runner's formats (``runner.files``):
+``reports/<name>/`` holds, in the runner's formats (``runfolder.files``):
 
 - ``meta.json``: a ``RunInfo`` (``script``: the snapshot file, ``engine``:
   ``"memory snapshot"``, ``memory_source``: ``"cuda allocator"``, ``started``/``ended``:
@@ -34,8 +34,8 @@ from typing import Any
 from .. import __version__
 from ..errors import UsageError
 from ..outputs import claim_name, safe_name
-from ..runner.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
-from ..runner.records import LineRecord, RunInfo
+from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
+from ..runfolder.records import LineRecord, RunInfo
 from .analyse import LineUsage, SnapshotAnalysis
 from .attribution import PRE_TRACE, Attributor
 from .replay import Replay
