@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr__
     from .devices import Device
@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr
     from .estimator.render import render_batch_size, render_estimate
     from .estimator.simulate import estimate
     from .estimator.specs import InputSpec
+    from .runner.options import PreparedRun, RunOptions
     from .runner.result import RunResult
-    from .runner.run import PreparedRun, RunOptions
     from .runner.run import execute as execute_run
     from .runner.run import prepare as prepare_run
     from .runs.compare import compare_files, compare_runs, render_comparison
@@ -61,8 +61,8 @@ _HOMES = {
     "MemoryReader": "tracker.readers",
     "ProcessReader": "tracker.readers",
     "SavedTensorRecorder": "tracker.saved",
-    "RunOptions": "runner.run",
-    "PreparedRun": "runner.run",
+    "RunOptions": "runner.options",
+    "PreparedRun": "runner.options",
     "prepare_run": "runner.run:prepare",
     "execute_run": "runner.run:execute",
     "RunResult": "runner.result",

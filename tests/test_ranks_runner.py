@@ -16,7 +16,8 @@ from gpu_mem_track.ranks import RankInfo, rank_device
 from gpu_mem_track.runfolder.files import TIMELINE_COLUMNS, read_lines, read_meta, read_timeline
 from gpu_mem_track.runfolder.ranktable import RANK_COLUMNS, read_launch
 from gpu_mem_track.runfolder.render import render_ranks
-from gpu_mem_track.runner.run import RunOptions, execute, prepare
+from gpu_mem_track.runner.options import RunOptions
+from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.runner.samplers import CudaSampler
 
 SCRIPT = """

@@ -243,6 +243,6 @@ def test_a_forked_child_dies_of_sigterm_as_without_the_runner(tmp_path):
 )
 def test_run_options_end_at_the_script_name(argv, head, rest):
     from gpu_mem_track.cli import build_parser
-    from gpu_mem_track.runner.cmdline import split_run_argv
+    from gpu_mem_track.commands.cmdline import split_run_argv
 
     assert split_run_argv(build_parser(), argv) == (head, rest)

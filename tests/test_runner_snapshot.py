@@ -22,8 +22,9 @@ from gpu_mem_track.allocator import Allocator
 from gpu_mem_track.runfolder.files import read_lines
 from gpu_mem_track.runfolder.records import LineRecord
 from gpu_mem_track.runner.history import LineWindows, TorchHistory, history_calls
+from gpu_mem_track.runner.options import RunOptions
 from gpu_mem_track.runner.peaks import innermost_lines, merge_peaks, window_peaks
-from gpu_mem_track.runner.run import RunOptions, execute, prepare
+from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.runner.samplers import CudaSampler
 from gpu_mem_track.snapshots import load_snapshot
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import UsageError
 from ..ranks import rank_folders as launch_rank_folders
 from ..runfolder.files import RunFolder, read_timeline

@@ -18,7 +18,7 @@ from ..outputs import claim_name
 from .samplers import mallinfo2
 
 if TYPE_CHECKING:
-    from .run import RunOptions
+    from .options import RunOptions
 
 __all__ = [
     "check_memory",

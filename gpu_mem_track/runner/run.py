@@ -17,15 +17,15 @@ import platform
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import CodeType
 from typing import Any, TextIO
 
-from .. import __version__
+from .._version import __version__
 from ..errors import UsageError
 from ..outputs import safe_name
-from ..ranks import RankInfo, rank_folder, rank_info
+from ..ranks import rank_folder, rank_info
 from ..runfolder.files import RunFolder, TimelineWriter, write_lines, write_meta
 from ..runfolder.ranktable import report_launch
 from ..runfolder.records import RunInfo
@@ -39,8 +39,9 @@ from .checks import (
     resolve_device,
     resolve_includes,
 )
-from .history import DEFAULT_ENTRIES, HistoryRecorder
+from .history import HistoryRecorder
 from .launch import run_script
+from .options import PreparedRun, RunOptions
 from .profiler import LineProfiler
 from .recording import SnapshotRun
 from .result import RunResult
@@ -49,58 +50,6 @@ from .session import RunSession
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What to run and how; see ``python -m gpu_mem_track run --help``.
-
-    ``census_threshold``: bytes; a line execution that grows memory by at least this much
-    is followed by a census of live tensors (None: never). ``device``: ``"auto"``,
-    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``engine``: ``"auto"``, ``"monitoring"`` or
-    ``"settrace"``. ``top``: lines in the printed summary (0: all). ``memory``: on the
-    CPU, ``"rss"`` (the default, ``"auto"``), ``"heap"`` (the C heap in use, see
-    ``samplers.HeapSampler``) or ``"tensors"`` (live CPU tensor storages, see
-    ``tensorbytes.TensorSampler``); on CUDA only ``"auto"``. ``activations``: record the
-    tensors autograd saves for backward while the script runs, so censuses count them as
-    activations with the line that saved them (see ``saved.SavedTensorRecorder``).
-    ``snapshot``: record the CUDA allocator's history while the script runs, keep it as
-    ``snapshot.pickle`` in the run folder and take every line's exact peak from it (see
-    ``recording``); ``snapshot_entries``: trace entries it keeps (a ring buffer).
-    """
-
-    script: str
-    args: tuple[str, ...] = ()
-    out_dir: str = "reports"
-    run_name: str | None = None
-    include: tuple[str, ...] = ()
-    device: str = "auto"
-    census_threshold: int | None = None
-    engine: str = "auto"
-    top: int = 5
-    activations: bool = False
-    memory: str = "auto"
-    snapshot: bool = False
-    snapshot_entries: int = DEFAULT_ENTRIES
-    all_ranks: bool = False
-    rank_wait: float = 10.0
-
-
-@dataclass
-class PreparedRun:
-    """A checked run: resolved paths, the folder (created), what to trace. In a
-    distributed launch ``rank`` says which rank this is and ``folder`` is
-    ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
-    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
-
-    options: RunOptions
-    script: Path
-    folder: RunFolder
-    include_files: frozenset[str]
-    include_dirs: tuple[str, ...]
-    device: str
-    rank: RankInfo | None = None
-    follow_rank: bool = False
 
 
 def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> PreparedRun:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import UsageError
 from ..outputs import claim_name, safe_name
 from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta

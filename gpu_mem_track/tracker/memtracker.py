@@ -22,7 +22,7 @@ from typing import Any, TextIO, TypeVar
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
