@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..devices import Device
 from ..ranks import RankInfo
 from ..runfolder.files import RunFolder
 from .history import DEFAULT_ENTRIES
@@ -54,13 +55,15 @@ class PreparedRun:
     """A checked run: resolved paths, the folder (created), what to trace. In a
     distributed launch ``rank`` says which rank this is and ``folder`` is
     ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
-    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
+    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then.
+    ``device`` is parsed once, here (``checks.resolve_device``): the CPU or a CUDA device
+    with its index."""
 
     options: RunOptions
     script: Path
     folder: RunFolder
     include_files: frozenset[str]
     include_dirs: tuple[str, ...]
-    device: str
+    device: Device
     rank: RankInfo | None = None
     follow_rank: bool = False

@@ -23,6 +23,7 @@ from types import CodeType
 from typing import Any, TextIO
 
 from .._version import __version__
+from ..devices import Device
 from ..errors import UsageError
 from ..outputs import safe_name
 from ..ranks import rank_folder, rank_info
@@ -80,8 +81,8 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     traced = frozenset({str(script), *files})
     if rank is not None:
         folder = RunFolder(rank_folder(out_dir, options.run_name, script, rank, environ))
-        follow = device.startswith("cuda") and options.device in ("auto", "cuda")
-        device = f"cuda:{rank.local_rank}" if follow else device
+        follow = device.is_cuda and options.device in ("auto", "cuda")
+        device = Device("cuda", rank.local_rank) if follow else device
         return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(claim_folder(out_dir, name))
@@ -212,7 +213,7 @@ def _sampler(prepared: PreparedRun) -> Any:
     else the C heap's (``--memory heap``), the live CPU tensor storages' (``--memory
     tensors``: imports torch now, before the script runs, and starts following storages)
     or the process RSS's."""
-    if prepared.device.startswith("cuda"):
+    if prepared.device.is_cuda:
         rank = prepared.rank
         local_rank = rank.local_rank if prepared.follow_rank and rank is not None else None
         return CudaSampler(prepared.device, local_rank=local_rank)
@@ -249,7 +250,7 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         run_name=path.name if prepared.rank is None else f"{path.parent.name}/{path.name}",
         script=str(prepared.script),
         argv=(prepared.options.script, *prepared.options.args),
-        device=prepared.device,
+        device=str(prepared.device),
         memory_source=source,
         engine=engine,
         started=time.time(),
