@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..devices import Device, parse_device
 from ..errors import UsageError
-from ..outputs import claim_name
 from .samplers import mallinfo2
 
 if TYPE_CHECKING:
@@ -24,7 +23,6 @@ __all__ = [
     "check_memory",
     "check_out_dir",
     "check_snapshot",
-    "claim_folder",
     "driver_gpu_count",
     "library_dirs",
     "readable_script",
@@ -145,23 +143,6 @@ def driver_gpu_count() -> int:
     except Exception:
         gpus = Path("/proc/driver/nvidia/gpus")
         return len(list(gpus.iterdir())) if gpus.is_dir() else 0
-
-
-def claim_folder(out_dir: Path, name: str) -> Path:
-    """Create ``out_dir/name`` (or ``name-2``, ...), a folder no earlier run used."""
-
-    def claim(candidate: str) -> bool:
-        path = out_dir / candidate
-        try:
-            path.mkdir()
-        except FileExistsError:
-            return False
-        check = path / ".write-check"  # a folder we may create but not write into fails here
-        check.write_text("")
-        check.unlink()
-        return True
-
-    return out_dir / claim_name(out_dir, name, claim)
 
 
 def check_out_dir(out_dir: Path, given: str) -> None:

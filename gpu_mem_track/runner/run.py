@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from .._version import __version__
 from ..devices import Device
 from ..errors import UsageError
-from ..outputs import safe_name
+from ..outputs import claim_folder, safe_name
 from ..ranks import rank_folder, rank_info
 from ..runfolder.files import RunFolder, TimelineWriter, write_lines, write_meta
 from ..runfolder.ranktable import report_launch
@@ -34,7 +34,6 @@ from .checks import (
     check_memory,
     check_out_dir,
     check_snapshot,
-    claim_folder,
     library_dirs,
     readable_script,
     resolve_device,
