@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr
     from .runs.compare import compare_files, render_comparison
     from .runs.load import load_run
     from .runs.plot import plot_files
-    from .snapshots.load import load_snapshot
+    from .snapshotfile.load import load_snapshot
     from .tracker.csvlog import read_stamps
     from .tracker.memtracker import MemTracker
     from .tracker.records import Stamp
@@ -56,7 +56,7 @@ _HOMES = {
     "InputSpec": "estimator.specs",
     "find_max_batch_size": "estimator.batchsize",
     "search_batch_size": "estimator.batchsize",
-    "load_snapshot": "snapshots.load",
+    "load_snapshot": "snapshotfile.load",
     "HFMemTrackCallback": "integrations.hf",
     "LightningMemTrackCallback": "integrations.lightning",
 }

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from gpu_mem_track.allocator import Allocator  # noqa: E402
 from gpu_mem_track.outputs import claim_folder  # noqa: E402
 from gpu_mem_track.runfolder.files import RunFolder  # noqa: E402
-from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.analyse import analyse  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
 from gpu_mem_track.snapshots.folder import write_folder  # noqa: E402

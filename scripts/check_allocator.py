@@ -35,7 +35,7 @@ from gpu_mem_track.allocator import Allocator, parse_alloc_conf, settings_from_s
 from gpu_mem_track.allocator.replay import replay_snapshot  # noqa: E402
 from gpu_mem_track.allocator.rules import rule_violations  # noqa: E402
 from gpu_mem_track.allocator.tally import Tally, compare_final  # noqa: E402
-from gpu_mem_track.snapshots import Snapshot, load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile import Snapshot, load_snapshot  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 CONTROLS = ("roundup_power2_divisions:4", "max_split_size_mb:40")

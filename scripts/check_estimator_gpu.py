@@ -41,7 +41,7 @@ from fixtures import fixtures_folder, shown  # noqa: E402
 
 from gpu_mem_track import estimate  # noqa: E402
 from gpu_mem_track.estimator.specs import InputSpec  # noqa: E402
-from gpu_mem_track.snapshots.load import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.replay import free_blocks_at, replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 

@@ -128,7 +128,11 @@ def test_runner_runs_model_and_cli_import_no_torch():
         "gpu_mem_track",
         *MODEL_MODULES,
         *MODEL_RENDERERS,
-        *(name for name in modules("runfolder", "runner", "runs", "commands") if name != chosen),
+        *(
+            name
+            for name in modules("runfolder", "snapshotfile", "runner", "runs", "commands")
+            if name != chosen
+        ),
         "gpu_mem_track.cli",
     ]
     assert torch_importers(names) == []
@@ -144,6 +148,13 @@ def test_the_run_folder_format_imports_none_of_its_producers_or_readers():
     checked above)."""
     users = ("runner", "runs", "snapshots", "html", "notebook", "tracker", "estimator")
     assert offenders("runfolder", tuple(f"gpu_mem_track.{name}" for name in users)) == {}
+
+
+def test_the_allocator_model_and_the_snapshot_format_import_no_snapshot_report():
+    """One model of the GPU: ``snapshots`` (the report) uses ``allocator``, never the
+    reverse; the snapshot file format (``snapshotfile``) imports neither."""
+    assert offenders("allocator", ("gpu_mem_track.snapshots",)) == {}
+    assert offenders("snapshotfile", ("gpu_mem_track.snapshots", "gpu_mem_track.allocator")) == {}
 
 
 def test_tracker_imports_no_runner_and_runs_no_estimator():

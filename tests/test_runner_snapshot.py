@@ -27,7 +27,7 @@ from gpu_mem_track.runner.options import RunOptions
 from gpu_mem_track.runner.peaks import innermost_lines, merge_peaks, window_peaks
 from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.runner.samplers import CudaSampler
-from gpu_mem_track.snapshots import load_snapshot
+from gpu_mem_track.snapshotfile import load_snapshot
 
 MIB = 2**20
 

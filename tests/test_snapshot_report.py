@@ -22,10 +22,10 @@ from gpu_mem_track.allocator.settings import round_size, settings_from_snapshot
 from gpu_mem_track.runfolder.files import read_lines
 from gpu_mem_track.runs.compare import compare_files
 from gpu_mem_track.runs.load import load_run
-from gpu_mem_track.snapshots import snapshot_from_data
+from gpu_mem_track.snapshotfile import snapshot_from_data
+from gpu_mem_track.snapshotfile.records import Frame
 from gpu_mem_track.snapshots.analyse import analyse
 from gpu_mem_track.snapshots.attribution import PRE_TRACE, Attributor, Site
-from gpu_mem_track.snapshots.records import Frame
 from gpu_mem_track.snapshots.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..snapshots.records import Block, Segment, TraceEntry
+from ..snapshotfile.records import Block, Segment, TraceEntry
 from .settings import K_SMALL_BUFFER, AllocatorSettings, round_size
 
 __all__ = ["StartState", "Tail", "rebuild_start"]

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from ..runfolder.records import LineRecord
-from ..snapshots.records import Frame, Snapshot, TraceEntry
+from ..snapshotfile.records import Frame, Snapshot, TraceEntry
 from ..snapshots.replay import Replay
 
 __all__ = [

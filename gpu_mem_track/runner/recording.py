@@ -96,7 +96,7 @@ class SnapshotRun:
     def _merge(
         self, path: Path, records: Sequence[LineRecord], end: tuple[int, int]
     ) -> tuple[list[LineRecord], SnapshotMerge]:
-        from ..snapshots.load import load_snapshot
+        from ..snapshotfile.load import load_snapshot
         from ..snapshots.replay import replay
         from .peaks import alignment_note, counted_levels, counted_positions, merge_peaks, window_peaks
 

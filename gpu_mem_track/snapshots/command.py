@@ -16,11 +16,11 @@ from pathlib import Path
 from ..errors import UsageError
 from ..outputs import claim_folder, safe_name
 from ..runfolder.files import RunFolder
+from ..snapshotfile.load import load_snapshot
+from ..snapshotfile.records import Snapshot
 from .analyse import SnapshotAnalysis, analyse, pick_device
 from .attribution import Attributor
 from .folder import default_name, write_folder
-from .load import load_snapshot
-from .records import Snapshot
 from .replay import replay
 from .report import render_summary
 

@@ -36,7 +36,7 @@ from ..allocator.settings import (
     round_size,
     settings_from_snapshot,
 )
-from .records import Segment, Snapshot, TraceEntry
+from ..snapshotfile.records import Segment, Snapshot, TraceEntry
 
 __all__ = ["Replay", "ReplayCheck", "Step", "free_blocks_at", "replay"]
 
