@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
 
 if TYPE_CHECKING:
-    from .run import PreparedRun
+    from .options import PreparedRun
     from .session import RunSession
 
 __all__ = ["run_script"]
