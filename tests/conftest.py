@@ -51,6 +51,20 @@ def no_hooks_left_behind():
 
 
 @pytest.fixture
+def gpu():
+    """The GPU a CUDA test runs on: the real one when there is one (yields None), else a
+    simulated A100-40GB (yields the running :class:`SimulatedGpu`), so the CUDA paths run
+    on every machine."""
+    if torch.cuda.is_available():
+        yield None
+        return
+    from gpu_mem_track.simgpu import simulated_gpu
+
+    with simulated_gpu("a100-40gb") as simulated:
+        yield simulated
+
+
+@pytest.fixture
 def one_process(monkeypatch):
     """One process: the launcher's rank variables unset (tests that want ranks set them
     themselves), and no model of an earlier test left in a reference cycle (its

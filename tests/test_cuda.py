@@ -18,8 +18,7 @@ def tracker(tmp_path, **kwargs):
     return MemTracker(device="cuda:0", out_dir=tmp_path, verbosity=0, **kwargs)
 
 
-@pytest.mark.cuda
-def test_a_one_element_tensor_holds_a_512_byte_block(tmp_path):
+def test_a_one_element_tensor_holds_a_512_byte_block(tmp_path, gpu):
     t = tracker(tmp_path, probe=False)
     torch.cuda.init()
     before = t.track()
@@ -31,8 +30,7 @@ def test_a_one_element_tensor_holds_a_512_byte_block(tmp_path):
     del x
 
 
-@pytest.mark.cuda
-def test_vgg19_on_cuda_census_matches_the_allocator_byte_for_byte(tmp_path):
+def test_vgg19_on_cuda_census_matches_the_allocator_byte_for_byte(tmp_path, gpu):
     from gpu_mem_track.examples.models import vgg19
 
     t = tracker(tmp_path, probe=False)

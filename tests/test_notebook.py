@@ -1,5 +1,5 @@
 """Notebooks: ``%load_ext gpu_mem_track``, ``%memtrack`` and ``%%memtrack`` in a real IPython
-shell, the CUDA peak logic on a fake sampler, and one notebook run through a real kernel."""
+shell, on the CPU and on a (simulated) GPU, and one notebook run through a real kernel."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from gpu_mem_track.errors import UsageError  # noqa: E402
 from gpu_mem_track.notebook.magics import parse_cell_options  # noqa: E402
 from gpu_mem_track.notebook.measure import CellOptions, measure_statement, profile_cell, rise  # noqa: E402
 from gpu_mem_track.notebook.records import CellProfile, StatementMemory  # noqa: E402
-from gpu_mem_track.runner.samplers import FakeSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -124,20 +123,43 @@ def test_a_cell_error_propagates_with_the_engine_removed():
         profile_cell("a = 1\nb = a / 0\n", {}, CellOptions())
 
 
-def test_the_peak_compares_high_water_marks_and_never_resets_them():
+def test_the_peak_compares_high_water_marks_and_never_resets_them(gpu):
     assert rise(10, 50, 20, 80) == (80, True)  # the mark rose: exact
     assert rise(10, 90, 20, 90) == (20, False)  # it did not: at least the larger reading
-    fake = FakeSampler()
-    fake.allocate(100 * MIB)
-    namespace = {"fake": fake}
-    result = measure_statement(
-        "fake.allocate(300 * 2**20); fake.free(250 * 2**20)", namespace, "cuda:0", sampler=fake, text="step()"
+    namespace = {"torch": torch}
+    exec("keep = torch.empty(100 * 2**20, dtype=torch.uint8, device='cuda')", namespace)
+    statement = (
+        "y = torch.empty(300 * 2**20, dtype=torch.uint8, device='cuda'); del y\n"
+        "z = torch.empty(50 * 2**20, dtype=torch.uint8, device='cuda')"
     )
-    assert (result.source, result.peak_source) == ("cuda allocator", "fake")
+    result = measure_statement(statement, namespace, "cuda:0", text="step()")
+    assert (result.source, result.peak_source) == ("cuda allocator", "cuda allocator")
     assert (result.before, result.after, result.increment) == (100 * MIB, 150 * MIB, 50 * MIB)
     assert (result.peak, result.peak_exact) == (400 * MIB, True)
-    assert fake.high == 400 * MIB  # untouched: the user's counters stay as they were
+    assert [(c.names, c.bytes_delta) for c in result.changes] == [(("z",), 50 * MIB)]
+    again = measure_statement("w = torch.empty(MIB, device='cuda')", {**namespace, "MIB": MIB}, "cuda:0")
+    assert (again.peak, again.peak_exact) == (154 * MIB, False)  # below the mark: a lower bound
+    assert torch.cuda.max_memory_allocated() == 400 * MIB  # untouched: the user's counters stay
     assert StatementMemory.from_dict(result.to_dict()) == result
+
+
+def test_memtrack_on_cuda_measures_the_allocator(shell, gpu):
+    shell.user_ns.update(model=torch.nn.Linear(64, 32).cuda(), x=torch.randn(16, 64, device="cuda"))
+    base = torch.cuda.memory_allocated()
+    result = shell.run_line_magic("memtrack", "--device cuda:0 y = model(x)")
+    assert (result.device, result.source) == ("cuda:0", "cuda allocator")
+    assert result.before == base and result.after == torch.cuda.memory_allocated()
+    (created,) = result.changes
+    assert (created.shape, created.names, created.bytes_delta) == ((16, 32), ("y",), 2048)
+    assert shell.user_ns["y"].is_cuda
+    cell = "h = model(x)\nbig = torch.ones(4096, 4096, device='cuda')\ndel big\n"
+    profile = shell.run_cell_magic("memtrack", "--device cuda:0 --census-threshold 1", cell)
+    assert profile.source == "cuda allocator"
+    rows = {r.line: r for r in profile.lines if r.function == "<module>"}
+    assert (rows[2].increment, rows[3].increment) == (64 * MIB, -64 * MIB)
+    (at_big,) = [s for s in profile.censuses if s.line == 2]
+    assert [(c.names, c.bytes_delta) for c in at_big.changes] == [(("big",), 64 * MIB)]
+    assert pretty(profile).startswith("%%memtrack on cuda:0 (cuda allocator): peak ")
 
 
 # -- a real kernel -------------------------------------------------------------------------

@@ -10,8 +10,7 @@ from torch import nn
 from gpu_mem_track import MemTracker
 
 
-@pytest.mark.cuda
-def test_hidden_shrinks_by_the_saved_bytes_gc_cannot_see(tmp_path):
+def test_hidden_shrinks_by_the_saved_bytes_gc_cannot_see(tmp_path, gpu):
     device = "cuda:0"
     torch.manual_seed(0)
     # Every activation is 64 x 1024 float32 = 256 KiB (the dropout mask 64 KiB): small-pool
