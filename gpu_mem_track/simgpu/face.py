@@ -82,6 +82,10 @@ class CudaFace(TorchFunctionMode):
             torch.Tensor.record_stream: lambda f, a, k: None,
             F.scaled_dot_product_attention: self._attention,
             F.multi_head_attention_forward: self._reentered,
+            torch.tensor: self._from_data,
+            torch.as_tensor: self._from_data,
+            torch.asarray: self._from_data,
+            torch.Tensor.new_tensor: self._new_tensor,
         }
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -135,6 +139,31 @@ class CudaFace(TorchFunctionMode):
             return _fresh(source, source.dtype)
         memory_format = kwargs.get("memory_format", torch.preserve_format)
         return source.to(META, memory_format=memory_format)
+
+    def _from_data(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``torch.tensor``/``as_tensor``/``asarray`` onto CUDA: torch makes these on the
+        meta device in C++ without an op a dispatch mode sees (no storage would be counted),
+        so the tensor is made on the CPU and copied (one ``_to_copy``, counted, its value
+        known)."""
+        if not is_cuda_device(kwargs.get("device")) or (args and _meta(args[0])):
+            if is_cuda_device(kwargs.get("device")):
+                kwargs = {**kwargs, "device": META}
+            return func(*args, **kwargs)
+        requires_grad = kwargs.get("requires_grad", False)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("requires_grad", "pin_memory")}
+        out = func(*args, **{**kwargs, "device": "cpu"}).to(META)
+        return out.requires_grad_() if requires_grad else out
+
+    def _new_tensor(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``t.new_tensor(data)`` of a simulated ``t`` (or onto CUDA): as ``torch.tensor``."""
+        device = kwargs.get("device")
+        if device is None and _meta(args[0]) and self._on_gpu(args[0]):
+            device = CUDA0
+        if not is_cuda_device(device):
+            return func(*args, **kwargs)
+        dtype = kwargs.get("dtype") or args[0].dtype
+        options = {**kwargs, "dtype": dtype, "device": device}
+        return self._from_data(torch.tensor, args[1:], options)
 
     def _via_cpu(self, func: Any, args: tuple, kwargs: dict) -> Any:
         first = args[0]

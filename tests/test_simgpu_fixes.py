@@ -1,0 +1,46 @@
+"""Simulated-GPU engine defects found by running our own CUDA paths on it (issue 15, item
+10), each checked against what a GPU does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_mem_track.simgpu import simulated_gpu
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.tensor([1.0] * 1000, device="cuda"),
+        lambda: torch.as_tensor([1.0] * 1000, device="cuda"),
+        lambda: torch.asarray([1.0] * 1000, device="cuda"),
+        lambda: torch.asarray(np.ones(1000, dtype=np.float32), device="cuda"),
+        lambda: torch.ones(1000, device="cuda").new_tensor([1.0] * 1000),
+    ],
+    ids=["tensor", "as_tensor", "asarray", "asarray numpy", "new_tensor"],
+)
+def test_a_tensor_made_from_data_on_cuda_takes_its_block(make):
+    """torch makes these in C++ without an op a dispatch mode sees: they counted nothing
+    (a Trainer's on-device loss accumulator held 512 B the allocator never gave)."""
+    with simulated_gpu("a100-40gb"):
+        t = make()
+        assert torch.cuda.memory_allocated() >= 4096 and t.is_cuda
+        held = torch.cuda.memory_allocated()
+        del t
+        assert torch.cuda.memory_allocated() == held - 4096
+
+
+def test_a_tensor_from_data_keeps_its_value_dtype_and_grad_flag():
+    with simulated_gpu("a100-40gb"):
+        t = torch.tensor([1.0, 2.0], device="cuda", requires_grad=True)
+        assert (t.tolist(), t.is_leaf, t.requires_grad, torch.cuda.memory_allocated()) == (
+            [1.0, 2.0],
+            True,
+            True,
+            512,
+        )
+        assert t.new_tensor([3, 4]).dtype == torch.float32  # new_tensor: the tensor's dtype
+        assert torch.as_tensor([1, 2], dtype=torch.int32, device="cuda").tolist() == [1, 2]
+        assert f"{torch.tensor(3.0, device='cuda') * 2:.1f}" == "6.0"
