@@ -95,3 +95,45 @@ def test_tracking_never_initialises_cuda(device):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_ledger_reconciles_with_the_allocators_own_counters(tmp_path, gpu):
+    """Tensors + hidden = allocated, + cache = reserved, each figure as
+    ``torch.cuda.memory_stats`` gives it at the stamp, through two training steps with Adam."""
+    t = tracker(tmp_path, probe=False)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1000, 3000), torch.nn.ReLU(), torch.nn.Linear(3000, 10)
+    ).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    x = torch.randn(333, 1000, device="cuda")
+    t.watch(model, optimizer=optimizer)
+    stamps = []
+
+    def stamp():
+        ledger = t.track().ledger
+        stats = torch.cuda.memory_stats()
+        stamps.append(ledger)
+        assert (ledger.allocated, ledger.requested, ledger.reserved, ledger.peak_allocated) == (
+            stats["allocated_bytes.all.current"],
+            stats["requested_bytes.all.current"],
+            stats["reserved_bytes.all.current"],
+            stats["allocated_bytes.all.peak"],
+        )
+        assert ledger.tensors + ledger.hidden == ledger.allocated
+        assert ledger.allocated + ledger.cache == ledger.reserved
+        assert sum(ledger.breakdown().values()) == ledger.total
+
+    for _ in range(2):
+        loss = model(x).square().mean()
+        stamp()
+        loss.backward()
+        stamp()
+        optimizer.step()
+        optimizer.zero_grad()
+        stamp()
+    cats = stamps[-1].categories
+    params = sum(cuda_block_bytes(p.numel() * 4) for p in model.parameters())
+    assert stamps[1].categories.gradient == params
+    # Adam (foreach, neither fused nor capturable): exp_avg and exp_avg_sq on the GPU, the
+    # step counters on the CPU
+    assert (cats.parameter, cats.optimizer_state, cats.gradient) == (params, 2 * params, 0)

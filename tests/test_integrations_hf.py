@@ -114,7 +114,6 @@ def test_on_the_gpu_the_stamps_read_the_allocator_and_name_the_models_lines(tmp_
     assert model.transformer.wte.weight.is_cuda and callback.tracker.device == "cuda:0"
     by = {s.label: s for s in read_stamps(callback.folder / "tracker.csv")}
     params = list(model.parameters())
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
     blocks = sum(cuda_block_bytes(p.numel() * p.element_size()) for p in params)  # small blocks
     start = by["train start"].ledger
     assert start.categories.parameter == blocks and start.allocated == start.tensors  # loss accumulator
