@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from gpu_mem_track.tracker.csvlog import read_stamps
+from gpu_mem_track.units import cuda_block_bytes
 
 FRAMEWORKS = ("lightning", "pytorch_lightning")
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,11 +55,11 @@ def classifier_module(package, fail: bool = False):
     return Classifier()
 
 
-def fit(package, callback, module, steps=3):
+def fit(package, callback, module, steps=3, accelerator="cpu"):
     data = torch.utils.data.TensorDataset(torch.randn(16, 32), torch.randint(0, 4, (16,)))
     trainer = package.Trainer(
         max_steps=steps,
-        accelerator="cpu",
+        accelerator=accelerator,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -107,6 +108,31 @@ def test_trainer_stamps_the_first_step_and_every_n_steps_in_one_run_folder(tmp_p
     assert optimizer.ledger.categories.optimizer_state == 2 * param_bytes + 4 * len(params)
     # Lightning zeroes gradients when the next step starts: they are still there after the step
     assert optimizer.ledger.categories.gradient == param_bytes
+
+
+@pytest.mark.slow
+def test_on_the_gpu_the_stamps_read_the_allocator(tmp_path, framework, gpu):
+    package, callback_class = framework
+    callback = callback_class(every=2, out_dir=tmp_path / "reports", run_name="g", verbosity=0, probe=False)
+    module = classifier_module(package)
+    fit(package, callback, module, accelerator="gpu")
+    assert callback.tracker.device == "cuda:0"
+    by = {s.label: s for s in read_stamps(callback.folder / "tracker.csv")}
+    blocks = sum(cuda_block_bytes(p.numel() * p.element_size()) for p in module.parameters())
+    start = by["train start"].ledger
+    assert (start.categories.parameter, start.allocated) == (blocks, blocks)  # on the GPU, and only they
+    forward = by["step 1 forward"]
+    assert any(n.endswith("(net.1)") for n in names(forward, "Activation"))  # the ReLU's output
+    assert {n.split(":")[0] for n in names(forward, "Activation")} == {
+        "saved at test_integrations_lightning.py"
+    }
+    step = by["step 1 optimizer step"].ledger
+    # Adam (neither fused nor capturable): its step counters stay on the CPU
+    assert (step.categories.gradient, step.categories.optimizer_state) == (blocks, 2 * blocks)
+    for stamp in by.values():
+        ledger = stamp.ledger
+        assert ledger.tensors + ledger.hidden == ledger.allocated <= ledger.reserved
+    assert by["step 1 backward"].ledger.hidden >= 2 * 8_519_680  # the cuBLAS workspaces
 
 
 @pytest.mark.slow
