@@ -159,6 +159,37 @@ def test_measuring_needs_cuda():
             find_max_batch_size(step=lambda b: None, budget=2**30, device="cuda")
 
 
+@pytest.mark.slow
+def test_measured_on_the_gpu_the_probes_are_the_estimators(gpu):
+    """Measured peaks count from the state before the search, so every probe counts the
+    cuBLAS workspace as a fresh run would, and a reserved peak is not hidden by the cache
+    an earlier probe left (it read 0 B: every probe after the first "fitted")."""
+    if gpu is None:
+        pytest.skip("compares with the simulated GPU's own allocator model")
+    budget = 256 * 2**20
+    measured = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, measure=True)
+    estimated = find_max_batch_size(small_mlp, [(1, 64)], budget=budget, gpu="ampere")
+    assert measured.source == "measured steps on cuda, peak reserved"
+    assert measured.probes == estimated.probes and measured.batch == estimated.batch > 0
+    assert all(p.peak >= 22 * 2**20 for p in measured.probes)  # the workspace's 20 MiB segment too
+    held = torch.cuda.memory_reserved()
+    allocated = find_max_batch_size(
+        small_mlp, [(1, 64)], budget=64 * 2**20, measure=True, budget_on="allocated"
+    )
+    assert allocated.peak <= 64 * 2**20 and torch.cuda.memory_reserved() <= held + 64 * 2**20
+
+
+def test_cli_batch_size_measures_on_the_gpu(in_process, gpu):
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "64MiB", "--json"]
+    done = in_process(*args, "--measure")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["source"] == "measured steps on cuda, peak reserved"
+    fits = [p for p in data["probes"] if p["peak"] is not None and p["peak"] <= 64 * 2**20]
+    assert data["batch"] == max(p["batch"] for p in fits) and data["peak"] <= 64 * 2**20
+    assert min(p["peak"] for p in data["probes"]) > 20 * 2**20  # each counts the workspace
+
+
 def test_result_round_trips_and_renders():
     result = BatchSizeResult(
         90,

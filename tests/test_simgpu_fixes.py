@@ -44,3 +44,22 @@ def test_a_tensor_from_data_keeps_its_value_dtype_and_grad_flag():
         assert t.new_tensor([3, 4]).dtype == torch.float32  # new_tensor: the tensor's dtype
         assert torch.as_tensor([1, 2], dtype=torch.int32, device="cuda").tolist() == [1, 2]
         assert f"{torch.tensor(3.0, device='cuda') * 2:.1f}" == "6.0"
+
+
+def test_an_estimate_made_on_a_simulated_gpu_is_the_estimate_made_without():
+    """The face showed the estimate's meta inputs as CUDA tensors (uncounted) and the
+    simulated allocator took them as well."""
+    from torch import nn
+
+    from gpu_mem_track.estimator.simulate import estimate
+
+    def model():
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    plain = estimate(model, (16384, 64), device="cuda", gpu="ampere")
+    with simulated_gpu("a100-40gb"):
+        held = torch.ones(10, device="cuda")
+        inside = estimate(model, (16384, 64), device="cuda", gpu="ampere")
+        assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated() == 512
+        assert held.is_cuda  # the simulation runs on afterwards
+    assert (inside.peak, inside.reserved_peak) == (plain.peak, plain.reserved_peak)

@@ -12,7 +12,6 @@ unless told to limit allocated bytes.
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -292,7 +291,7 @@ def find_max_batch_size(
         check_user_step(options, loss_fn)
     measured = measure or step is not None
     budget, budget_source = _budget(budget, options.device)
-    read = meter or functools.partial(_cuda_peak, stat=budget_on)
+    read = meter or _CudaPeaks(budget_on)
     if step is not None:
         peak_of = lambda b: read(lambda: step(b), options.device)  # noqa: E731
         source = f"measured step on {options.device}"
@@ -364,31 +363,46 @@ def _budget(budget: int | None, device: Device) -> tuple[int, str]:
     raise UsageError("no CUDA device here to read free memory from: give a budget (for example 8GiB)")
 
 
-def _cuda_peak(run: Callable[[], Any], device: Device, stat: str = "allocated") -> int | None:
-    """Peak bytes ``stat`` (``"allocated"`` or ``"reserved"``) on ``device`` while ``run()``
-    runs, above the bytes held before."""
-    if not device.is_cuda:
-        raise UsageError(f"measured peaks need a CUDA device, not {str(device)!r}")
-    if not torch.cuda.is_available():
-        raise UsageError("measured peaks need CUDA, and no CUDA device is available here")
-    dev = torch.device(str(device))
-    gc.collect()
-    torch.cuda.synchronize(dev)
-    current, peak = (
-        (torch.cuda.memory_reserved, torch.cuda.max_memory_reserved)
-        if stat == "reserved"
-        else (torch.cuda.memory_allocated, torch.cuda.max_memory_allocated)
-    )
-    base = current(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    try:
-        run()
-        torch.cuda.synchronize(dev)
-    except torch.cuda.OutOfMemoryError:
-        return None
-    finally:
+class _CudaPeaks:
+    """A :data:`PeakMeter` on the CUDA allocator: the peak bytes ``stat`` (``"allocated"``
+    or ``"reserved"``) while a probe runs, above the bytes held when the first probe began.
+    One base for every probe, so each counts what a fresh run of the step needs: the
+    cuBLAS workspaces the first probe creates stay allocated, and would otherwise count in
+    that probe only. For ``"reserved"`` the allocator's cache is emptied before each
+    probe: the segments an earlier probe left cached would serve this one, and its
+    reserved peak would read as nothing. Each probe resets the peak statistics."""
+
+    def __init__(self, stat: str = "allocated") -> None:
+        self.stat = stat
+        self.base: int | None = None
+
+    def __call__(self, run: Callable[[], Any], device: Device) -> int | None:
+        if not device.is_cuda:
+            raise UsageError(f"measured peaks need a CUDA device, not {str(device)!r}")
+        if not torch.cuda.is_available():
+            raise UsageError("measured peaks need CUDA, and no CUDA device is available here")
+        dev = torch.device(str(device))
         gc.collect()
-    return peak(dev) - base
+        torch.cuda.synchronize(dev)
+        reserved = self.stat == "reserved"
+        if reserved:
+            torch.cuda.empty_cache()
+        current, peak = (
+            (torch.cuda.memory_reserved, torch.cuda.max_memory_reserved)
+            if reserved
+            else (torch.cuda.memory_allocated, torch.cuda.max_memory_allocated)
+        )
+        if self.base is None:
+            self.base = current(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        try:
+            run()
+            torch.cuda.synchronize(dev)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        finally:
+            gc.collect()
+        return peak(dev) - self.base
 
 
 def _measured_peaks(

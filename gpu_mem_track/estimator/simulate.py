@@ -171,11 +171,30 @@ def estimate_step(
     peak in ``ranks``. A user's ``step`` cannot be combined with a strategy
     (``UsageError``, see :func:`~gpu_mem_track.estimator.step.check_user_step`)."""
     dist = options.distributed
-    if step is not None or dist.world_size == 1 or dist.strategy == "none" or not options.training:
-        return _trace(model, inputs, options, loss_fn, "meta", step)
-    return estimate_ranks(
-        lambda rank: _trace(model, inputs, options, loss_fn, "meta", None, rank), model, dist
-    )
+    with _apart_from_modes():
+        if step is not None or dist.world_size == 1 or dist.strategy == "none" or not options.training:
+            return _trace(model, inputs, options, loss_fn, "meta", step)
+        return estimate_ranks(
+            lambda rank: _trace(model, inputs, options, loss_fn, "meta", None, rank), model, dist
+        )
+
+
+@contextlib.contextmanager
+def _apart_from_modes() -> Any:
+    """Run an estimate with the caller's torch-function and dispatch modes set aside: on a
+    simulated GPU (``simulated_gpu``, ``run --simulate``) the face would show the
+    estimate's meta tensors as CUDA ones (its inputs went uncounted, 4 MiB short on a
+    16384 x 64 batch) and the simulated allocator would hold them too."""
+    from torch.overrides import _pop_mode, _push_mode
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    functions = [_pop_mode() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for mode in reversed(functions):
+            _push_mode(mode)
 
 
 def trace_cpu_step(
