@@ -251,8 +251,9 @@ def find_max_batch_size(
     is the batch; it is replaced by each batch tried. Peaks come from :func:`estimate`
     (``device`` sets the target; ``model_step``, ``warmup``, ``alloc_conf``, ``gpu`` and
     ``cublas_workspace`` are passed on as its ``step`` and other options) unless
-    ``measure``, which runs real steps on the CUDA ``device`` and reads the peak above
-    the memory held before each run (this resets the device's peak statistics).
+    ``measure``, which runs real steps on the CUDA ``device`` and reads each one's peak
+    above the memory held before the first (this resets the device's peak statistics and,
+    for a reserved budget, empties the allocator's cache before each step).
     ``budget_on``: ``"reserved"`` (the default: the caching allocator's segments, what
     runs out; ``max_memory_reserved`` when measured) or ``"allocated"``
     (``max_memory_allocated``); on the CPU target both are the exact bytes. Instead of a
