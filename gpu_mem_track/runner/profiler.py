@@ -191,6 +191,14 @@ class LineProfiler:
                 return where
         return self._peak_where
 
+    def high_marks(self) -> tuple[int, int | None, int, int]:
+        """What only grows while memory keeps finding new highs: the run's peak (bytes),
+        the sampler's reserved peak (bytes; None where it has none), the number of source
+        lines that have run and the sum of their peaks. Two equal readings mean no line
+        reached a new peak and no new line ran in between (``steady.LoopWatch``)."""
+        peaks = sum(stats[_PEAK] for stats in self._stats.values())
+        return self.peak, getattr(self._sampler, "reserved_peak", None), len(self._stats), peaks
+
     def elapsed(self) -> float:
         """Seconds since the profiler was created, by its clock."""
         return self._clock() - self._start
