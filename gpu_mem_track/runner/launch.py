@@ -3,7 +3,8 @@
 ``run_script`` sets ``sys.argv`` (the script path as typed, the arguments verbatim) and
 ``sys.path[0]``, runs the script as ``__main__`` under the tracing engine, and turns how it
 ended into an exit code: 0, its ``sys.exit`` code, 1 after an uncaught exception (its
-traceback printed without our frames), 130 after Ctrl-C, 128 + N after SIGTERM or SIGHUP
+traceback printed without our frames), 0 when the runner stopped it early
+(``steady.StopRun``), 130 after Ctrl-C, 128 + N after SIGTERM or SIGHUP
 (which unwind the script like Ctrl-C, so the reports still get written). It restores
 ``sys.argv``, ``sys.path[0]``, the working folder and the signal handlers afterwards. A
 forked child (a DataLoader worker) stops tracing and gets the default handlers back.
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
+from .steady import StopRun
 
 if TYPE_CHECKING:
     from .run import PreparedRun
@@ -65,6 +67,8 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
         return 0
     except SystemExit as exc:
         return _exit_code(exc.code)
+    except StopRun:  # the runner stopped it (steady memory, a budget): the reports say why
+        return 0
     except KeyboardInterrupt:
         print("KeyboardInterrupt", file=sys.stderr)
         return 130

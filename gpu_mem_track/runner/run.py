@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..outputs import safe_name
 from ..ranks import RankInfo, rank_folder, rank_info
 from .checks import (
+    check_budgets,
     check_memory,
     check_out_dir,
     check_snapshot,
@@ -45,6 +46,8 @@ from .recording import SnapshotRun
 from .records import RunInfo, RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
+from .simulate import check_simulate, simulation, simulation_info, stop_rule
+from .steady import LoopWatch
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
@@ -66,6 +69,11 @@ class RunOptions:
     ``snapshot``: record the CUDA allocator's history while the script runs, keep it as
     ``snapshot.pickle`` in the run folder and take every line's exact peak from it (see
     ``recording``); ``snapshot_entries``: trace entries it keeps (a ring buffer).
+    ``simulate``: run on a simulated GPU of this name (``simgpu.parse_gpu``: a catalog
+    name or ``SIZE:smXY``; see ``simulate``); ``max_iterations``, ``max_seconds``: stop
+    the script after that many iterations of its loop or wall seconds, and
+    ``run_to_end``: do not stop it once its memory is steady (the default under
+    ``simulate``); see ``steady``.
     """
 
     script: str
@@ -83,6 +91,10 @@ class RunOptions:
     snapshot_entries: int = DEFAULT_ENTRIES
     all_ranks: bool = False
     rank_wait: float = 10.0
+    simulate: str | None = None
+    max_iterations: int | None = None
+    max_seconds: float | None = None
+    run_to_end: bool = False
 
 
 @dataclass
@@ -90,7 +102,8 @@ class PreparedRun:
     """A checked run: resolved paths, the folder (created), what to trace. In a
     distributed launch ``rank`` says which rank this is and ``folder`` is
     ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
-    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then."""
+    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then.
+    ``gpu``: the ``simgpu.GpuSpec`` of ``--simulate`` (None on real hardware)."""
 
     options: RunOptions
     script: Path
@@ -100,6 +113,7 @@ class PreparedRun:
     device: str
     rank: RankInfo | None = None
     follow_rank: bool = False
+    gpu: Any = None
 
 
 def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> PreparedRun:
@@ -108,13 +122,16 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     Raises ``UsageError`` (one line naming the problem) for a missing or unreadable
     script, an unknown ``--include``, a bad device, an engine this Python lacks,
     ``--activations`` without torch, an output folder that cannot be written, or a
-    launcher environment (``RANK``, ``WORLD_SIZE``) that makes no sense. ``environ``: the
-    environment to read the rank from (default ``os.environ``).
+    launcher environment (``RANK``, ``WORLD_SIZE``) that makes no sense, an unknown
+    ``--simulate`` GPU or one with ``--device cpu``, or a budget below 1. ``environ``:
+    the environment to read the rank from (default ``os.environ``).
     """
     script = readable_script(options.script)
     rank = rank_info(environ)
     files, dirs = resolve_includes(options.include, script)
-    device = resolve_device(options.device)
+    gpu = check_simulate(options, rank)
+    check_budgets(options)
+    device = "cuda:0" if gpu is not None else resolve_device(options.device)
     check_memory(options.memory, device)
     try:
         engine_class(options.engine)
@@ -135,7 +152,7 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
         return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(claim_folder(out_dir, name))
-    return PreparedRun(options, script, folder, traced, dirs, device)
+    return PreparedRun(options, script, folder, traced, dirs, device, gpu=gpu)
 
 
 def run(options: RunOptions, stream: TextIO | None = None) -> int:
@@ -157,6 +174,13 @@ def execute(
     records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
     ``prepared`` is not changed. ``sampler`` and ``history`` replace the memory readings
     and torch's history recorder (tests pass fakes)."""
+    with simulation(prepared.gpu) as gpu:  # before the sampler's first reading
+        return _execute(prepared, stream, sampler, history, gpu)
+
+
+def _execute(
+    prepared: PreparedRun, stream: TextIO | None, sampler: Sampler | None, history: Any, gpu: Any
+) -> RunResult:
     options, folder, rank = prepared.options, prepared.folder, prepared.rank
     if sampler is None:
         sampler = _sampler(prepared)
@@ -172,7 +196,9 @@ def execute(
         rank=None if rank is None else rank.rank,
     )
     session.profiler = profiler
-    engine = best_engine(profiler, _wants(prepared), options.engine)
+    rule = stop_rule(options)
+    watch = LoopWatch(profiler, rule, profiler.high_marks) if rule is not None else None
+    engine = best_engine(watch or profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
     write_meta(folder.meta, info)
     profiler.event_row("start", where=(str(prepared.script), "<module>", None))
@@ -194,6 +220,12 @@ def execute(
             records = snapshot.finish(records)
         sampler.close()
         info = _finished(info, code, profiler, session, end_memory)
+        info = replace(
+            info,
+            reserved_peak=getattr(sampler, "reserved_peak", None) if prepared.device != "cpu" else None,
+            simulation=simulation_info(gpu) if gpu is not None else None,
+            stopped=watch.stopped if watch is not None else None,
+        )
         _write_reports(prepared, info, records, session, snapshot, stream)
     merge = snapshot.result if snapshot is not None else None
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)

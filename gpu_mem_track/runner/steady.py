@@ -48,9 +48,11 @@ import ast
 import linecache
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from types import CodeType
 from typing import Any
+
+from .records import StopInfo
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -77,46 +79,6 @@ class StopRule:
     def active(self) -> bool:
         """Whether the rule can ever stop a run."""
         return self.until_steady or self.max_iterations is not None or self.max_seconds is not None
-
-
-@dataclass(frozen=True)
-class StopInfo:
-    """Where and why a run was stopped early. ``reason``: ``"steady"``,
-    ``"max-iterations"`` or ``"max-seconds"``; ``file``/``line``: where the script was
-    stopped (the watched loop's header, or the line that was starting when the time ran
-    out); ``iterations``: iterations of the watched loop completed (0 when none was
-    found); ``seconds``: wall time since the script started; ``loop``: ``file:line`` of
-    the watched loop's header ("" when none)."""
-
-    reason: str
-    file: str
-    line: int
-    iterations: int
-    seconds: float
-    loop: str = ""
-
-    def describe(self, rule: StopRule | None = None) -> str:
-        """One sentence: why and where."""
-        where = f"{self.file}:{self.line}"
-        if self.reason == "steady":
-            rule = rule or StopRule()
-            why = (
-                f"memory steady (no new peak, allocated or reserved, and no new line for "
-                f"{rule.steady} iterations after {rule.warmup} of warm-up)"
-            )
-        elif self.reason == "max-iterations":
-            why = "--max-iterations reached"
-        else:
-            why = "--max-seconds reached"
-        loop = f" of the loop at {self.loop}" if self.loop else ""
-        return f"stopped at {where} after {self.iterations} iteration(s){loop}, {self.seconds:.1f} s: {why}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StopInfo:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 class StopRun(BaseException):
@@ -310,5 +272,7 @@ class LoopWatch:
             iterations=anchor.iterations if anchor is not None else 0,
             seconds=round((self._clock() if now is None else now) - self._start, 3),
             loop=loop,
+            warmup=self._rule.warmup,
+            steady=self._rule.steady,
         )
         raise StopRun(self.stopped)
