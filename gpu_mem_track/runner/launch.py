@@ -36,6 +36,9 @@ __all__ = ["run_script"]
 
 #: Frames of these files are left out of the script's traceback.
 _OUR_FILES = (os.path.abspath(__file__),)
+#: Frames from here on are the simulated GPU's machinery (``run --simulate``): left out of
+#: the script's traceback, as a real GPU's error shows none of CUDA's internals.
+_SIMULATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "simgpu") + os.sep
 
 
 def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
@@ -185,11 +188,18 @@ def _exit_code(code: Any) -> int:
 
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's first frame on: ours and runpy's left out."""
+    """The traceback from the script's first frame on: ours and runpy's left out, and
+    cut where the simulated GPU's frames begin (``run --simulate``)."""
     runpy_file = os.path.abspath(runpy.__file__)
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
         if not (name.startswith("<frozen runpy") or os.path.abspath(name) in (runpy_file, *_OUR_FILES)):
             break
         tb = tb.tb_next
+    last, entry = None, tb
+    while entry is not None:  # the script's frames end where the simulated GPU's begin
+        if entry.tb_frame.f_code.co_filename.startswith(_SIMULATION_DIR) and last is not None:
+            last.tb_next = None
+            break
+        last, entry = entry, entry.tb_next
     return tb
