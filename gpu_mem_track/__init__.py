@@ -4,8 +4,9 @@
 reconciles tensors, the caching allocator and the driver; ``prepare_run`` and
 ``execute_run`` run a script under the line profiler; ``compare_files`` and
 ``plot_files`` read runs back; ``estimate`` and ``find_max_batch_size`` work without a
-GPU. Names are imported lazily, so ``import gpu_mem_track`` does not import torch until
-a torch-backed name is used.
+GPU; ``with simulated_gpu("a100-40gb"):`` runs any code on a simulated GPU. Names are
+imported lazily, so ``import gpu_mem_track`` does not import torch until a torch-backed
+name is used.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr
     from .runs.compare import compare_files, compare_runs, render_comparison
     from .runs.load import load_run
     from .runs.plot import plot_files
+    from .simgpu.session import simulated_gpu
     from .tracker.census import LiveTensorFinder, TensorSource, full_scan, take_census
     from .tracker.csvlog import read_stamps
     from .tracker.memtracker import MemTracker
@@ -79,6 +81,7 @@ _HOMES = {
     "render_batch_size": "estimator.render",
     "render_estimate": "estimator.render",
     "search_batch_size": "estimator.batchsize",
+    "simulated_gpu": "simgpu.session",
 }
 
 __all__ = [
@@ -122,6 +125,7 @@ __all__ = [
     "render_batch_size",
     "render_estimate",
     "search_batch_size",
+    "simulated_gpu",
 ]
 
 
