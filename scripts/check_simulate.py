@@ -359,7 +359,8 @@ def _why(r: dict) -> list[str]:
         "to be matched to CUDA's.",
         f"- Forward: only the GPU makes {_sizes(forward['only_recorded'])} (the two large ones at the "
         "loss's `torch.max` and `sum` over the logits, freed at once: far larger than those ops' outputs, "
-        f"so by all appearances scratch of CUDA's reduction kernels); only the simulation makes {_sizes(forward['only_simulated'])}. They leave a segment in "
+        "so by all appearances scratch of CUDA's reduction kernels); only the simulation makes "
+        f"{_sizes(forward['only_simulated'])}. They leave a segment in "
         "the GPU's cache that the simulation does not have.",
     ]
 
