@@ -75,8 +75,8 @@ def test_steady_loop_stops_after_warmup_and_k_unchanged_iterations(tmp_path):
     namespace, watch, _ = run_watched(tmp_path, source, StopRule())
     info = watch.stopped
     assert info is not None and info.reason == "steady"
-    # highs at iterations 1-4 (steps 0-3); then 3 unchanged iterations: stopped after 7
-    assert info.iterations == 7
+    # highs at iterations 1-4 (steps 0-3); then 2 unchanged iterations: stopped after 6
+    assert info.iterations == 6
     assert info.line == 4 and info.loop.endswith("script.py:4")
     assert namespace["memory"] == [0, 1, 2, 3]
 
@@ -238,7 +238,7 @@ def test_stop_info_round_trips_and_describes_itself():
     assert StopInfo.from_dict(info.to_dict()) == info
     assert info.describe() == (
         "stopped at train.py:12 after 7 iteration(s) of the loop at train.py:12, 3.2 s: memory steady "
-        "(no new peak, allocated or reserved, and no new line for 3 iterations after 2 of warm-up)"
+        "(no new peak, allocated or reserved, and no new line for 2 iterations after 2 of warm-up)"
     )
     budget = StopInfo("max-iterations", "t.py", 3, 10, 1.0)
     assert budget.describe().endswith("--max-iterations reached")

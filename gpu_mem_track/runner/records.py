@@ -134,7 +134,7 @@ class StopInfo:
     seconds: float
     loop: str = ""
     warmup: int = 2
-    steady: int = 3
+    steady: int = 2
 
     def describe(self) -> str:
         """One sentence: why and where."""

@@ -28,7 +28,7 @@ of allocated memory, the peak of reserved memory, how many source lines have run
 sum of every line's peak (see ``profiler.LineProfiler.high_marks``). Each only grows, so
 two equal readings mean no line reached a new peak, no new line ran and neither peak
 moved. After ``warmup`` iterations (2; the first builds the optimizer's state), memory
-is steady when the reading stays the same for ``steady`` consecutive iterations (3):
+is steady when the reading stays the same for ``steady`` consecutive iterations (2):
 the script is stopped at the loop's header, at the start of the next iteration. A leak
 of even one byte per iteration raises a peak and keeps the run going.
 
@@ -70,7 +70,7 @@ class StopRule:
 
     until_steady: bool = True
     warmup: int = 2
-    steady: int = 3
+    steady: int = 2
     max_iterations: int | None = None
     max_seconds: float | None = None
     inner_limit: int = 64
