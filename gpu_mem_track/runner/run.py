@@ -196,8 +196,7 @@ def _execute(
         rank=None if rank is None else rank.rank,
     )
     session.profiler = profiler
-    rule = stop_rule(options)
-    watch = LoopWatch(profiler, rule, profiler.high_marks) if rule is not None else None
+    watch = _watch(options, profiler)
     engine = best_engine(watch or profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
     write_meta(folder.meta, info)
@@ -220,15 +219,28 @@ def _execute(
             records = snapshot.finish(records)
         sampler.close()
         info = _finished(info, code, profiler, session, end_memory)
-        info = replace(
-            info,
-            reserved_peak=getattr(sampler, "reserved_peak", None) if prepared.device != "cpu" else None,
-            simulation=simulation_info(gpu) if gpu is not None else None,
-            stopped=watch.stopped if watch is not None else None,
-        )
+        info = _simulated(info, sampler, gpu, watch)
         _write_reports(prepared, info, records, session, snapshot, stream)
     merge = snapshot.result if snapshot is not None else None
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
+
+
+def _watch(options: RunOptions, profiler: LineProfiler) -> LoopWatch | None:
+    """The stop rule between the engine and the profiler (None when nothing stops the run
+    early; see ``steady``)."""
+    rule = stop_rule(options)
+    return LoopWatch(profiler, rule, profiler.high_marks) if rule is not None else None
+
+
+def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -> RunInfo:
+    """The run's description with its reserved peak (CUDA), what the simulated GPU
+    recorded (``--simulate``) and where the stop rule stopped it."""
+    return replace(
+        info,
+        reserved_peak=getattr(sampler, "reserved_peak", None),
+        simulation=simulation_info(gpu) if gpu is not None else None,
+        stopped=watch.stopped if watch is not None else None,
+    )
 
 
 def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder | None) -> SnapshotRun:
