@@ -2,11 +2,13 @@
 
 ``MemTracker().track()`` writes line-stamped reports of live tensors with a ledger that
 reconciles tensors, the caching allocator and the driver; ``prepare_run`` and
-``execute_run`` run a script under the line profiler; ``compare_files`` and
+``execute_run`` run a script under the line profiler; ``load_run``, ``compare_files`` and
 ``plot_files`` read runs back; ``estimate`` and ``find_max_batch_size`` work without a
-GPU; ``with simulated_gpu("a100-40gb"):`` runs any code on a simulated GPU. Names are
-imported lazily, so ``import gpu_mem_track`` does not import torch until a torch-backed
-name is used.
+GPU, and ``with simulated_gpu("a100-40gb"):`` runs any code on a simulated one;
+``load_snapshot`` reads a PyTorch memory snapshot; ``HFMemTrackCallback`` and
+``LightningMemTrackCallback`` stamp a trainer's steps. Names are imported lazily, so
+``import gpu_mem_track`` does not import torch (nor a trainer framework) until a name
+that needs it is used.
 """
 
 from __future__ import annotations
@@ -14,118 +16,76 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr__
-    from .devices import Device
     from .errors import UsageError
     from .estimator.batchsize import find_max_batch_size, search_batch_size
-    from .estimator.records import BatchSizeResult, Estimate
-    from .estimator.render import render_batch_size, render_estimate
+    from .estimator.render import render_estimate
     from .estimator.simulate import estimate
     from .estimator.specs import InputSpec
-    from .runner.records import RunResult
-    from .runner.run import PreparedRun, RunOptions
+    from .integrations.hf import HFMemTrackCallback
+    from .integrations.lightning import LightningMemTrackCallback
+    from .runner.options import RunOptions
     from .runner.run import execute as execute_run
     from .runner.run import prepare as prepare_run
-    from .runs.compare import compare_files, compare_runs, render_comparison
+    from .runs.compare import compare_files, render_comparison
     from .runs.load import load_run
     from .runs.plot import plot_files
     from .simgpu.session import simulated_gpu
-    from .tracker.census import LiveTensorFinder, TensorSource, full_scan, take_census
+    from .snapshotfile.load import load_snapshot
     from .tracker.csvlog import read_stamps
     from .tracker.memtracker import MemTracker
-    from .tracker.probe import ProbeResult, run_probe
-    from .tracker.readers import CudaReader, FakeReader, MemoryReader, ProcessReader
-    from .tracker.records import Categories, Census, GroupChange, Ledger, Stamp, TensorGroup
-    from .tracker.saved import SavedTensorRecorder
+    from .tracker.records import Stamp
 
 #: Where each exported name lives: ``"module"`` (same name) or ``"module:attribute"``.
+#: Only what a user calls (or catches); the records, readers, census sources and the
+#: runner's plumbing stay importable from their subpackages.
 _HOMES = {
     "MemTracker": "tracker.memtracker",
-    "Categories": "tracker.records",
-    "Census": "tracker.records",
-    "GroupChange": "tracker.records",
-    "Ledger": "tracker.records",
     "Stamp": "tracker.records",
-    "TensorGroup": "tracker.records",
-    "UsageError": "errors",
-    "Device": "devices",
     "read_stamps": "tracker.csvlog",
-    "ProbeResult": "tracker.probe",
-    "run_probe": "tracker.probe",
-    "LiveTensorFinder": "tracker.census",
-    "TensorSource": "tracker.census",
-    "full_scan": "tracker.census",
-    "take_census": "tracker.census",
-    "CudaReader": "tracker.readers",
-    "FakeReader": "tracker.readers",
-    "MemoryReader": "tracker.readers",
-    "ProcessReader": "tracker.readers",
-    "SavedTensorRecorder": "tracker.saved",
-    "RunOptions": "runner.run",
-    "PreparedRun": "runner.run",
+    "UsageError": "errors",
+    "RunOptions": "runner.options",
     "prepare_run": "runner.run:prepare",
     "execute_run": "runner.run:execute",
-    "RunResult": "runner.records",
-    "compare_files": "runs.compare",
-    "compare_runs": "runs.compare",
-    "render_comparison": "runs.compare",
     "load_run": "runs.load",
+    "compare_files": "runs.compare",
+    "render_comparison": "runs.compare",
     "plot_files": "runs.plot",
-    "BatchSizeResult": "estimator.records",
-    "Estimate": "estimator.records",
-    "InputSpec": "estimator.specs",
     "estimate": "estimator.simulate",
-    "find_max_batch_size": "estimator.batchsize",
-    "render_batch_size": "estimator.render",
     "render_estimate": "estimator.render",
+    "InputSpec": "estimator.specs",
+    "find_max_batch_size": "estimator.batchsize",
     "search_batch_size": "estimator.batchsize",
+    "load_snapshot": "snapshotfile.load",
     "simulated_gpu": "simgpu.session",
+    "HFMemTrackCallback": "integrations.hf",
+    "LightningMemTrackCallback": "integrations.lightning",
 }
 
 __all__ = [
     "__version__",
     "MemTracker",
-    "Categories",
-    "Census",
-    "GroupChange",
-    "Ledger",
     "Stamp",
-    "TensorGroup",
-    "UsageError",
-    "Device",
     "read_stamps",
-    "ProbeResult",
-    "run_probe",
-    "LiveTensorFinder",
-    "TensorSource",
-    "full_scan",
-    "take_census",
-    "CudaReader",
-    "FakeReader",
-    "MemoryReader",
-    "ProcessReader",
-    "SavedTensorRecorder",
+    "UsageError",
     "RunOptions",
-    "PreparedRun",
     "prepare_run",
     "execute_run",
-    "RunResult",
-    "compare_files",
-    "compare_runs",
-    "render_comparison",
     "load_run",
+    "compare_files",
+    "render_comparison",
     "plot_files",
-    "BatchSizeResult",
-    "Estimate",
-    "InputSpec",
     "estimate",
-    "find_max_batch_size",
-    "render_batch_size",
     "render_estimate",
+    "InputSpec",
+    "find_max_batch_size",
     "search_batch_size",
+    "load_snapshot",
     "simulated_gpu",
+    "HFMemTrackCallback",
+    "LightningMemTrackCallback",
 ]
 
 

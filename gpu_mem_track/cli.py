@@ -13,10 +13,10 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from . import __version__
+from ._version import __version__
 from .commands import all_commands, report
+from .commands.cmdline import split_run_argv
 from .errors import UsageError
-from .runner.cmdline import split_run_argv
 
 __all__ = ["BUG_REPORT", "build_parser", "main"]
 

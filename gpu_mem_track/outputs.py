@@ -1,4 +1,5 @@
-"""Report files: safe names, a unique run name per folder, append-and-flush writes."""
+"""Report files: safe names, a unique run name or run folder per output folder,
+append-and-flush writes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-__all__ = ["ReportFiles", "claim_name", "default_run_name", "safe_name"]
+__all__ = ["ReportFiles", "claim_folder", "claim_name", "default_run_name", "safe_name"]
 
 
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
@@ -53,6 +54,37 @@ def claim_name(folder: Path, base: str, claim: Callable[[str], bool]) -> str:
         why = "it is a file, not a folder" if folder.is_file() else exc.strerror or exc
         raise UsageError(f"cannot write reports to {folder}: {why}") from exc
     raise UsageError(f"cannot find a free report name for {base!r} in {folder}")
+
+
+def claim_folder(
+    out_dir: Path, base: str, inner: str = "", skip: Callable[[Path], bool] | None = None
+) -> Path:
+    """Create and return ``out_dir/<name>`` for the first of ``base``, ``base-2``, ... that
+    no earlier run took: a run owns the folder it created (``mkdir`` fails on an existing
+    one, so two processes never take the same name). With ``inner``, ``<name>`` is shared
+    (a launch folder, created when missing) and ``out_dir/<name>/<inner>`` is claimed and
+    returned. ``skip(out_dir/<candidate>)`` True passes a candidate over (a one-process
+    run folder where a launch folder is wanted). The claimed folder is checked writable;
+    ``UsageError`` when ``out_dir`` cannot be written (see ``claim_name``)."""
+
+    def claim(candidate: str) -> bool:
+        parent = out_dir / candidate
+        if skip is not None and skip(parent):
+            return False
+        if inner:
+            parent.mkdir(exist_ok=True)
+        path = parent / inner if inner else parent
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return False
+        check = path / ".write-check"  # a folder we may create but not write into fails here
+        check.write_text("")
+        check.unlink()
+        return True
+
+    name = claim_name(out_dir, base, claim)
+    return out_dir / name / inner if inner else out_dir / name
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .outputs import claim_name, safe_name
+from .outputs import claim_folder, safe_name
 
 __all__ = [
     "RankInfo",
@@ -188,18 +188,10 @@ def rank_folder(
     out = Path(out_dir)
     base = launch_name(script, run_name, info, environ, ppid, proc)
 
-    def claim(candidate: str) -> bool:
-        launch = out / candidate
-        if (launch / "meta.json").exists():  # a one-process run of that name
-            return False
-        launch.mkdir(exist_ok=True)
-        try:
-            (launch / info.folder_name).mkdir()
-        except FileExistsError:
-            return False
-        return True
+    def one_process_run(launch: Path) -> bool:
+        return (launch / "meta.json").exists()
 
-    return out / claim_name(out, base, claim) / info.folder_name
+    return claim_folder(out, base, inner=info.folder_name, skip=one_process_run)
 
 
 def rank_folders(launch: str | Path) -> dict[int, Path]:

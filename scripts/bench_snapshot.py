@@ -38,10 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_mem_track.allocator import Allocator  # noqa: E402
-from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
+from gpu_mem_track.outputs import claim_folder  # noqa: E402
+from gpu_mem_track.runfolder.files import RunFolder  # noqa: E402
+from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.analyse import analyse  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
-from gpu_mem_track.snapshots.folder import claim_folder, write_folder  # noqa: E402
+from gpu_mem_track.snapshots.folder import write_folder  # noqa: E402
 from gpu_mem_track.snapshots.replay import replay  # noqa: E402
 
 MIB = 2**20
@@ -187,7 +189,7 @@ def _analyse(path: Path, out: Path) -> tuple[dict[str, float], object]:
     replayed = replay(snapshot, 0)
     analysis = analyse(snapshot, replayed, attributor)
     clocks.append((time.perf_counter(), time.process_time()))
-    write_folder(claim_folder(out, "bench"), analysis, replayed, attributor)
+    write_folder(RunFolder(claim_folder(out, "bench")), analysis, replayed, attributor)
     clocks.append((time.perf_counter(), time.process_time()))
     check = replayed.check
     assert check.segments_matching == check.segments and not check.misfits, check

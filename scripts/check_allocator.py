@@ -1,10 +1,10 @@
 """Check the caching-allocator simulator against recorded PyTorch memory snapshots;
-writes reports/allocator_check.md and .json.
+writes a report (default reports/allocator_check.md) and its .json.
 
-    python scripts/check_allocator.py [FOLDER]
+    python scripts/check_allocator.py [FOLDER] [--out PATH.md]
 
-FOLDER (default: ../shared/fixtures/snapshots beside the clone, else
-/work/shared/fixtures/snapshots) holds ``*.pickle`` / ``*.pickle.gz`` snapshots. For each
+FOLDER (default: ``$GPU_MEM_TRACK_SNAPSHOTS``, else ../shared/fixtures/snapshots beside the
+checkout; see ``fixtures.py``) holds ``*.pickle`` / ``*.pickle.gz`` snapshots. For each
 one with a trace: rebuild the cache at the trace's start, replay every call through the
 simulator and count the decisions it got right (``gpu_mem_track.allocator.replay``).
 For each without: load its segments into the simulator and export them back. For all:
@@ -16,6 +16,7 @@ check can fail.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -28,24 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fixtures import described, fixtures_folder, shown  # noqa: E402
+
 from gpu_mem_track.allocator import Allocator, parse_alloc_conf, settings_from_snapshot  # noqa: E402
 from gpu_mem_track.allocator.replay import replay_snapshot  # noqa: E402
 from gpu_mem_track.allocator.rules import rule_violations  # noqa: E402
 from gpu_mem_track.allocator.tally import Tally, compare_final  # noqa: E402
-from gpu_mem_track.snapshots import Snapshot, load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile import Snapshot, load_snapshot  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 CONTROLS = ("roundup_power2_divisions:4", "max_split_size_mb:40")
 #: Ring-buffer cuts replayed per traced snapshot (seeded, so the figures repeat).
 CUTS = 8
-
-
-def default_folder() -> Path:
-    for shared in (ROOT.parent / "shared", Path("/work/shared")):
-        folder = shared / "fixtures" / "snapshots"
-        if folder.is_dir():
-            return folder
-    raise SystemExit("no snapshot folder found: pass one")
 
 
 def round_trip(snapshot: Snapshot) -> dict:
@@ -248,8 +243,7 @@ def markdown(meta: dict, results: list[dict], cuts: list[dict], control_rows: li
     lines = [
         "# Allocator check",
         "",
-        f"Commit {meta['commit']}, {meta['date']}; written by `{meta['command']}` "
-        f"(snapshots from {meta['folder']}).",
+        f"Commit {meta['commit']}, {meta['date']}; written by `{meta['command']}` (read: {meta['read']}).",
         "",
         INTRO,
         "",
@@ -294,8 +288,12 @@ def markdown(meta: dict, results: list[dict], cuts: list[dict], control_rows: li
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    folder = Path(argv[1]) if len(argv) > 1 else default_folder()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, nargs="?", help="the snapshot folder (see fixtures.py)")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "allocator_check.md")
+    args = parser.parse_args(argv)
+    folder = fixtures_folder(args.folder)
     paths = sorted(p for p in folder.iterdir() if p.name.endswith((".pickle", ".pickle.gz")))
     results = [check(p) for p in paths]
     longest = max((r for r in results if r["events"]), key=lambda r: r["events"], default=None)
@@ -306,21 +304,19 @@ def main(argv: list[str]) -> int:
         "commit": commit.stdout.strip() or "unknown",
         "date": datetime.date.today().isoformat(),
         "command": "python scripts/check_allocator.py",
-        "folder": "../shared/fixtures/snapshots",
+        "folder": shown(folder),
+        "read": described(folder),
     }
-    reports = ROOT / "reports"
-    (reports / "allocator_check.json").write_text(
+    args.out.with_suffix(".json").write_text(
         json.dumps({**meta, "snapshots": results, "cuts": cuts, "controls": control_rows}, indent=1) + "\n"
     )
-    (reports / "allocator_check.md").write_text(markdown(meta, results, cuts, control_rows))
+    args.out.write_text(markdown(meta, results, cuts, control_rows))
     traced = [r["replay"]["all_match"] for r in results if "replay" in r] + [
         c["replay"]["all_match"] for c in cuts
     ]
-    print(
-        f"{sum(traced)}/{len(traced)} traces replayed, every decision matched: see reports/allocator_check.md"
-    )
+    print(f"{sum(traced)}/{len(traced)} traces replayed, every decision matched: see {args.out}")
     return 0 if all(traced) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -15,11 +15,14 @@ optimizer), on a Hopper target (32 MiB cuBLAS workspaces). Shapes: d_model 2560,
 32 heads, d_ff 10240 (SwiGLU), 32 layers, vocabulary 10,000, RoPE (theta 10,000) with a
 buffer per attention layer, RMSNorm, bias-free linear layers, float32 weights.
 
-Run: ``PYTHONPATH=$PWD python scripts/check_estimator_gpu.py [SNAPSHOT_DIR]``.
+Run: ``PYTHONPATH=$PWD python scripts/check_estimator_gpu.py [SNAPSHOT_DIR] [--out PATH.md]``
+(SNAPSHOT_DIR as for the other checks, see ``fixtures.py``; the report goes to
+reports/estimator_gpu_check.md and .json unless ``--out`` names another).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -34,13 +37,14 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fixtures import fixtures_folder, shown  # noqa: E402
+
 from gpu_mem_track import estimate  # noqa: E402
 from gpu_mem_track.estimator.specs import InputSpec  # noqa: E402
-from gpu_mem_track.snapshots.load import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.replay import free_blocks_at, replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
-FIXTURES = Path("/work/shared/fixtures/snapshots")
 TRAIN = "transformer-2.7b-ctx128-train-step.pickle.gz"
 D_MODEL, HEADS, D_FF, LAYERS, VOCAB, CONTEXT, BATCH, THETA = 2560, 32, 10240, 32, 10_000, 128, 4, 10_000.0
 
@@ -263,22 +267,25 @@ def estimated() -> dict:
     }
 
 
-def main() -> None:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURES
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, nargs="?", help="the snapshot folder (see fixtures.py)")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "estimator_gpu_check.md")
+    args = parser.parse_args(argv)
+    folder = fixtures_folder(args.folder)
     rec, est = recorded(folder / TRAIN), estimated()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
         "commit": commit.stdout.strip() or "unknown",
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
-        "snapshot": TRAIN,
+        "snapshot": f"{shown(folder)}/{TRAIN}",
     }
-    out = ROOT / "reports"
-    (out / "estimator_gpu_check.json").write_text(
+    args.out.with_suffix(".json").write_text(
         json.dumps({**meta, "recorded": rec, "estimated": est}, indent=2) + "\n"
     )
     text = render(meta, rec, est)
-    (out / "estimator_gpu_check.md").write_text(text)
+    args.out.write_text(text)
     print(text)
 
 

@@ -41,28 +41,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.replay import replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from fixtures import fixtures_folder  # noqa: E402
 
 FIXTURE = "transformer-2.7b-ctx128-train-step.pickle.gz"
 GPU = "H100-80GB"
 DUMPED = "memory_ctx128_fullstep_.pickle"
 TARGETS = {"allocated": 0.005, "reserved": 0.01}
-
-
-def fixtures_folder(given: Path | None) -> Path:
-    candidates = [given] if given else []
-    if os.environ.get("GPU_MEM_TRACK_SNAPSHOTS"):
-        candidates.append(Path(os.environ["GPU_MEM_TRACK_SNAPSHOTS"]))
-    candidates += [
-        ROOT.parent / "shared/fixtures/snapshots",
-        ROOT.parent.parent / "shared/fixtures/snapshots",
-    ]
-    for folder in candidates:
-        if folder and (folder / FIXTURE).is_file():
-            return folder
-    raise SystemExit(f"no fixtures folder with {FIXTURE}: give --fixtures DIR")
 
 
 def simulate(work: Path) -> dict:
@@ -212,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "reports/simulate_check.md")
     args = parser.parse_args(argv)
     fixture = fixtures_folder(args.fixtures) / FIXTURE
+    if not fixture.is_file():
+        raise SystemExit(f"no {FIXTURE} in {fixture.parent}")
     with tempfile.TemporaryDirectory(prefix="gmt-simulate-") as temp:
         work = Path(temp)
         run = simulate(work)

@@ -2,13 +2,14 @@
 
 Runs ``gpu-mem-track snapshot``'s analysis on every ``*.pickle*`` file of the fixtures
 folder (``--fixtures``; default: ``$GPU_MEM_TRACK_SNAPSHOTS``, else ``shared/fixtures/
-snapshots`` beside the checkout or one level further up), and writes
-reports/snapshot_check.md and .json: the peak, its line, reserved bytes, the cache at the
-peak, the top lines, the row of memory from before recording, the phases, and the
-cross-check of the replay against the recorded segments (final allocated and reserved
-must be equal, to the byte). It also checks the trace format on each file: that an
-``alloc``'s ``size`` is the request (the block's ``requested_size``), not the block, and
-that frees carry the same request. Exit code 1 when a check fails.
+snapshots`` beside the checkout or one level further up; see ``fixtures.py``), and
+writes ``--out`` (default reports/snapshot_check.md) and its .json: the peak, its line,
+reserved bytes, the cache at the peak, the top lines, the row of memory from before
+recording, the phases, and the cross-check of the replay against the recorded segments
+(final allocated and reserved must be equal, to the byte). It also checks the trace
+format on each file: that an ``alloc``'s ``size`` is the request (the block's
+``requested_size``), not the block, and that frees carry the same request. Exit code 1
+when a check fails.
 
     python scripts/check_snapshots.py [--fixtures DIR] [--out reports/snapshot_check.md]
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -27,26 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpu_mem_track.snapshots import load_snapshot  # noqa: E402
+from fixtures import described, fixtures_folder  # noqa: E402
+
+from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
+from gpu_mem_track.snapshotfile.records import Snapshot  # noqa: E402
 from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, peak_bound, pick_device  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
-from gpu_mem_track.snapshots.records import Snapshot  # noqa: E402
 from gpu_mem_track.snapshots.replay import Replay, replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
-
-
-def fixtures_folder(given: Path | None) -> Path:
-    candidates = [given] if given else []
-    if os.environ.get("GPU_MEM_TRACK_SNAPSHOTS"):
-        candidates.append(Path(os.environ["GPU_MEM_TRACK_SNAPSHOTS"]))
-    candidates += [
-        ROOT.parent / "shared/fixtures/snapshots",
-        ROOT.parent.parent / "shared/fixtures/snapshots",
-    ]
-    for folder in candidates:
-        if folder and folder.is_dir():
-            return folder
-    raise SystemExit("no fixtures folder found: give --fixtures DIR")
 
 
 def trace_format(snapshot: Snapshot, device: int) -> dict[str, int]:
@@ -167,8 +155,8 @@ def _markdown(results: list[dict], folder: Path) -> str:
     out = [
         "# Snapshot analysis on recorded snapshots",
         "",
-        f"`python scripts/check_snapshots.py` on the snapshots in `{folder.name}/` (recorded on an "
-        "80 GB GPU; see the fixtures' README). Memory is the caching allocator's allocated bytes "
+        f"`python scripts/check_snapshots.py` on {described(folder)}. "
+        "Memory is the caching allocator's allocated bytes "
         "replayed from the trace, blocks counted as the allocator counts them.",
         "",
     ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpu_mem_track.runner.files import TIMELINE_COLUMNS, RunFolder, TimelineWriter, write_lines, write_meta
-from gpu_mem_track.runner.records import LineRecord, RunInfo
+from gpu_mem_track.runfolder.files import TIMELINE_COLUMNS, RunFolder, TimelineWriter, write_lines, write_meta
+from gpu_mem_track.runfolder.records import LineRecord, RunInfo
 from gpu_mem_track.tracker.csvlog import append_stamp
 from gpu_mem_track.tracker.records import Ledger, Stamp
 

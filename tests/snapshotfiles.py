@@ -6,6 +6,7 @@ writer that pickles them as ``_dump_snapshot`` does (optionally gzip-compressed)
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,13 +109,14 @@ def write(path: Path, data: Any, compress: bool = False) -> Path:
 
 
 def _fixtures() -> Path | None:
-    """The recorded snapshots (``shared/fixtures/snapshots`` beside the checkout, else
-    under /work/shared); None when neither is there."""
-    for shared in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")):
-        folder = shared / "fixtures" / "snapshots"
-        if folder.is_dir():
-            return folder
-    return None
+    """The recorded snapshots: ``$GPU_MEM_TRACK_SNAPSHOTS``, else ``shared/fixtures/snapshots``
+    beside the checkout (``../shared``) or one level further up (a worktree in a
+    subfolder), as ``scripts/fixtures.py`` finds them; None when none is there."""
+    root = Path(__file__).resolve().parents[1]
+    given = os.environ.get("GPU_MEM_TRACK_SNAPSHOTS")
+    candidates = [Path(given)] if given else []
+    candidates += [up / "shared/fixtures/snapshots" for up in (root.parent, root.parent.parent)]
+    return next((folder for folder in candidates if folder.is_dir()), None)
 
 
 #: The folder of real snapshots recorded on GPUs, or None (tests using it skip).

@@ -18,7 +18,7 @@ from gpu_mem_track.allocator import (
     settings_from_snapshot,
 )
 from gpu_mem_track.errors import UsageError
-from gpu_mem_track.snapshots import snapshot_from_data
+from gpu_mem_track.snapshotfile import snapshot_from_data
 
 MIB = 2**20
 

@@ -14,7 +14,7 @@ from gpu_mem_track.allocator import Allocator, AllocatorSettings, SimulatedOutOf
 from gpu_mem_track.allocator.rebuild import rebuild_start
 from gpu_mem_track.allocator.replay import ReplayReport, plan_calls, replay_snapshot
 from gpu_mem_track.allocator.rules import rule_violations
-from gpu_mem_track.snapshots import load_snapshot, snapshot_from_data
+from gpu_mem_track.snapshotfile import load_snapshot, snapshot_from_data
 
 MIB = 2**20
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ MODEL_MODULES = (
     "gpu_mem_track.outputs",
     "gpu_mem_track.units",
     "gpu_mem_track.tracker.records",
-    "gpu_mem_track.runner.records",
+    "gpu_mem_track.runfolder.records",
     "gpu_mem_track.estimator.records",
     "gpu_mem_track.estimator.options",
 )
@@ -127,7 +128,11 @@ def test_runner_runs_model_and_cli_import_no_torch():
         "gpu_mem_track",
         *MODEL_MODULES,
         *MODEL_RENDERERS,
-        *(name for name in modules("runner", "runs", "commands") if name != chosen),
+        *(
+            name
+            for name in modules("runfolder", "snapshotfile", "runner", "runs", "commands")
+            if name != chosen
+        ),
         "gpu_mem_track.cli",
     ]
     assert torch_importers(names) == []
@@ -135,6 +140,21 @@ def test_runner_runs_model_and_cli_import_no_torch():
 
 def test_estimator_imports_neither_tracker_nor_runner():
     assert offenders("estimator", ("gpu_mem_track.tracker", "gpu_mem_track.runner")) == {}
+
+
+def test_the_run_folder_format_imports_none_of_its_producers_or_readers():
+    """``runfolder`` is the run folder's format: the runner, the snapshot reader and the
+    notebook write it, ``runs`` and ``html`` read it; it imports none of them (and no torch,
+    checked above)."""
+    users = ("runner", "runs", "snapshots", "html", "notebook", "tracker", "estimator")
+    assert offenders("runfolder", tuple(f"gpu_mem_track.{name}" for name in users)) == {}
+
+
+def test_the_allocator_model_and_the_snapshot_format_import_no_snapshot_report():
+    """One model of the GPU: ``snapshots`` (the report) uses ``allocator``, never the
+    reverse; the snapshot file format (``snapshotfile``) imports neither."""
+    assert offenders("allocator", ("gpu_mem_track.snapshots",)) == {}
+    assert offenders("snapshotfile", ("gpu_mem_track.snapshots", "gpu_mem_track.allocator")) == {}
 
 
 def test_tracker_imports_no_runner_and_runs_no_estimator():
@@ -178,10 +198,26 @@ def test_the_import_scanner_sees_relative_and_lazy_imports_but_not_type_checking
     assert not any(m.startswith("gpu_mem_track.runner") for m in found)
 
 
-@pytest.mark.parametrize("name", gpu_mem_track.__all__)
-def test_every_exported_name_resolves(name):
-    assert getattr(gpu_mem_track, name) is not None
-    assert name in dir(gpu_mem_track)
+def test_every_exported_name_resolves():
+    """In a fresh interpreter: the callbacks import their frameworks, whose module-level
+    tensors would stay in this process and show in other tests' censuses."""
+    code = (
+        "import json, gpu_mem_track as g\n"
+        "print(json.dumps([n for n in g.__all__ if getattr(g, n) is None or n not in dir(g)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_exported_name_is_one_the_readme_shows():
+    """``__all__`` is what a user calls: each name appears in the README; the records,
+    readers and plumbing stay importable from their subpackages."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"[A-Za-z_]+", readme))
+    unshown = [name for name in gpu_mem_track.__all__ if name != "__version__" and name not in shown]
+    assert unshown == []
+    assert "PreparedRun" not in gpu_mem_track.__all__ and "full_scan" not in gpu_mem_track.__all__
 
 
 @pytest.mark.slow

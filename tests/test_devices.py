@@ -75,7 +75,7 @@ def test_the_runner_resolves_its_device_with_the_same_parser(monkeypatch):
     from gpu_mem_track.runner import checks
 
     monkeypatch.setattr(checks, "driver_gpu_count", lambda: 2)
-    assert [checks.resolve_device(d) for d in ("auto", "cpu", "cuda", "cuda:1")] == [
+    assert [str(checks.resolve_device(d)) for d in ("auto", "cpu", "cuda", "cuda:1")] == [
         "cuda:0",
         "cpu",
         "cuda:0",
@@ -84,6 +84,6 @@ def test_the_runner_resolves_its_device_with_the_same_parser(monkeypatch):
     with pytest.raises(UsageError, match=r"--device takes auto, cpu, cuda or cuda:N, not 'gpu'"):
         checks.resolve_device("gpu")
     monkeypatch.setattr(checks, "driver_gpu_count", lambda: 0)
-    assert checks.resolve_device("auto") == "cpu"
+    assert str(checks.resolve_device("auto")) == "cpu"
     with pytest.raises(UsageError, match="--device cuda:1: no NVIDIA GPU is visible here"):
         checks.resolve_device("cuda:1")

@@ -15,10 +15,11 @@ from torch import nn
 
 from gpu_mem_track import estimate, find_max_batch_size
 from gpu_mem_track.errors import UsageError
-from gpu_mem_track.estimator.distributed import bucket_sizes, fsdp_units, zero_partition
+from gpu_mem_track.estimator.distributed import bucket_sizes
 from gpu_mem_track.estimator.lifetimes import Lifetimes
 from gpu_mem_track.estimator.memory import CudaModel, ExactMemory
 from gpu_mem_track.estimator.options import DistOptions
+from gpu_mem_track.estimator.plan import fsdp_units, zero_partition
 from gpu_mem_track.estimator.render import render_estimate
 
 PARAM_BYTES = 184

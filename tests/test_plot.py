@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from runfiles import MIB, runner_folder, tracker_csv
 
-from gpu_mem_track.runs.load import LabelPoint, Sample, downsample, load_run
+from gpu_mem_track.runfolder.read import LabelPoint, Sample, downsample
+from gpu_mem_track.runs.load import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_mem_track.cli import main
-from gpu_mem_track.runner.run import RunOptions, execute, prepare
+from gpu_mem_track.runner.options import RunOptions
+from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.runs.ranks import compare_launches, expand_launches, render_rank_comparison
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from gpu_mem_track.ranks import RankInfo, rank_device
-from gpu_mem_track.runner.files import TIMELINE_COLUMNS, read_lines, read_meta, read_timeline
-from gpu_mem_track.runner.ranktable import RANK_COLUMNS, read_launch
-from gpu_mem_track.runner.render import render_ranks
-from gpu_mem_track.runner.run import RunOptions, execute, prepare
+from gpu_mem_track.runfolder.files import TIMELINE_COLUMNS, read_lines, read_meta, read_timeline
+from gpu_mem_track.runfolder.ranktable import RANK_COLUMNS, read_launch
+from gpu_mem_track.runfolder.render import render_ranks
+from gpu_mem_track.runner.options import RunOptions
+from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.runner.samplers import CudaSampler
 
 SCRIPT = """
@@ -88,7 +89,7 @@ def test_a_rank_without_a_clean_end_is_marked_and_a_missing_one_listed(tmp_path)
 
 
 def test_the_ranks_table_renders_exactly(tmp_path):
-    from gpu_mem_track.runner.ranktable import LaunchSummary, RankSummary
+    from gpu_mem_track.runfolder.ranktable import LaunchSummary, RankSummary
 
     summary = LaunchSummary(
         "t-1",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_mem_track.runner.files import read_lines, read_meta, read_timeline
+from gpu_mem_track.runfolder.files import read_lines, read_meta, read_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 

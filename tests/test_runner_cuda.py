@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_mem_track.runner.files import read_lines, read_meta
+from gpu_mem_track.runfolder.files import read_lines, read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
@@ -68,7 +68,7 @@ def test_snapshot_run_keeps_the_snapshot_and_gives_exact_peaks_below_the_high_wa
     assert done.returncode == 0, done.stderr
     out = tmp_path / "s"
     assert {"snapshot.pickle", "snapshot_lines.csv", "snapshot.json"} <= {p.name for p in out.iterdir()}
-    from gpu_mem_track.snapshots import load_snapshot
+    from gpu_mem_track.snapshotfile import load_snapshot
 
     mib = 2**20
     trace = load_snapshot(out / "snapshot.pickle").device_traces[0]

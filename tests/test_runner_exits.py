@@ -12,7 +12,7 @@ import time
 import pytest
 from test_runner import ROOT, folder, run, write
 
-from gpu_mem_track.runner.files import read_lines, read_meta, read_timeline
+from gpu_mem_track.runfolder.files import read_lines, read_meta, read_timeline
 from gpu_mem_track.runs.load import load_run
 
 
@@ -243,6 +243,6 @@ def test_a_forked_child_dies_of_sigterm_as_without_the_runner(tmp_path):
 )
 def test_run_options_end_at_the_script_name(argv, head, rest):
     from gpu_mem_track.cli import build_parser
-    from gpu_mem_track.runner.cmdline import split_run_argv
+    from gpu_mem_track.commands.cmdline import split_run_argv
 
     assert split_run_argv(build_parser(), argv) == (head, rest)

@@ -8,10 +8,10 @@ import csv
 from test_runner import folder, run, write
 from test_tracer import run_traced
 
-from gpu_mem_track.runner.files import LINE_REQUIRED, read_lines, read_meta
+from gpu_mem_track.runfolder.files import LINE_REQUIRED, read_lines, read_meta
+from gpu_mem_track.runfolder.records import LineRecord, hottest
+from gpu_mem_track.runfolder.render import render_line_report, render_summary
 from gpu_mem_track.runner.profiler import LineProfiler
-from gpu_mem_track.runner.records import LineRecord, hottest
-from gpu_mem_track.runner.render import render_line_report, render_summary
 from gpu_mem_track.runner.samplers import FakeSampler
 from gpu_mem_track.runner.tracer import SettraceEngine
 from gpu_mem_track.runs.load import load_run
@@ -155,7 +155,7 @@ def test_lines_csv_has_rise_and_older_files_without_it_still_read(tmp_path):
 
 
 def read_meta_like():
-    from gpu_mem_track.runner.records import RunInfo
+    from gpu_mem_track.runfolder.records import RunInfo
 
     return RunInfo(
         "r", "/src/t.py", ("t.py",), "cuda:0", "cuda allocator", "sys.settrace", 0.0, "3.11", "", "0"

@@ -19,13 +19,15 @@ import pytest
 from snapshotfiles import SETTINGS
 
 from gpu_mem_track.allocator import Allocator
-from gpu_mem_track.runner.files import read_lines
+from gpu_mem_track.devices import Device
+from gpu_mem_track.runfolder.files import read_lines
+from gpu_mem_track.runfolder.records import LineRecord
 from gpu_mem_track.runner.history import LineWindows, TorchHistory, history_calls
+from gpu_mem_track.runner.options import RunOptions
 from gpu_mem_track.runner.peaks import innermost_lines, merge_peaks, window_peaks
-from gpu_mem_track.runner.records import LineRecord
-from gpu_mem_track.runner.run import RunOptions, execute, prepare
+from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.runner.samplers import CudaSampler
-from gpu_mem_track.snapshots import load_snapshot
+from gpu_mem_track.snapshotfile import load_snapshot
 
 MIB = 2**20
 
@@ -155,7 +157,7 @@ def run_fake(tmp_path: Path, gpu: FakeGpu, snapshot: bool = True, entries: int =
     script.write_text(SCRIPT)
     prepared = prepare(RunOptions(script=str(script), out_dir=str(tmp_path), run_name=name, device="cpu"))
     options = replace(prepared.options, snapshot=snapshot, snapshot_entries=entries)
-    prepared = replace(prepared, options=options, device="cuda:0")
+    prepared = replace(prepared, options=options, device=Device("cuda", 0))
     sampler = CudaSampler("cuda:0", reader=_NoDriver(), stats=gpu.stats)
     stream = _Sink()
     result = execute(prepared, stream, sampler=sampler, history=gpu if snapshot else None)
@@ -237,7 +239,7 @@ def test_a_script_that_never_starts_cuda_writes_no_snapshot(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("x = 1\n")
     prepared = prepare(RunOptions(script=str(script), out_dir=str(tmp_path), run_name="p", device="cpu"))
-    prepared = replace(prepared, options=replace(prepared.options, snapshot=True), device="cuda:0")
+    prepared = replace(prepared, options=replace(prepared.options, snapshot=True), device=Device("cuda", 0))
     idle = Idle()
     result = execute(prepared, _Sink(), sampler=CudaSampler("cuda:0", _NoDriver(), idle.stats), history=idle)
     assert result.exit_code == 0 and not (result.folder / "snapshot.pickle").exists()

@@ -6,9 +6,10 @@ import pytest
 import torch
 from test_runner import folder, run, write
 
+from gpu_mem_track.devices import Device
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.runfolder.files import read_lines, read_meta
 from gpu_mem_track.runner.checks import check_memory
-from gpu_mem_track.runner.files import read_lines, read_meta
 from gpu_mem_track.runner.tensorbytes import TensorSampler
 
 MIB = 2**20
@@ -45,7 +46,7 @@ def test_sampler_ignores_storages_on_other_devices():
 @pytest.mark.parametrize("memory", ["heap", "tensors"])
 def test_cpu_memory_choices_are_refused_on_a_cuda_device(memory):
     with pytest.raises(UsageError, match=f"--memory {memory} measures the CPU; on cuda:0"):
-        check_memory(memory, "cuda:0")
+        check_memory(memory, Device("cuda", 0))
 
 
 @pytest.mark.slow

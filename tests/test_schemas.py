@@ -7,7 +7,7 @@ import csv
 import itertools
 from dataclasses import fields
 
-from gpu_mem_track.runner.files import (
+from gpu_mem_track.runfolder.files import (
     LINE_COLUMNS,
     TIMELINE_COLUMNS,
     TimelineWriter,
@@ -15,8 +15,8 @@ from gpu_mem_track.runner.files import (
     read_timeline,
     write_lines,
 )
+from gpu_mem_track.runfolder.records import LineRecord, TimelineRow
 from gpu_mem_track.runner.profiler import LineProfiler
-from gpu_mem_track.runner.records import LineRecord, TimelineRow
 from gpu_mem_track.runner.samplers import FakeSampler
 from gpu_mem_track.runner.tracer import SettraceEngine
 from gpu_mem_track.runs.load import TRACKER_COLUMNS

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpu_mem_track.cli import main
-from gpu_mem_track.runner.files import read_lines, read_meta
+from gpu_mem_track.runfolder.files import read_lines, read_meta
 from gpu_mem_track.simgpu import GPUS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def test_a_caught_oom_lets_the_script_go_on(tmp_path):
 
 @pytest.mark.slow
 def test_snapshot_records_the_simulated_allocator(tmp_path):
-    from gpu_mem_track.snapshots import load_snapshot
+    from gpu_mem_track.snapshotfile.load import load_snapshot
 
     write(
         tmp_path / "small.py",

@@ -13,7 +13,7 @@ import pytest
 import snapshotfiles as sf
 
 from gpu_mem_track.errors import UsageError
-from gpu_mem_track.snapshots import Frame, Snapshot, load_snapshot, loads_snapshot, snapshot_from_data
+from gpu_mem_track.snapshotfile import Frame, Snapshot, load_snapshot, loads_snapshot, snapshot_from_data
 
 MIB = sf.MIB
 

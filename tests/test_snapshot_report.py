@@ -18,14 +18,15 @@ from runfiles import line as run_line
 from runfiles import runner_folder
 from snapshotfiles import SETTINGS
 
+from gpu_mem_track.allocator.rebuild import rebuild_start
 from gpu_mem_track.allocator.settings import round_size, settings_from_snapshot
-from gpu_mem_track.runner.files import read_lines
+from gpu_mem_track.runfolder.files import read_lines
 from gpu_mem_track.runs.compare import compare_files
 from gpu_mem_track.runs.load import load_run
-from gpu_mem_track.snapshots import snapshot_from_data
+from gpu_mem_track.snapshotfile import snapshot_from_data
+from gpu_mem_track.snapshotfile.records import Frame
 from gpu_mem_track.snapshots.analyse import analyse
 from gpu_mem_track.snapshots.attribution import PRE_TRACE, Attributor, Site
-from gpu_mem_track.snapshots.records import Frame
 from gpu_mem_track.snapshots.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,6 +244,20 @@ def test_longer_gap_is_pinned_by_an_allocation_or_reported_unresolved():
     assert analysis.start_allocated == 5 * MIB + 30 * MIB  # the tail unknown, counted as none
     assert (replayed.check.unresolved_tails, replayed.check.tail_bytes) == (1, MIB)
     assert not replayed.check.exact
+
+
+@pytest.mark.parametrize(
+    ("gap", "pin", "how"), [(MIB, False, "seen"), (5 * MIB, True, "seen"), (5 * MIB, False, "assumed")]
+)
+def test_the_replay_starts_from_the_allocator_models_one_rebuild(gap, pin, how):
+    """The report's replay and the allocator check share one start state: the blocks in
+    use at the trace's start, sizes and tails, are ``allocator.rebuild``'s."""
+    snapshot = snapshot_from_data(pre_trace_data(gap=gap, pin=pin), "test.pickle")
+    settings = settings_from_snapshot(snapshot.allocator_settings)
+    start = rebuild_start(snapshot.device_segments(0), snapshot.device_trace(0), settings)
+    rebuilt = {b.address: b.size for s in start.segments for b in s.blocks if b.state == "active_allocated"}
+    assert dict(replay(snapshot, 0).start_blocks) == rebuilt
+    assert [tail.how for tail in start.tails] == [how]
 
 
 def test_rounding_read_from_the_snapshot_settings_follows_torch_oracles():

@@ -11,9 +11,10 @@ import torch
 
 from gpu_mem_track import MemTracker
 from gpu_mem_track.errors import UsageError
-from gpu_mem_track.runner.files import read_timeline
-from gpu_mem_track.runner.records import RunResult
-from gpu_mem_track.runner.run import RunOptions, execute, prepare
+from gpu_mem_track.runfolder.files import read_timeline
+from gpu_mem_track.runner.options import RunOptions
+from gpu_mem_track.runner.result import RunResult
+from gpu_mem_track.runner.run import execute, prepare
 from gpu_mem_track.tracker import listeners
 from gpu_mem_track.tracker.listeners import add_stamp_listener, listening, remove_stamp_listener
 

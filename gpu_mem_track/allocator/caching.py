@@ -31,7 +31,7 @@ from .settings import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, AllocatorSettings, allocat
 from .state import export_segments, load_segments
 
 if TYPE_CHECKING:
-    from ..snapshots.records import Segment
+    from ..snapshotfile.records import Segment
 
 __all__ = ["Allocator"]
 

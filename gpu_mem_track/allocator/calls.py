@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..snapshots.records import TraceEntry
+from ..snapshotfile.records import TraceEntry
 from .device import SimulatedDevice
 
 __all__ = ["Call", "ReplayDevice", "plan_calls"]

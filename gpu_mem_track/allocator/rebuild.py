@@ -23,7 +23,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..snapshots.records import Block, Segment, TraceEntry
+from ..snapshotfile.records import Block, Segment, TraceEntry
 from .settings import K_SMALL_BUFFER, AllocatorSettings, round_size
 
 __all__ = ["StartState", "Tail", "rebuild_start"]
@@ -49,11 +49,13 @@ class StartState:
     """The cache when the trace began. ``segments``: as snapshot segments (free blocks
     carry requested_size 0, their stale value being unknown); ``tails``: the large-pool
     blocks allocated before the trace and freed in it, whose unsplit remainder had to be
-    settled; ``problems``: trace events that contradict the end state (one line each)."""
+    settled; ``problems``: trace events that contradict the end state (one line each);
+    ``strays``: how many of them are blocks live at the start in no segment."""
 
     segments: tuple[Segment, ...]
     tails: tuple[Tail, ...]
     problems: tuple[str, ...]
+    strays: int = 0
 
     def count(self, how: str) -> int:
         """How many tails were settled that way."""
@@ -86,10 +88,12 @@ def rebuild_start(
         spans.pop(address, None)
     starts = sorted(spans)
     by_segment: dict[int, list[int]] = {s: [] for s in starts}
+    strays = 0
     for address in live:
         i = bisect_right(starts, address) - 1
         if i < 0 or address >= starts[i] + spans[starts[i]][0]:
             problems.append(f"block {address:#x} live at the start lies in no segment")
+            strays += 1
             continue
         by_segment[starts[i]].append(address)
     allocs = sorted((e.addr, i) for i, e in enumerate(trace) if e.action == "alloc")
@@ -100,7 +104,7 @@ def rebuild_start(
         addresses = sorted(by_segment[start])
         context = (live, allocs, settings, ends or {}, tails)
         out.append(_segment(start, size, stream, kind, _blocks(start, size, kind, addresses, context)))
-    return StartState(tuple(out), tuple(tails), tuple(problems))
+    return StartState(tuple(out), tuple(tails), tuple(problems), strays)
 
 
 def _live_at_start(segments: Sequence[Segment], trace: Sequence[TraceEntry], problems: list[str]) -> dict:

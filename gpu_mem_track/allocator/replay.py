@@ -32,7 +32,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from ..snapshots.records import Snapshot, TraceEntry
+from ..snapshotfile.records import Snapshot, TraceEntry
 from .caching import Allocator
 from .calls import Call, ReplayDevice, plan_calls
 from .rebuild import StartState, Tail, rebuild_start

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..snapshots.records import Segment
+from ..snapshotfile.records import Segment
 from .settings import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..snapshots.records import Block as BlockRecord
-from ..snapshots.records import Segment
+from ..snapshotfile.records import Block as BlockRecord
+from ..snapshotfile.records import Segment
 from .blocks import Block
 
 if TYPE_CHECKING:

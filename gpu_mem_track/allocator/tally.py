@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..snapshots.records import Block, Segment
+from ..snapshotfile.records import Block, Segment
 
 __all__ = ["Tally", "compare_final"]
 

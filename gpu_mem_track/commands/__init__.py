@@ -4,7 +4,8 @@ Each module holds one :class:`Command`: its name and help, how to add its argume
 (``prepare_parser``) and how to run it (``run``, one library call, returning the exit
 code). A user mistake raises :class:`~gpu_mem_track.errors.UsageError`; ``cli.main``
 prints its message and exits 2. Importing a command imports no torch: each ``run``
-imports what it needs.
+imports what it needs. ``cmdline`` splits a ``run`` command line at the script, where
+argparse alone cannot.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``ranks``: rebuild and print the ranks table of a torchrun launch folder
-(``runner.ranktable``)."""
+(``runfolder.ranktable``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def run(args: argparse.Namespace) -> int:
     """Rewrite the launch folder's ranks.csv and report.txt from its ranks' meta.json
     files and print the report; a path that is no launch folder is a usage mistake."""
     from ..errors import UsageError
-    from ..runner.ranktable import write_launch_files
-    from ..runner.render import render_launch_report
+    from ..runfolder.ranktable import write_launch_files
+    from ..runfolder.render import render_launch_report
 
     if not args.launch.is_dir():
         raise UsageError(f"no such launch folder: {args.launch}")

@@ -126,7 +126,8 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check everything, then run the script; its exit code is ours."""
     from ..errors import UsageError
-    from ..runner.run import RunOptions, execute, prepare
+    from ..runner.options import RunOptions
+    from ..runner.run import execute, prepare
     from ..units import parse_bytes
 
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .distributed import Plan, _shard_rows, fsdp_units, output_tensors
+from .plan import Plan, fsdp_units, output_tensors, shard_rows
 
 __all__ = ["FSDPPlan"]
 
@@ -66,7 +66,7 @@ class FSDPPlan(Plan):
                 owned.add(name)
                 full = self.state[name]
                 device = full.device
-                padded, rows = _shard_rows(full.shape[0] if full.dim() else 1, size, self.rank)
+                padded, rows = shard_rows(full.shape[0] if full.dim() else 1, size, self.rank)
                 params.append(_Param(name, full.shape, full.dtype, padded, rows))
             self.units.append(_Unit(unit_name, module, params, root=not unit_name))
         for unit in self.units:

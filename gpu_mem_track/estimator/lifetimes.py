@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from .memory import CublasWorkspace, ExactMemory, StorageMemory
 
-__all__ = ["Lifetimes"]
+__all__ = ["Lifetimes", "plain_tensors", "tensor_storage"]
 
 #: ``born_in`` phase of the cuBLAS workspaces' keys.
 WORKSPACE = "cuBLAS workspace"
@@ -75,7 +75,7 @@ class Lifetimes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         grew = False
         counted = False
-        for leaf in _plain_tensors(tree_leaves(out)):
+        for leaf in plain_tensors(tree_leaves(out)):
             grew |= self._register(leaf) is not None
             counted |= leaf.device.type in self.counted
         if counted and self.workspace is not None:
@@ -87,7 +87,7 @@ class Lifetimes(TorchDispatchMode):
     def adopt(self, tensor: torch.Tensor) -> int | None:
         """Register ``tensor``'s storage if new; its key (``None`` if not counted)."""
         if is_traceable_wrapper_subclass(tensor):
-            keys = [self.adopt(inner) for inner in _plain_tensors([tensor])]
+            keys = [self.adopt(inner) for inner in plain_tensors([tensor])]
             return keys[0] if len(keys) == 1 else None
         key = self.key_of(tensor)
         if key is None:
@@ -98,7 +98,7 @@ class Lifetimes(TorchDispatchMode):
 
     def key_of(self, tensor: torch.Tensor) -> int | None:
         """The key of ``tensor``'s storage when it is registered and alive, else ``None``."""
-        storage = _storage(tensor)
+        storage = tensor_storage(tensor)
         entry = self._refs.get(id(storage)) if storage is not None else None
         return entry[0] if entry is not None and entry[1]() is storage else None
 
@@ -118,7 +118,7 @@ class Lifetimes(TorchDispatchMode):
         which no dispatch mode sees; FSDP2 frees and re-allocates its unsharded parameters
         so). Counted as the death of the old size (its block given back to ``memory``)
         and, unless now empty, a birth."""
-        storage = _storage(tensor)
+        storage = tensor_storage(tensor)
         entry = self._refs.pop(id(storage), None) if storage is not None else None
         if entry is not None and entry[1]() is storage:
             self.events.append((entry[0], -1))  # dropping the weakref drops its callback
@@ -148,7 +148,7 @@ class Lifetimes(TorchDispatchMode):
     def _register(self, tensor: torch.Tensor) -> int | None:
         if tensor.device.type not in self.counted:
             return None
-        storage = _storage(tensor)
+        storage = tensor_storage(tensor)
         if storage is None:
             return None
         entry = self._refs.get(id(storage))
@@ -205,18 +205,20 @@ class Lifetimes(TorchDispatchMode):
             self.peak_free_block = self.memory.largest_free_block()
 
 
-def _plain_tensors(leaves: Iterable[Any]) -> Iterator[torch.Tensor]:
+def plain_tensors(leaves: Iterable[Any]) -> Iterator[torch.Tensor]:
     """The tensors among ``leaves``; a wrapper subclass (DTensor) gives its inner tensors,
     made inside its own dispatch where this mode does not see them."""
     for leaf in leaves:
         if is_traceable_wrapper_subclass(leaf):
             names, _ = leaf.__tensor_flatten__()
-            yield from _plain_tensors(getattr(leaf, name) for name in names)
+            yield from plain_tensors(getattr(leaf, name) for name in names)
         elif isinstance(leaf, torch.Tensor):
             yield leaf
 
 
-def _storage(tensor: torch.Tensor) -> Any:
+def tensor_storage(tensor: torch.Tensor) -> Any:
+    """``tensor``'s untyped storage, or None when it has no single one of its own (a
+    wrapper subclass such as DTensor, a sparse tensor)."""
     if is_traceable_wrapper_subclass(tensor):
         return None  # a DTensor's storage is its local tensor's, counted when that is made
     try:

@@ -75,7 +75,7 @@ def _wrap(model: nn.Module, options: DistOptions) -> nn.Module:
     if options.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        from .distributed import fsdp_units
+        from .plan import fsdp_units
 
         for name, unit in fsdp_units(model, options.fsdp_units):
             if name:

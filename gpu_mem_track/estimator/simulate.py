@@ -29,10 +29,11 @@ from torch.nn.utils.stateless import _reparametrize_module
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
 from ..gpumodel.autocast import SimulatedAutocast
-from .distributed import Plan, estimate_ranks, make_plan
+from .distributed import estimate_ranks, make_plan
 from .lifetimes import Lifetimes
 from .memory import CudaModel, ExactMemory
 from .options import DistOptions, StepOptions
+from .plan import Plan
 from .records import Estimate
 from .specs import callable_name
 from .step import (

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from ..categories import CATEGORIES
-from .distributed import Plan
 from .lifetimes import Lifetimes
+from .plan import Plan
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
 
 __all__ = ["Watch"]

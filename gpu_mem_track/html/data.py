@@ -5,10 +5,10 @@ or a folder of the same layout such as a ``snapshot`` command's) and returns a d
 page embeds (``page.render_page``). Per run:
 
 - ``points``: the memory timeline ``[elapsed seconds, bytes, where]``, cut to at most
-  ``2 * points`` by ``runs.load.downsample`` (each bucket keeps its lowest and highest
+  ``2 * points`` by ``runfolder.read.downsample`` (each bucket keeps its lowest and highest
   value, so no peak is lost); a line's transient peak is drawn just before its end value;
 - ``labels``: the ``track()`` stamps ``[elapsed, bytes or None, label, where]``;
-- ``lines``: the per-line records (``runner.records.LineRecord`` as dicts);
+- ``lines``: the per-line records (``runfolder.records.LineRecord`` as dicts);
 - ``censuses``: the stamps of ``census.csv`` and ``tracker.csv`` (a MemTracker CSV's own
   stamps), each with its group changes, at most ``MAX_CENSUSES``;
 - ``ranks``: one entry per ``rank<k>/`` subfolder that is a run (none when absent).
@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import UsageError
 from ..ranks import rank_folders as launch_rank_folders
-from ..runner.files import RunFolder, read_timeline
+from ..runfolder.files import RunFolder, read_timeline
+from ..runfolder.read import DEFAULT_POINTS, downsample
 from ..runs.compare import Comparison, compare_runs
-from ..runs.load import DEFAULT_POINTS, Run, Source, detect, downsample, load_run
+from ..runs.load import Run, Source, detect, load_run
 from ..tracker.csvlog import read_stamps
 from ..units import shape_text
 

@@ -89,7 +89,7 @@ def changes_html(changes: Sequence[Any], caption: str = "tensor groups created o
 
 
 def line_table_html(records: Sequence[Any], caption: str = "", strip: str = "") -> str:
-    """``runner.records.LineRecord`` rows in file and line order: line, code, hits, memory
+    """``runfolder.records.LineRecord`` rows in file and line order: line, code, hits, memory
     after, increment, peak (``>=`` for a lower bound). ``strip``: a file name to leave out
     of the line column (a notebook cell's pseudo-file)."""
     rows = []

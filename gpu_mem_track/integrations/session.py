@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..outputs import claim_name, default_run_name, safe_name
+from ..outputs import claim_folder, default_run_name, safe_name
 from ..ranks import rank_folder, rank_info
 from ..tracker.listeners import listening, redirected_folder
 
@@ -264,16 +264,8 @@ class TrainingSession:
         script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else "python"
         if info is not None:
             return rank_folder(self.out_dir, self.run_name, script, info)
-        out = Path(self.out_dir)
-
-        def claim(name: str) -> bool:
-            try:
-                (out / name).mkdir()
-            except FileExistsError:
-                return False
-            return True
-
-        return out / claim_name(out, safe_name(self.run_name or default_run_name(time.time())), claim)
+        name = safe_name(self.run_name or default_run_name(time.time()))
+        return claim_folder(Path(self.out_dir), name)
 
 
 class SessionCallback:

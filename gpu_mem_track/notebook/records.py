@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..runner.records import LineRecord, SimulationInfo
+from ..runfolder.records import LineRecord, SimulationInfo
 from ..tracker.records import GroupChange, Stamp
 
 __all__ = ["CellProfile", "StatementMemory"]
@@ -83,13 +83,13 @@ class CellProfile:
     ``filename`` (a pseudo-file such as ``<memtrack-cell-3>``).
 
     ``source``: ``"cuda allocator"`` or ``"process RSS"``, what the line figures measure
-    (see ``runner.records.LineRecord``); ``lines``: one record per line of the cell (and of
+    (see ``runfolder.records.LineRecord``); ``lines``: one record per line of the cell (and of
     functions the cell defines) that ran; ``censuses``: the automatic censuses after lines
     that grew memory by at least ``census_threshold`` bytes (``tracker.records.Stamp``);
     ``peak``: the highest memory seen (bytes) and ``peak_line`` the cell line reaching it
     (None when no line ran); ``top``: how many lines the summary lists; ``seconds``: wall time;
     ``simulation``: what the simulated GPU recorded when the cell ran on one (``%%memtrack
-    --simulate``; ``runner.records.SimulationInfo``), else None.
+    --simulate``; ``runfolder.records.SimulationInfo``), else None.
     """
 
     filename: str

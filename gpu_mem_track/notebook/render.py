@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..runner.records import SimulationInfo, hottest
+from ..runfolder.records import SimulationInfo, hottest
 from ..tracker.render import render_stamp
 from ..units import format_bytes, format_peak, shape_text
 from .records import CellProfile, StatementMemory

@@ -12,20 +12,18 @@ import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..devices import parse_device
+from ..devices import Device, parse_device
 from ..errors import UsageError
-from ..outputs import claim_name
 from .samplers import mallinfo2
 
 if TYPE_CHECKING:
-    from .run import RunOptions
+    from .options import RunOptions
 
 __all__ = [
     "check_budgets",
     "check_memory",
     "check_out_dir",
     "check_snapshot",
-    "claim_folder",
     "driver_gpu_count",
     "library_dirs",
     "readable_script",
@@ -46,8 +44,8 @@ def check_budgets(options: RunOptions) -> None:
         raise UsageError(f"--max-seconds must be above 0, not {options.max_seconds}")
 
 
-def check_snapshot(options: RunOptions, device: str) -> None:
-    if not device.startswith("cuda"):
+def check_snapshot(options: RunOptions, device: Device) -> None:
+    if not device.is_cuda:
         where = (
             "no NVIDIA GPU is visible here" if options.device == "auto" else f"not --device {options.device}"
         )
@@ -111,28 +109,29 @@ def module_origin(name: str, script: Path) -> Path | None:
     return Path(spec.origin).resolve()
 
 
-def resolve_device(device: str) -> str:
-    """``cpu`` or ``cuda:N``, decided without importing torch or starting CUDA: the script
+def resolve_device(device: str) -> Device:
+    """The CPU or ``cuda:N`` (an index always filled in), decided without importing torch
+    or starting CUDA: the script
     may still set ``CUDA_VISIBLE_DEVICES`` before it imports torch. ``auto`` means
     ``cuda:0`` when the NVIDIA driver shows a GPU, else ``cpu``."""
     if device == "auto":
-        return "cuda:0" if driver_gpu_count() else "cpu"
+        return Device("cuda", 0) if driver_gpu_count() else Device("cpu")
     try:
         parsed = parse_device(device)
     except UsageError:
         raise UsageError(f"--device takes auto, cpu, cuda or cuda:N, not {device!r}") from None
     if not parsed.is_cuda:
-        return str(parsed)
+        return parsed
     if driver_gpu_count() == 0:
         raise UsageError(f"--device {device}: no NVIDIA GPU is visible here")
-    return str(parsed.with_index(0))
+    return parsed.with_index(0)
 
 
-def check_memory(memory: str, device: str) -> None:
+def check_memory(memory: str, device: Device) -> None:
     """``UsageError`` for a ``--memory`` choice that cannot be measured here."""
     if memory not in ("auto", "rss", "heap", "tensors"):
         raise UsageError(f"--memory takes auto, rss, heap or tensors, not {memory!r}")
-    if memory != "auto" and device != "cpu":
+    if memory != "auto" and device.is_cuda:
         raise UsageError(f"--memory {memory} measures the CPU; on {device} the CUDA allocator is read")
     if memory == "heap" and mallinfo2() is None:
         raise UsageError("--memory heap needs glibc 2.33 or later (mallinfo2), which this system lacks")
@@ -153,23 +152,6 @@ def driver_gpu_count() -> int:
     except Exception:
         gpus = Path("/proc/driver/nvidia/gpus")
         return len(list(gpus.iterdir())) if gpus.is_dir() else 0
-
-
-def claim_folder(out_dir: Path, name: str) -> Path:
-    """Create ``out_dir/name`` (or ``name-2``, ...), a folder no earlier run used."""
-
-    def claim(candidate: str) -> bool:
-        path = out_dir / candidate
-        try:
-            path.mkdir()
-        except FileExistsError:
-            return False
-        check = path / ".write-check"  # a folder we may create but not write into fails here
-        check.write_text("")
-        check.unlink()
-        return True
-
-    return out_dir / claim_name(out_dir, name, claim)
 
 
 def check_out_dir(out_dir: Path, given: str) -> None:

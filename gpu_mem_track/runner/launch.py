@@ -29,7 +29,7 @@ from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
 from .steady import StopRun
 
 if TYPE_CHECKING:
-    from .run import PreparedRun
+    from .options import PreparedRun
     from .session import RunSession
 
 __all__ = ["run_script"]

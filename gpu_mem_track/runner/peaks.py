@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from ..snapshots.records import Frame, Snapshot, TraceEntry
+from ..runfolder.records import LineRecord
+from ..snapshotfile.records import Frame, Snapshot, TraceEntry
 from ..snapshots.replay import Replay
-from .records import LineRecord
 
 __all__ = [
     "COUNTED",

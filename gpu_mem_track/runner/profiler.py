@@ -27,8 +27,8 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
-from .files import TimelineWriter, csv_line
-from .records import LineRecord, TimelineRow
+from ..runfolder.files import TimelineWriter, csv_line
+from ..runfolder.records import LineRecord, TimelineRow
 from .samplers import Sampler
 from .statements import statement_starts
 

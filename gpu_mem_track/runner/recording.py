@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..devices import parse_device
+from ..devices import Device
+from ..runfolder.records import LineRecord, SnapshotMerge
 from .history import HistoryRecorder, LineWindows
 from .peaks import Window
 from .profiler import function_name
-from .records import LineRecord, SnapshotMerge
 
 __all__ = ["SNAPSHOT_FILE", "SnapshotRun"]
 
@@ -33,7 +33,7 @@ class SnapshotRun:
 
     ``history``: the recorder (``history.TorchHistory`` on a GPU, a fake in tests);
     ``sampler``: the run's CUDA sampler (its ``events`` count numbers the trace's
-    entries); ``folder``: the run folder; ``device``: ``cuda:N``; ``entries``: trace
+    entries); ``folder``: the run folder; ``device``: the CUDA device; ``entries``: trace
     entries kept; ``include``: files and folders whose frames count as user code besides
     the script's (see ``snapshots.attribution``). ``windows`` goes to the line profiler;
     ``result`` is set by ``finish``.
@@ -44,14 +44,14 @@ class SnapshotRun:
         history: HistoryRecorder,
         sampler: Any,
         folder: Path,
-        device: str,
+        device: Device,
         entries: int,
         include: Sequence[str] = (),
     ) -> None:
         self.history = history
         self.sampler = sampler
         self.folder = Path(folder)
-        self.device = parse_device(device).ordinal or 0
+        self.device = device.ordinal
         self.entries = entries
         self.include = tuple(include)
         self.windows = LineWindows(entries)
@@ -96,7 +96,7 @@ class SnapshotRun:
     def _merge(
         self, path: Path, records: Sequence[LineRecord], end: tuple[int, int]
     ) -> tuple[list[LineRecord], SnapshotMerge]:
-        from ..snapshots.load import load_snapshot
+        from ..snapshotfile.load import load_snapshot
         from ..snapshots.replay import replay
         from .peaks import alignment_note, counted_levels, counted_positions, merge_peaks, window_peaks
 

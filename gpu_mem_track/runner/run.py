@@ -17,33 +17,35 @@ import platform
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import CodeType
 from typing import Any, TextIO
 
-from .. import __version__
+from .._version import __version__
+from ..devices import Device
 from ..errors import UsageError
-from ..outputs import safe_name
-from ..ranks import RankInfo, rank_folder, rank_info
+from ..outputs import claim_folder, safe_name
+from ..ranks import rank_folder, rank_info
+from ..runfolder.files import RunFolder, TimelineWriter, write_lines, write_meta
+from ..runfolder.ranktable import report_launch
+from ..runfolder.records import RunInfo
 from .checks import (
     check_budgets,
     check_memory,
     check_out_dir,
     check_snapshot,
-    claim_folder,
     library_dirs,
     readable_script,
     resolve_device,
     resolve_includes,
 )
-from .files import RunFolder, TimelineWriter, write_lines, write_meta
-from .history import DEFAULT_ENTRIES, HistoryRecorder
+from .history import HistoryRecorder
 from .launch import run_script
+from .options import PreparedRun, RunOptions
 from .profiler import LineProfiler
-from .ranktable import report_launch
 from .recording import SnapshotRun
-from .records import RunInfo, RunResult
+from .result import RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
 from .simulate import check_simulate, simulation, simulation_info, stop_rule
@@ -51,69 +53,6 @@ from .steady import LoopWatch
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What to run and how; see ``python -m gpu_mem_track run --help``.
-
-    ``census_threshold``: bytes; a line execution that grows memory by at least this much
-    is followed by a census of live tensors (None: never). ``device``: ``"auto"``,
-    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``engine``: ``"auto"``, ``"monitoring"`` or
-    ``"settrace"``. ``top``: lines in the printed summary (0: all). ``memory``: on the
-    CPU, ``"rss"`` (the default, ``"auto"``), ``"heap"`` (the C heap in use, see
-    ``samplers.HeapSampler``) or ``"tensors"`` (live CPU tensor storages, see
-    ``tensorbytes.TensorSampler``); on CUDA only ``"auto"``. ``activations``: record the
-    tensors autograd saves for backward while the script runs, so censuses count them as
-    activations with the line that saved them (see ``saved.SavedTensorRecorder``).
-    ``snapshot``: record the CUDA allocator's history while the script runs, keep it as
-    ``snapshot.pickle`` in the run folder and take every line's exact peak from it (see
-    ``recording``); ``snapshot_entries``: trace entries it keeps (a ring buffer).
-    ``simulate``: run on a simulated GPU of this name (``simgpu.parse_gpu``: a catalog
-    name or ``SIZE:smXY``; see ``simulate``); ``max_iterations``, ``max_seconds``: stop
-    the script after that many iterations of its loop or wall seconds, and
-    ``run_to_end``: do not stop it once its memory is steady (the default under
-    ``simulate``); see ``steady``.
-    """
-
-    script: str
-    args: tuple[str, ...] = ()
-    out_dir: str = "reports"
-    run_name: str | None = None
-    include: tuple[str, ...] = ()
-    device: str = "auto"
-    census_threshold: int | None = None
-    engine: str = "auto"
-    top: int = 5
-    activations: bool = False
-    memory: str = "auto"
-    snapshot: bool = False
-    snapshot_entries: int = DEFAULT_ENTRIES
-    all_ranks: bool = False
-    rank_wait: float = 10.0
-    simulate: str | None = None
-    max_iterations: int | None = None
-    max_seconds: float | None = None
-    run_to_end: bool = False
-
-
-@dataclass
-class PreparedRun:
-    """A checked run: resolved paths, the folder (created), what to trace. In a
-    distributed launch ``rank`` says which rank this is and ``folder`` is
-    ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
-    starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then.
-    ``gpu``: the ``simgpu.GpuSpec`` of ``--simulate`` (None on real hardware)."""
-
-    options: RunOptions
-    script: Path
-    folder: RunFolder
-    include_files: frozenset[str]
-    include_dirs: tuple[str, ...]
-    device: str
-    rank: RankInfo | None = None
-    follow_rank: bool = False
-    gpu: Any = None
 
 
 def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> PreparedRun:
@@ -131,7 +70,7 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     files, dirs = resolve_includes(options.include, script)
     gpu = check_simulate(options, rank)
     check_budgets(options)
-    device = "cuda:0" if gpu is not None else resolve_device(options.device)
+    device = Device("cuda", 0) if gpu is not None else resolve_device(options.device)
     check_memory(options.memory, device)
     try:
         engine_class(options.engine)
@@ -147,8 +86,8 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     traced = frozenset({str(script), *files})
     if rank is not None:
         folder = RunFolder(rank_folder(out_dir, options.run_name, script, rank, environ))
-        follow = device.startswith("cuda") and options.device in ("auto", "cuda")
-        device = f"cuda:{rank.local_rank}" if follow else device
+        follow = device.is_cuda and options.device in ("auto", "cuda")
+        device = Device("cuda", rank.local_rank) if follow else device
         return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(claim_folder(out_dir, name))
@@ -168,7 +107,7 @@ def execute(
     history: HistoryRecorder | None = None,
 ) -> RunResult:
     """Run the prepared script under the line tracer, write the reports and return the
-    :class:`~gpu_mem_track.runner.records.RunResult`: the script's exit code (0, the
+    :class:`~gpu_mem_track.runner.result.RunResult`: the script's exit code (0, the
     ``sys.exit`` code, 1 after an uncaught exception, 130 after Ctrl-C, 128 + N after
     signal N: 143 after SIGTERM, 129 after SIGHUP), the run's description, its line
     records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
@@ -284,13 +223,15 @@ def _write_reports(
     launch only rank 0 prints it, every rank with ``--all-ranks``); in a launch, rebuild
     the launch folder's ranks table, and on rank 0 wait up to ``--rank-wait`` seconds for
     the other ranks and print the table."""
-    from .render import render_line_report, render_summary
+    from ..runfolder.render import render_line_report, render_summary
+    from ..tracker.render import render_stamp
 
     folder, options, rank = prepared.folder, prepared.options, prepared.rank
     merge = snapshot.result if snapshot is not None else None
     write_lines(folder.lines, records)
     write_meta(folder.meta, info)
-    folder.report.write_text(render_line_report(info, records, session.censuses, merge), encoding="utf-8")
+    censuses = [render_stamp(stamp) for stamp in session.censuses]
+    folder.report.write_text(render_line_report(info, records, censuses, merge), encoding="utf-8")
     out = stream or sys.stderr
     if rank is None or rank.is_first or options.all_ranks:
         out.write(render_summary(info, records, folder.path, options.top, merge))
@@ -304,7 +245,7 @@ def _sampler(prepared: PreparedRun) -> Any:
     else the C heap's (``--memory heap``), the live CPU tensor storages' (``--memory
     tensors``: imports torch now, before the script runs, and starts following storages)
     or the process RSS's."""
-    if prepared.device.startswith("cuda"):
+    if prepared.device.is_cuda:
         rank = prepared.rank
         local_rank = rank.local_rank if prepared.follow_rank and rank is not None else None
         return CudaSampler(prepared.device, local_rank=local_rank)
@@ -341,7 +282,7 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         run_name=path.name if prepared.rank is None else f"{path.parent.name}/{path.name}",
         script=str(prepared.script),
         argv=(prepared.options.script, *prepared.options.args),
-        device=prepared.device,
+        device=str(prepared.device),
         memory_source=source,
         engine=engine,
         started=time.time(),

@@ -17,12 +17,11 @@ import os
 import sys
 from typing import Any, Protocol
 
-from ..devices import parse_device
+from ..devices import Device, parse_device
 from ..ranks import rank_device
+from ..runfolder.records import HEAP_SOURCE
 
 __all__ = [
-    "HEAP_SOURCE",
-    "TENSORS_SOURCE",
     "CudaSampler",
     "FakeSampler",
     "HeapSampler",
@@ -31,10 +30,6 @@ __all__ = [
     "Extras",
 ]
 
-#: ``HeapSampler.source``.
-HEAP_SOURCE = "C heap in use"
-#: ``tensorbytes.TensorSampler.source`` (here so readers need not import torch).
-TENSORS_SOURCE = "CPU tensor storages"
 
 #: (driver, rss) in bytes, None where unknown.
 Extras = tuple["int | None", "int | None"]
@@ -172,6 +167,10 @@ class CudaSampler:
     nested dict of ``torch.cuda.memory_stats_as_nested_dict`` (default: torch's, once the
     program has started CUDA); tests pass a fake.
 
+    ``device``: the CUDA device (a ``devices.Device``, as the runner parsed it; the text
+    ``cuda``/``cuda:N`` is parsed here); ``self.device`` is its text ``cuda:N``, what the
+    memory readers take.
+
     ``local_rank``: in a distributed launch whose device was not named, the device is
     decided when the program has started CUDA (see ``ranks.rank_device``) and ``device``
     then names it; until then ``device`` is ``cuda:<local_rank>``. ``torch_module``: the
@@ -186,7 +185,7 @@ class CudaSampler:
 
     def __init__(
         self,
-        device: str,
+        device: Device | str,
         reader: Any = None,
         stats: Any = None,
         local_rank: int | None = None,
@@ -194,8 +193,9 @@ class CudaSampler:
     ) -> None:
         from ..tracker.readers import reader_for
 
-        self.device = device if local_rank is None else f"cuda:{local_rank}"
-        self._index = parse_device(self.device).ordinal
+        parsed = parse_device(device) if local_rank is None else Device("cuda", local_rank)
+        self._index = parsed.ordinal
+        self.device = str(parsed.with_index(self._index))
         self._local_rank = local_rank
         self._reader = reader or reader_for(self.device)
         self._torch = torch_module

@@ -16,7 +16,8 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from .files import TimelineWriter
+from ..devices import Device
+from ..runfolder.files import TimelineWriter
 from .profiler import function_name
 
 __all__ = ["CENSUS_PER_LINE", "CENSUS_PER_RUN", "RunSession"]
@@ -28,8 +29,8 @@ CENSUS_PER_LINE, CENSUS_PER_RUN = 2, 50
 class RunSession:
     """One run's listener (``tracker.listeners.StampListener``) and census taker.
 
-    ``folder``: the run folder; ``device``: the run's resolved device (``cpu``,
-    ``cuda:N``), or the sampler whose ``device`` names it once known (a rank's device is
+    ``folder``: the run folder; ``device``: the run's resolved device (a ``Device``, or
+    its text ``cpu``, ``cuda:N``), or the sampler whose ``device`` names it once known (a rank's device is
     decided when the script starts CUDA); ``profiler``: set once made, receives the
     timeline rows. ``censuses`` holds the automatic censuses' stamps
     (``tracker.records.Stamp``), in order; ``marks`` the label of each stamp of the
@@ -61,7 +62,9 @@ class RunSession:
     @property
     def device(self) -> str:
         """The run's device (``cpu``, ``cuda:N``), as far as known now."""
-        return self._device if isinstance(self._device, str) else self._device.device
+        if isinstance(self._device, (str, Device)):
+            return str(self._device)
+        return self._device.device
 
     def peak_phase(self, peak: int) -> str:
         """The label of the last stamp of the script's trackers before the run reached

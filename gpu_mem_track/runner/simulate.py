@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .records import SimulationInfo
+from ..runfolder.records import SimulationInfo
 from .steady import StopRule
 
 if TYPE_CHECKING:
-    from .run import RunOptions
+    from .options import RunOptions
 
 __all__ = ["check_simulate", "simulation", "simulation_info", "stop_rule"]
 

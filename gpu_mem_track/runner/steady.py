@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from .records import StopInfo
+from ..runfolder.records import StopInfo
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 

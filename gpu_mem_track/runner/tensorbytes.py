@@ -32,8 +32,9 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..estimator.lifetimes import _plain_tensors, _storage
-from .samplers import TENSORS_SOURCE, Extras, RssSampler
+from ..estimator.lifetimes import plain_tensors, tensor_storage
+from ..runfolder.records import TENSORS_SOURCE
+from .samplers import Extras, RssSampler
 
 __all__ = ["StorageBytes", "TensorSampler"]
 
@@ -56,13 +57,13 @@ class StorageBytes(TorchDispatchMode):
             if out.device.type == self.device_type:
                 self._count(out)
             return out
-        for leaf in _plain_tensors(tree_leaves(out)):
+        for leaf in plain_tensors(tree_leaves(out)):
             if leaf.device.type == self.device_type:
                 self._count(leaf)
         return out
 
     def _count(self, tensor: Any) -> None:
-        storage = _storage(tensor)
+        storage = tensor_storage(tensor)
         if storage is None:
             return
         key = id(storage)

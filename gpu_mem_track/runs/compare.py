@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..runner.records import LineRecord, by_function
+from ..runfolder.read import DEFAULT_POINTS, LabelPoint
+from ..runfolder.records import LineRecord, by_function
 from ..units import counted, format_bytes, format_peak
-from .load import DEFAULT_POINTS, LabelPoint, Run, Source, detect, load_run
+from .load import Run, Source, detect, load_run
 
 __all__ = ["BY", "CompareRow", "Comparison", "Figures", "compare_files", "compare_runs", "render_comparison"]
 

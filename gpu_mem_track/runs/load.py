@@ -4,7 +4,7 @@ of its CSVs, or a MemTracker CSV, as one frozen ``Run``.
 Accepted inputs, told apart by what they hold (``detect``):
 
 - a runner folder ``reports/<run>/`` (``meta.json``, ``lines.csv``, ``timeline.csv``; see
-  ``runner.files``); ``lines.csv`` is missing until the run ends;
+  ``runfolder.files``); ``lines.csv`` is missing until the run ends;
 - a runner ``lines.csv`` or ``timeline.csv`` given directly (its folder's ``meta.json``,
   when there, names the run and its memory source);
 - a MemTracker CSV (``reports/<run>.csv``, ``csvlog``'s format), told by its header.
@@ -18,66 +18,34 @@ Anything else raises ``UsageError`` with a one-line message.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..csvrows import CompleteRows, cut_note
 from ..errors import UsageError
 from ..ranks import is_launch_folder
-from ..runner.files import LINE_REQUIRED, TIMELINE_REQUIRED, RunFolder, read_lines, read_meta, read_timeline
-from ..runner.records import LineRecord, RunInfo, TimelineRow
+from ..runfolder.files import LINE_REQUIRED, TIMELINE_REQUIRED, RunFolder, read_lines, read_timeline
+from ..runfolder.read import (
+    DEFAULT_POINTS,
+    LabelPoint,
+    Sample,
+    downsample,
+    guess_source,
+    read_info,
+    read_series,
+    reading,
+)
+from ..runfolder.rebuild import LineTotals, rebuilt_note
+from ..runfolder.records import LineRecord, RunInfo
 from ..tracker.csvlog import REQUIRED_COLUMNS, stamps_from_rows
 from ..tracker.records import Stamp
 from ..units import counted
-from .rebuild import LineTotals, rebuilt_note
 
-__all__ = [
-    "DEFAULT_POINTS",
-    "LabelPoint",
-    "Run",
-    "Sample",
-    "Source",
-    "detect",
-    "downsample",
-    "load_run",
-    "reading",
-]
-
-#: Default cap on the time series' buckets; each keeps its lowest and highest sample,
-#: so a series has at most twice this many points.
-DEFAULT_POINTS = 2000
+__all__ = ["Run", "Source", "TRACKER_COLUMNS", "detect", "load_run"]
 
 #: The columns of a MemTracker CSV (``csvlog.REQUIRED_COLUMNS``): how one is recognised.
 TRACKER_COLUMNS = REQUIRED_COLUMNS
-
-
-@dataclass(frozen=True)
-class Sample:
-    """Memory at one moment: ``elapsed`` seconds since the run started; ``memory`` in
-    bytes of the run's memory source; the other figures where known (bytes, else None)."""
-
-    elapsed: float
-    memory: int
-    allocated: int | None = None
-    reserved: int | None = None
-    driver: int | None = None
-    rss: int | None = None
-
-
-@dataclass(frozen=True)
-class LabelPoint:
-    """One ``MemTracker.track()`` stamp: its label (``""`` when none was given), when
-    (seconds since the start), the memory then (bytes of the memory source, None if
-    unknown) and the calling ``file`` (as recorded), ``function`` and ``line``."""
-
-    label: str
-    elapsed: float
-    memory: int | None
-    file: str
-    function: str
-    line: int | None
 
 
 @dataclass(frozen=True)
@@ -192,63 +160,6 @@ def load_run(
         return _load_runner(source, lines, timeline, points)
 
 
-@contextmanager
-def reading(path: Path) -> Iterator[None]:
-    """Turn what reading the report at ``path`` may raise (a bad row, bad text, an OS
-    error) into a one-line ``UsageError`` naming the file."""
-    try:
-        yield
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not a text report ({exc.reason})") from exc
-    except (ValueError, KeyError, csv.Error) as exc:
-        text = str(exc)  # the readers' messages name the file and line already
-        raise UsageError(
-            f"not a valid report: {text}" if str(path) in text else f"{path} is not a valid report: {text}"
-        ) from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
-def downsample(samples: Iterable[Sample], points: int = DEFAULT_POINTS) -> list[Sample]:
-    """At most ``2 * points`` samples from a stream, in order, holding on to only that
-    many: consecutive samples are grouped into equal buckets (the bucket size doubles
-    whenever more than ``points`` buckets would be needed) and each bucket keeps its
-    lowest and highest ``memory``, so no peak or trough is lost. Fewer samples than
-    ``points`` come back unchanged."""
-    if points < 1:
-        raise ValueError("points must be at least 1")
-    buckets: list[list] = []  # [lowest, highest, count], each sample as (index, Sample)
-    size = 1
-    for index, sample in enumerate(samples):
-        item = (index, sample)
-        if buckets and buckets[-1][2] < size:
-            bucket = buckets[-1]
-            bucket[0] = min(bucket[0], item, key=_memory)
-            bucket[1] = max(bucket[1], item, key=_memory)
-            bucket[2] += 1
-            continue
-        buckets.append([item, item, 1])
-        if len(buckets) > points:
-            buckets = [_merge(buckets[i : i + 2]) for i in range(0, len(buckets), 2)]
-            size *= 2
-    kept: list[Sample] = []
-    for low, high, _ in buckets:
-        kept.extend(s for _, s in sorted({low, high}, key=lambda item: item[0]))
-    return kept
-
-
-def _memory(item: tuple[int, Sample]) -> int:
-    return item[1].memory
-
-
-def _merge(pair: list[list]) -> list:
-    return [
-        min((b[0] for b in pair), key=_memory),
-        max((b[1] for b in pair), key=_memory),
-        sum(b[2] for b in pair),
-    ]
-
-
 def _header(path: Path) -> list[str]:
     try:
         with path.open(encoding="utf-8", newline="") as handle:
@@ -263,7 +174,7 @@ def _header(path: Path) -> list[str]:
 
 def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Run:
     folder = RunFolder(source.path if source.kind == "folder" else source.path.parent)
-    info = _meta(folder.meta)
+    info = read_info(folder.meta)
     notes: list[str] = []
     lines_path = folder.lines if source.kind == "folder" else source.path
     timeline_path = folder.timeline if source.kind == "folder" else source.path
@@ -276,7 +187,7 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
     totals = LineTotals() if lines and not lines_file and timeline_file else None
     events = 0
     if (timeline or totals is not None) and timeline_file:
-        labels, samples, events = _read_timeline(read_timeline(timeline_path, notes), points, totals)
+        labels, samples, events = read_series(read_timeline(timeline_path, notes), points, totals)
     if totals is not None:
         records = tuple(totals.records())
         folder_given = source.kind == "folder"
@@ -296,49 +207,7 @@ def _identity(
     if info is not None:
         return info.run_name, info.device, info.memory_source
     name = source.path.name if source.kind == "folder" else source.path.stem
-    return name, "", _guess_source(samples)
-
-
-def _meta(path: Path) -> RunInfo | None:
-    if not path.is_file():
-        return None
-    try:
-        return read_meta(path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"{path} is not a valid run description ({exc})") from exc
-
-
-def _guess_source(samples: tuple[Sample, ...] | None) -> str:
-    # Without meta.json: the runner fills ``allocated`` only on CUDA.
-    if samples and any(s.allocated is not None for s in samples):
-        return "cuda allocator"
-    return "process RSS" if samples else ""
-
-
-def _read_timeline(
-    rows: Iterator[TimelineRow], points: int, totals: LineTotals | None = None
-) -> tuple[tuple[LabelPoint, ...], tuple[Sample, ...], int]:
-    labels: list[LabelPoint] = []
-    counted = [0]
-
-    def samples() -> Iterator[Sample]:
-        for row in rows:
-            counted[0] += 1
-            if totals is not None:
-                totals.add(row)
-            if row.event == "track":
-                labels.append(
-                    LabelPoint(row.label, row.elapsed, row.memory, row.file, row.function, row.line)
-                )
-            if row.memory is None:
-                continue
-            if row.peak is not None and row.peak > row.memory:
-                # The transient peak inside this event, drawn just before its end value.
-                yield Sample(row.elapsed, row.peak, allocated=row.peak if row.allocated is not None else None)
-            yield Sample(row.elapsed, row.memory, row.allocated, row.reserved, row.driver, row.rss)
-
-    kept = downsample(samples(), points)
-    return tuple(labels), tuple(kept), counted[0]
+    return name, "", guess_source(samples)
 
 
 def _load_tracker(path: Path, points: int) -> Run:

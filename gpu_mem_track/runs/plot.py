@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..runfolder.read import DEFAULT_POINTS, LabelPoint, Sample
 from ..units import format_bytes
 from .layout import Box, occupancy, place_box, spread
-from .load import DEFAULT_POINTS, LabelPoint, Run, Sample, detect, load_run
+from .load import Run, detect, load_run
 
 __all__ = [
     "MAX_LABELS",

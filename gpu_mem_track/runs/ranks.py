@@ -2,7 +2,7 @@
 side (each against rank 0), or two launch folders rank by rank (B minus A).
 
 A launch folder is what ``gpu_mem_track run`` writes under torchrun (see
-``gpu_mem_track.ranks`` and ``runner.ranktable``): ``<launch>/rank<k>/`` per rank. The
+``gpu_mem_track.ranks`` and ``runfolder.ranktable``): ``<launch>/rank<k>/`` per rank. The
 figures come from each rank's ``meta.json``: bytes of the rank's memory source.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..ranks import is_launch_folder, rank_folders
-from ..runner.ranktable import LaunchSummary, RankSummary, read_launch
+from ..runfolder.ranktable import LaunchSummary, RankSummary, read_launch
 from ..units import format_bytes
 
 __all__ = ["RankPair", "RankComparison", "compare_launches", "expand_launches", "render_rank_comparison"]

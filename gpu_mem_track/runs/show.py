@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UsageError
-from ..runner.files import RunFolder
-from ..runner.records import LineRecord, RunInfo
+from ..runfolder.files import RunFolder
+from ..runfolder.read import reading
+from ..runfolder.records import LineRecord, RunInfo
 from ..tracker.csvlog import read_stamps
-from ..tracker.records import Stamp
-from .load import Run, Source, detect, load_run, reading
+from .load import Run, Source, detect, load_run
 
 __all__ = ["Shown", "show_report"]
 
@@ -51,7 +51,7 @@ def show_report(path: str | Path, detail: bool = True) -> Shown:
 
 
 def _show_run(source: Source) -> Shown:
-    from ..runner.render import render_line_report
+    from ..runfolder.render import render_line_report
 
     run = load_run(source, lines=True, timeline=False)
     folder = RunFolder(source.path if source.kind == "folder" else source.path.parent)
@@ -71,11 +71,14 @@ def _show_run(source: Source) -> Shown:
     return Shown(text, tuple(notes))
 
 
-def _censuses(path: Path, notes: list[str]) -> list[Stamp]:
+def _censuses(path: Path, notes: list[str]) -> list[str]:
+    """The runner's automatic censuses saved in ``path``, each rendered as the report shows it."""
+    from ..tracker.render import render_stamp
+
     if not path.is_file():
         return []
     with reading(path):
-        return read_stamps(path, notes)
+        return [render_stamp(stamp) for stamp in read_stamps(path, notes)]
 
 
 def _with_peak(info: RunInfo, run: Run) -> RunInfo:

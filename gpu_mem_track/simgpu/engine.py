@@ -28,7 +28,7 @@ import torch
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
 from ..estimator.lifetimes import Lifetimes
-from ..snapshots.records import Frame, TraceEntry
+from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
 

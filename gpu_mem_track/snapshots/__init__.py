@@ -1,21 +1,6 @@
-"""PyTorch memory snapshots (``torch.cuda.memory._dump_snapshot`` pickles): the data
-model (``records``) and a safe loader (``load``)."""
-
-from __future__ import annotations
-
-from .load import load_snapshot, loads_snapshot, snapshot_from_data, unpickle_plain
-from .records import BLOCK_STATES, TRACE_ACTIONS, Block, Frame, Segment, Snapshot, TraceEntry
-
-__all__ = [
-    "BLOCK_STATES",
-    "TRACE_ACTIONS",
-    "Block",
-    "Frame",
-    "Segment",
-    "Snapshot",
-    "TraceEntry",
-    "load_snapshot",
-    "loads_snapshot",
-    "snapshot_from_data",
-    "unpickle_plain",
-]
+"""The ``snapshot`` command's analysis of a PyTorch memory snapshot: the replay of its trace
+(``replay``), the analysis (``analyse``, with ``attribution`` naming the user's lines),
+the text report (``report``) and the run folder it writes (``folder``). The file format
+itself (records and reader) is ``snapshotfile``'s; the allocator's rules are
+``allocator``'s.
+"""

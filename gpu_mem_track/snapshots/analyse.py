@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
-from .records import Snapshot
 from .replay import Replay, ReplayCheck, Step, free_blocks_at
 
 __all__ = [

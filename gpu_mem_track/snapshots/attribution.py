@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .records import Frame
+from ..snapshotfile.records import Frame
 
 __all__ = ["CATEGORIES", "PRE_TRACE", "Attributor", "Site"]
 

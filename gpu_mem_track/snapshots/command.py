@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UsageError
+from ..outputs import claim_folder, safe_name
+from ..runfolder.files import RunFolder
+from ..snapshotfile.load import load_snapshot
+from ..snapshotfile.records import Snapshot
 from .analyse import SnapshotAnalysis, analyse, pick_device
 from .attribution import Attributor
-from .folder import claim_folder, default_name, write_folder
-from .load import load_snapshot
-from .records import Snapshot
+from .folder import default_name, write_folder
 from .replay import replay
 from .report import render_summary
 
@@ -66,6 +68,6 @@ def report_folder(
     attributor = Attributor(include)
     replayed = replay(snapshot, chosen)
     analysis = analyse(snapshot, replayed, attributor)
-    folder = claim_folder(Path(out_dir), name or default_name(snapshot.source))
+    folder = RunFolder(claim_folder(Path(out_dir), safe_name(name or default_name(snapshot.source))))
     write_folder(folder, analysis, replayed, attributor, top)
     return folder.path, analysis

@@ -1,6 +1,6 @@
 """Write a snapshot's analysis as a runner folder, so ``compare`` and ``plot`` read it.
 
-``reports/<name>/`` holds, in the runner's formats (``runner.files``):
+``reports/<name>/`` holds, in the runner's formats (``runfolder.files``):
 
 - ``meta.json``: a ``RunInfo`` (``script``: the snapshot file, ``engine``:
   ``"memory snapshot"``, ``memory_source``: ``"cuda allocator"``, ``started``/``ended``:
@@ -31,11 +31,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import UsageError
-from ..outputs import claim_name, safe_name
-from ..runner.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
-from ..runner.records import LineRecord, RunInfo
+from ..outputs import safe_name
+from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
+from ..runfolder.records import LineRecord, RunInfo
 from .analyse import LineUsage, SnapshotAnalysis
 from .attribution import PRE_TRACE, Attributor
 from .replay import Replay
@@ -43,7 +43,6 @@ from .report import render_report
 
 __all__ = [
     "SNAPSHOT_LINE_COLUMNS",
-    "claim_folder",
     "default_name",
     "line_records",
     "write_folder",
@@ -62,20 +61,6 @@ def default_name(path: str | Path) -> str:
     for suffix in _SUFFIXES:
         name = name.removesuffix(suffix)
     return safe_name(name or "snapshot")
-
-
-def claim_folder(out_dir: Path, name: str) -> RunFolder:
-    """Create ``out_dir/name`` (or ``name-2``, ...), a folder no earlier report used;
-    ``UsageError`` when it cannot be written."""
-
-    def claim(candidate: str) -> bool:
-        try:
-            (out_dir / candidate).mkdir()
-        except FileExistsError:
-            return False
-        return True
-
-    return RunFolder(out_dir / claim_name(out_dir, safe_name(name), claim))
 
 
 def line_records(analysis: SnapshotAnalysis) -> list[LineRecord]:

@@ -12,22 +12,26 @@ subtract what the matching ``alloc`` added. ``allocated_bytes`` drops at
 ``free_requested``; the range is reusable after ``free_completed``.
 
 The trace is a ring buffer, so the state at its start is worked out backwards from the
-segments at the end: segments ``segment_alloc``-ed in the trace did not exist yet, those
-``segment_free``-d did; blocks ``alloc``-ed in the trace were not in use, those freed in
-it (and not allocated before) were. A block allocated before the trace and freed in it
-has a known request but, in the large pool, possibly an unsplit tail up to 1 MiB: a gap
-of 1 MiB or less before the next block in use must be that tail (free large blocks are
-over 1 MiB); a longer gap is pinned by the first allocation that lands in it while the
-block lives, and otherwise counted as unresolved (``ReplayCheck.tail_bytes`` bounds it).
+segments at the end, by the allocator model's one start-state rebuild
+(``allocator.rebuild.rebuild_start``, whose docstring states the method). A block
+allocated before the trace and freed in it has a known request but, in the large pool,
+possibly an unsplit tail: the rebuild pins it where a block start is seen (the next
+block in use within the slack, or an allocation landing there while the block lives).
+A tail nothing pins is taken as none, as the rebuild does, and counted here as
+unresolved: ``ReplayCheck.tail_bytes`` bounds what such tails could add (the slack, and
+leaving the free block after each over 1 MiB, as free large blocks are). On the recorded
+fixtures (``scripts/check_snapshots.py``) the replay taken this way is exact after every
+event of every ring-buffer cut, and ``scripts/check_allocator.py`` matches every decision.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..allocator.rebuild import StartState, rebuild_start
 from ..allocator.settings import (
     K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,
@@ -36,7 +40,7 @@ from ..allocator.settings import (
     round_size,
     settings_from_snapshot,
 )
-from .records import Segment, Snapshot, TraceEntry
+from ..snapshotfile.records import Segment, Snapshot, TraceEntry
 
 __all__ = ["Replay", "ReplayCheck", "Step", "free_blocks_at", "replay"]
 
@@ -213,64 +217,45 @@ class _Layout:
     def at_start(
         cls, segments: Sequence[Segment], trace: Sequence[TraceEntry], settings: AllocatorSettings
     ) -> _Layout:
+        """The layout when the trace began, from the allocator's one start-state rebuild
+        (``allocator.rebuild.rebuild_start``): it settles every unsplit tail a block start
+        pins; a tail nothing pins is taken as none and bounded here (``tails``)."""
         layout = cls(settings)
-        layout.expandable = any(s.is_expandable for s in segments)
-        spans = {s.address: s.total_size for s in segments}
-        used = {b.address: b.size for s in segments for b in s.blocks if b.state != "inactive"}
-        counted = {b.address: b.size for s in segments for b in s.blocks if b.state == "active_allocated"}
-        unknown: dict[int, int] = {}  # in use at the start, size unknown: address -> request
-        for entry in reversed(trace):
-            action, addr = entry.action, entry.addr
-            if action == "segment_alloc":
-                spans.pop(addr, None)
-            elif action == "segment_free":
-                spans[addr] = entry.size
-            elif action == "alloc":
-                for known in (used, counted, unknown):
-                    known.pop(addr, None)
-            elif action == "free_completed":
-                used[addr] = -1
-                unknown[addr] = entry.size
-            elif action == "free_requested":
-                counted[addr] = -1
-                unknown[addr] = entry.size
-            elif action in ("segment_map", "segment_unmap"):
-                layout.expandable = True
-        layout.segments = spans
-        layout.starts = sorted(spans)
-        layout.used = {start: [] for start in spans}
-        for addr in used:
-            segment = layout.segment_of(addr)
-            if segment is None:
-                layout.misfits += 1
-                continue
-            insort(layout.used[segment], addr)
-        layout.size = {a: s for a, s in used.items() if s >= 0}
-        layout.start_sizes(unknown)
-        layout.counted = {a: layout.size.get(a, round_size(unknown.get(a, 0), settings)) for a in counted}
+        layout.expandable = any(s.is_expandable for s in segments) or any(
+            e.action in ("segment_map", "segment_unmap") for e in trace
+        )
+        start = rebuild_start(segments, trace, settings)
+        layout.misfits += start.strays
+        layout.segments = {s.address: s.total_size for s in start.segments}
+        layout.starts = sorted(layout.segments)
+        for segment in start.segments:
+            live = [b for b in segment.blocks if b.state != "inactive"]
+            layout.used[segment.address] = [b.address for b in live]
+            layout.size.update((b.address, b.size) for b in live)
+            layout.counted.update((b.address, b.size) for b in live if b.state == "active_allocated")
+        layout.bound_tails(start)
         layout.start_counted = dict(layout.counted)
-        layout.start_reserved = sum(spans.values())
+        layout.start_reserved = sum(layout.segments.values())
         return layout
 
-    def start_sizes(self, unknown: Mapping[int, int]) -> None:
-        """Sizes of blocks in use at the start whose size the end state does not give."""
-        for start, addresses in self.used.items():
-            end = start + self.segments[start]
-            for i, addr in enumerate(addresses):
-                if addr in self.size:
-                    continue
-                rounded = round_size(unknown.get(addr, 0), self.settings)
-                following = addresses[i + 1] if i + 1 < len(addresses) else end
-                gap = following - addr - rounded
-                if gap < 0:
-                    self.misfits += 1
-                    gap = 0
-                small = self.segments[start] == K_SMALL_BUFFER and not self.expandable
-                if small or gap == 0 or gap <= K_SMALL_SIZE:
-                    self.size[addr] = rounded + (0 if small else gap)
-                else:
-                    self.size[addr] = rounded
-                    self.tails[addr] = min(gap - K_SMALL_SIZE - K_MIN_BLOCK_SIZE, K_SMALL_SIZE)
+    def bound_tails(self, start: StartState) -> None:
+        """The most each tail nothing pinned could add: up to the rebuild's slack, and
+        leaving the free block after it over 1 MiB (free large blocks are); a block whose
+        request overruns the next block is a misfit instead."""
+        following = {
+            block.address: block.address + block.size
+            for segment in start.segments
+            for block in segment.blocks
+            if block.state == "inactive"
+        }
+        for tail in start.tails:
+            if tail.how != "assumed":
+                continue
+            if tail.high < tail.low:
+                self.misfits += 1
+                continue
+            gap = following.get(tail.low, tail.low) - tail.low
+            self.tails[tail.address] = min(gap - K_SMALL_SIZE - K_MIN_BLOCK_SIZE, tail.high - tail.low)
 
     def segment_of(self, addr: int) -> int | None:
         i = bisect_right(self.starts, addr) - 1

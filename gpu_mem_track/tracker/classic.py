@@ -20,8 +20,6 @@ from typing import Any, TextIO
 import torch
 
 from ..units import format_bytes
-from .census import take_census
-from .readers import reader_for
 
 __all__ = ["ClassicMethods"]
 
@@ -39,7 +37,7 @@ class ClassicMethods:
         tracker: Any = self
         target = torch.device(tracker.device)
         seen: set[int] = set()
-        for obj in tracker._source():
+        for obj in tracker.live_objects():
             if id(obj) in seen or not issubclass(type(obj), torch.Tensor):
                 continue
             seen.add(id(obj))
@@ -54,16 +52,13 @@ class ClassicMethods:
         """MiB held by the live tensors on the tracked device: each storage once (on CUDA
         in the allocator's 512 B blocks), saved activations included while recorded."""
         tracker: Any = self
-        census = take_census(tracker.device, tracker._source, saved=tracker._recorder)
-        return census.nbytes / MiB
+        return tracker.tensor_census().nbytes / MiB
 
     def get_allocate_usage(self) -> float:
         """MiB the CUDA caching allocator has allocated on the tracked device
         (``torch.cuda.memory_allocated``); 0.0 on the CPU or before the program started CUDA."""
         tracker: Any = self
-        device = tracker.device
-        reader = tracker._reader or reader_for(device)
-        reading = reader.allocator(device)
+        reading = tracker.memory_reader.allocator(tracker.device)
         return 0.0 if reading is None else reading.allocated / MiB
 
     def clear_cache(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any, TextIO, TypeVar
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
@@ -286,6 +286,24 @@ class MemTracker(ClassicMethods):
         objects born since the previous walk, see ``census.LiveTensorFinder``), or ``""``
         for other sources."""
         return str(getattr(self._source, "last_scan", ""))
+
+    def live_objects(self) -> Iterator[Any]:
+        """The objects the census source gives now (tensors among them), as ``track()``
+        sees them: the hook ``classic.get_tensors`` reads."""
+        return iter(self._source())
+
+    def tensor_census(self) -> Census:
+        """A census of the live tensors on the tracked device now (saved activations
+        included while recorded), without a stamp."""
+        return take_census(self.device, self._source, saved=self._recorder)
+
+    @property
+    def memory_reader(self) -> MemoryReader:
+        """The allocator and driver reader of the tracked device (``readers.MemoryReader``:
+        the one given to the tracker, else the real one, made once)."""
+        if self._reader is None:
+            self._reader = reader_for(self.device)
+        return self._reader
 
     def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: str | None) -> Stamp:
         device = self.device

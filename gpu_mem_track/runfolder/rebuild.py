@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from ..runner.records import LineRecord, TimelineRow
+from .records import LineRecord, TimelineRow
 
 __all__ = ["LineTotals", "rebuilt_note"]
 

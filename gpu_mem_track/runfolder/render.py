@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import format_bytes, format_peak
-from .records import LineRecord, RunInfo, SnapshotMerge, by_function, hottest
-from .samplers import HEAP_SOURCE, TENSORS_SOURCE
+from .records import HEAP_SOURCE, TENSORS_SOURCE, LineRecord, RunInfo, SnapshotMerge, by_function, hottest
 from .simtext import simulation_lines, simulation_report
 
 __all__ = ["render_launch_report", "render_line_report", "render_ranks", "render_summary"]
@@ -45,12 +44,12 @@ _TENSORS_NOTE = (
 def render_line_report(
     info: RunInfo,
     records: Sequence[LineRecord],
-    censuses: Sequence[Any] = (),
+    censuses: Sequence[str] = (),
     snapshot: SnapshotMerge | None = None,
 ) -> str:
     """The whole text report: run header (with how a ``--snapshot`` was used), a summary
     of the hottest lines per function, the line table of every function, then the
-    automatic censuses (``records.Stamp``)."""
+    automatic censuses, each already rendered (``tracker.render.render_stamp``'s text)."""
     header = _run_header(info) + (_snapshot_text(snapshot) + "\n" if snapshot is not None else "")
     parts = [header, _function_summary(records)]
     if info.simulation is not None:
@@ -184,11 +183,9 @@ def _function_table(file: str, function: str, lines: Sequence[LineRecord]) -> st
     return "\n".join(out) + "\n"
 
 
-def _censuses(stamps: Sequence[Any]) -> str:
-    from ..tracker.render import render_stamp
-
+def _censuses(texts: Sequence[str]) -> str:
     out = ["Automatic censuses (changes since the previous one)", "=" * 51]
-    out.extend(render_stamp(stamp).rstrip("\n") for stamp in stamps)
+    out.extend(text.rstrip("\n") for text in texts)
     return "\n".join(out) + "\n"
 
 

@@ -1,7 +1,8 @@
-"""The runner's data model: per-line aggregates, timeline rows and the run's description.
+"""A run folder's data model: per-line aggregates, timeline rows and the run's description.
 
 Plain frozen records and pure functions over them; nothing here measures or prints.
-``profiler`` produces them, ``files`` saves and loads them, ``render`` renders them.
+Producers (the runner's ``profiler``, ``snapshots.folder``, the notebook) make them,
+``files`` saves them, ``read`` loads them back, ``render`` renders them.
 All sizes are bytes of the run's *memory source* (``RunInfo.memory_source``): the
 caching allocator's allocated bytes on CUDA, the process's resident set size on the CPU.
 """
@@ -9,17 +10,14 @@ caching allocator's allocated bytes on CUDA, the process's resident set size on 
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ..tracker.records import Stamp
+from typing import Any
 
 __all__ = [
     "EVENTS",
+    "HEAP_SOURCE",
+    "TENSORS_SOURCE",
     "LineRecord",
     "RunInfo",
-    "RunResult",
     "SimulationInfo",
     "SnapshotMerge",
     "StopInfo",
@@ -31,6 +29,11 @@ __all__ = [
 #: Timeline events: the run's start and end, one execution of a traced line, a
 #: ``MemTracker.track()`` stamp (with its label), an automatic census after a line.
 EVENTS = ("start", "line", "track", "census", "end")
+
+#: ``RunInfo.memory_source`` of the runner's C-heap sampler (``runner.samplers.HeapSampler``).
+HEAP_SOURCE = "C heap in use"
+#: ``RunInfo.memory_source`` of ``--memory tensors`` (``runner.tensorbytes.TensorSampler``).
+TENSORS_SOURCE = "CPU tensor storages"
 
 
 @dataclass(frozen=True)
@@ -300,21 +303,6 @@ class SnapshotMerge:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SnapshotMerge:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What ``run.execute`` returns: the script's ``exit_code``, the run ``folder``, the
-    run's description (``info``), its line ``records``, its automatic ``censuses``
-    (``tracker.records.Stamp``, in order; empty without ``--census-threshold``) and, with
-    ``--snapshot``, how the memory snapshot was merged (``snapshot``)."""
-
-    exit_code: int
-    folder: Path
-    info: RunInfo
-    records: tuple[LineRecord, ...] = ()
-    censuses: tuple[Stamp, ...] = ()
-    snapshot: SnapshotMerge | None = None
 
 
 def hottest(records: list[LineRecord], count: int = 10) -> list[LineRecord]:
