@@ -163,7 +163,10 @@ def simulated(folder: Path, gpu: str, script: str, *extra: str) -> dict:
     started = time.perf_counter()
     done = subprocess.run(command, cwd=folder, env=_env(), capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - started
-    meta = json.loads((folder / "runs" / name / "meta.json").read_text())
+    meta_file = folder / "runs" / name / "meta.json"
+    if not meta_file.is_file():
+        raise SystemExit(f"{script} did not run ({done.returncode}):\n{done.stderr}")
+    meta = json.loads(meta_file.read_text())
     return {
         "seconds": round(seconds, 2),
         "exit_code": done.returncode,
