@@ -171,6 +171,8 @@ def test_snapshot_records_the_simulated_allocator(tmp_path):
     records = {r.line: r for r in read_lines(tmp_path / "reports" / "r" / "lines.csv")}
     assert records[2].peak == 512 and records[2].peak_exact  # PyTorch's oracle: 512 B blocks
     assert records[3].peak == 512 + 12 * 2**20
+    # reserved: a 2 MiB small-pool segment, then a 12 MiB one (over 10 MiB: rounded to 2 MiB)
+    assert (records[2].reserved_peak, records[3].reserved_peak) == (2 * 2**20, 14 * 2**20)
 
 
 def test_the_stop_rule_ends_a_long_cpu_loop_with_its_finally_and_reports(tmp_path, capsys, monkeypatch):
@@ -276,3 +278,48 @@ def test_the_readme_table_of_gpus_is_the_catalog():
         for s in GPUS.values()
     ]
     assert rows == expected
+
+
+class ReservingSampler:
+    """The CUDA sampler's shape: allocated and its peak, reserved and its peak."""
+
+    source = "cuda allocator"
+    events = 0
+
+    def __init__(self) -> None:
+        self.current = self.high = self.reserved = self.reserved_peak = 0
+
+    def grow(self, allocated: int, reserved: int) -> None:
+        self.current += allocated
+        self.high = max(self.high, self.current)
+        self.reserved += reserved
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+
+    def sample(self) -> tuple[int, int]:
+        return self.current, self.high
+
+    def extras(self) -> tuple[None, None]:
+        return None, None
+
+    def close(self) -> None:
+        pass
+
+
+def test_each_line_gets_its_reserved_peak(tmp_path):
+    from gpu_mem_track.runner.profiler import LineProfiler
+
+    path = write(tmp_path / "lines.py", "a = 1\nb = 2\nc = 3\n")
+    code = compile(path.read_text(), str(path), "exec")
+    sampler = ReservingSampler()
+    profiler = LineProfiler(sampler)
+    profiler.enter(code)
+    profiler.line(code, 1)
+    sampler.grow(4 * 2**20, 20 * 2**20)  # line 1: a 20 MiB segment
+    profiler.line(code, 2)
+    sampler.grow(-4 * 2**20, 0)
+    sampler.reserved -= 20 * 2**20  # line 2: frees it and empties the cache
+    profiler.line(code, 3)
+    profiler.leave(code)
+    peaks = {r.line: r.reserved_peak for r in profiler.records()}
+    # line 2 never raised the reserved peak: the larger of its before and after readings
+    assert peaks == {1: 20 * 2**20, 2: 20 * 2**20, 3: 0}

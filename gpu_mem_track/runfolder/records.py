@@ -53,6 +53,9 @@ class LineRecord:
     recorded. ``hits`` counts executions of the statement that starts on ``line``
     (a call spread over several lines counts once). ``rank``: the rank of the
     distributed launch that ran it (None outside one, and in files written before ranks).
+    ``reserved_peak``: on CUDA, the caching allocator's reserved bytes at their highest
+    while the line ran (read as ``peak`` is, from the allocator's reserved peak; None on
+    the CPU and in files written before it was recorded).
     """
 
     file: str
@@ -67,14 +70,15 @@ class LineRecord:
     seconds: float
     rise: int | None = None
     rank: int | None = None
+    reserved_peak: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LineRecord:
-        """The record of ``to_dict``'s mapping; ``rise`` and ``rank`` may be missing
-        (older files)."""
+        """The record of ``to_dict``'s mapping; ``rise``, ``rank`` and ``reserved_peak``
+        may be missing (older files)."""
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.default is MISSING})
 
     @property
