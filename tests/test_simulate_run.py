@@ -264,22 +264,6 @@ def test_cell_magic_runs_a_cell_on_a_simulated_gpu():
         shell.user_ns.pop(name, None)
 
 
-def test_the_readme_table_of_gpus_is_the_catalog():
-    """Each row of the README's table says what ``simgpu.GPUS`` holds, with its source."""
-    from gpu_mem_track.units import format_bytes
-
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    head = "| GPU | device name | total memory |"
-    rows = text[text.index(head) :].split("\n\n")[0].splitlines()[2:]
-    expected = [
-        f"| {s.name} | {s.device_name} | {s.total_memory // 2**20:,} MiB | "
-        f"{s.capability[0]}.{s.capability[1]} | {format_bytes(s.cublas_workspace)} | "
-        f"{format_bytes(s.context_bytes)} | {s.source} |"
-        for s in GPUS.values()
-    ]
-    assert rows == expected
-
-
 class ReservingSampler:
     """The CUDA sampler's shape: allocated and its peak, reserved and its peak."""
 

@@ -22,7 +22,9 @@ mask selects every element, ``masked_select`` and ``unique`` keep every element.
 recorded (placeholder ``"upper bound N"``) and told to ``on_bound``. GradScaler's
 ``_amp_foreach_non_finite_check_and_unscale_`` keeps ``found_inf`` known (zero: no inf or
 NaN was found, the GPU's normal case), so ``scaler.step`` steps and the scale grows as
-on the GPU.
+on the GPU. :meth:`KnownValues.assume` gives a tensor a value by fiat (the simulated
+GPU takes ``isfinite``/``isnan``/``isinf`` of unknown values as finite, for the same
+reason).
 
 The twins live on the CPU, outside the tracked device, and are never counted.
 """
@@ -38,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .lifetimes import tensor_leaves
 from .records import ValueRead
 
 __all__ = ["BOUNDED", "LIMIT", "KnownValues"]
@@ -89,7 +92,7 @@ class KnownValues(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        metas = [t for t in tree_flatten((args, kwargs))[0] if _is_meta(t)]
+        metas = [t for t in tensor_leaves((args, kwargs)) if t.is_meta]
         if func is _SCALAR and metas:
             return self._scalar(args[0])
         if not all(t in self.twins for t in metas):
@@ -126,6 +129,11 @@ class KnownValues(TorchDispatchMode):
         if func._schema.is_mutable and func is not _UNSCALE:  # found_inf stays known: no infs
             self._forget_written(func, args, kwargs)
         return out
+
+    def assume(self, tensor: torch.Tensor, value: Any) -> None:
+        """Take every element of ``tensor`` (a small meta tensor) to be ``value``."""
+        if _small(tensor):
+            self.twins[tensor] = torch.full(tensor.shape, value, dtype=tensor.dtype)
 
     def _bounded(self, func: Any, args: Any, kwargs: Any) -> Any:
         """A data-dependent op at its upper bound; see the module doc."""
@@ -191,7 +199,7 @@ def _is_meta(value: Any) -> bool:
 
 
 def _small(out: Any) -> bool:
-    metas = [t for t in tree_flatten(out)[0] if _is_meta(t)]
+    metas = [t for t in tensor_leaves(out) if t.is_meta]
     return bool(metas) and all(t.untyped_storage().nbytes() <= LIMIT for t in metas)
 
 
