@@ -319,3 +319,17 @@ def test_simulate_under_torchrun_says_it_is_not_supported(tmp_path):
     with pytest.raises(UsageError, match="^--simulate under torchrun is not supported yet"):
         prepare(options, environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
     assert not (tmp_path / "reports").exists()
+
+
+def test_saved_activations_are_placed_at_the_users_line_not_inside_the_package():
+    """The simulated GPU's frames (gpu_mem_track/simgpu) sit between the user's line and
+    the op; the line a saved tensor is attributed to is the user's."""
+    import gpu_mem_track
+    from gpu_mem_track.tracker.saved import user_site
+
+    inside = os.path.join(os.path.dirname(gpu_mem_track.__file__), "simgpu", "face.py")
+    namespace: dict = {"user_site": user_site, "sys": sys}
+    exec(compile("def op():\n    return user_site(sys._getframe())\n", inside, "exec"), namespace)
+    where = namespace["op"]()  # this line calls the package's frame
+    line = sys._getframe().f_lineno - 1
+    assert where == f"test_simulate_run.py:{line}"
