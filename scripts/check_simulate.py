@@ -319,6 +319,21 @@ def markdown(r: dict) -> str:
     return "\n".join(out + ["", "## Why", ""] + _why(r)) + "\n"
 
 
+#: The fixture's tensor sizes (float32 bytes) by shape: batch 4, context 128, d_model 2560,
+#: 32 heads, d_ff 10240, vocabulary 10,000, 32 layers.
+SHAPES = {
+    4 * 128 * 2560 * 4: "(batch, seq, d_model)",
+    2 * 4 * 128 * 2560 * 4: "2 x (batch, seq, d_model)",
+    4 * 32 * 128 * 128 * 4: "(batch, heads, seq, seq)",
+    4 * 128 * 10240 * 4: "(batch, seq, d_ff)",
+    4 * 128 * 10000 * 4: "(batch, seq, vocab): logits",
+    10000 * 2560 * 4: "(vocab, d_model): an embedding or LM-head weight",
+    2560 * 2560 * 4: "(d_model, d_model): an attention weight",
+    10240 * 2560 * 4: "(d_ff, d_model): a feed-forward weight",
+}
+LAYERS = 32
+
+
 def _why(r: dict) -> list[str]:
     """What the block-by-block figures say about each gap."""
     rec, sim, diff = r["recorded_trace"], r["simulated_trace"], r["differences"]
@@ -336,24 +351,31 @@ def _why(r: dict) -> list[str]:
         "released segment), so its replay starts from the reserved bytes after the release: an omission "
         "in the simulated GPU's history, not in its allocator.",
         "- Peak allocated: the step ends with the same requests live on both sides; the allocated gap at "
-        f"the end ({gap:,} B) is the block-size difference of those requests ({tails:,} B): blocks handed "
+        f"the end ({gap:,} B) is the block-size difference of those requests ({tails:,} B): a block handed "
         "out whole with an unsplit tail (a remainder of at most 1 MiB is not split off) on one side, cut "
         "exactly from a larger free block on the other. Which free blocks exist when the optimizer's "
         "state is made depends on what the backward pass allocated and freed before, and that differs:",
-        f"- The simulated backward pass makes {backward['simulated'] - backward['recorded']:+,} allocations "
-        f"against the GPU's: only it makes {_sizes(backward['only_simulated'])}; only the GPU's makes "
-        f"{_sizes(backward['only_recorded'])}. Per layer that is one more parameter-sized allocation for "
-        "each einsum weight's gradient (25 MiB x4 for q, k, v, output; 100 MiB x3 for w1, w2, w3; and "
-        "the LM head's), as if the weight's gradient came out of the einsum's backward in another layout "
-        "and was copied into the parameter's (AccumulateGrad's layout contract), plus activation-sized "
-        "temporaries the GPU's kernels do not make. These are the simulated GPU's op rules (the engine), "
-        "to be matched to CUDA's.",
-        f"- Forward: only the GPU makes {_sizes(forward['only_recorded'])} (the two large ones at the "
+        f"- Backward: the simulation makes {backward['simulated'] - backward['recorded']:+,} allocations "
+        f"against the GPU's. Only the simulation: {_shapes(backward['only_simulated'])}. Only the GPU: "
+        f"{_shapes(backward['only_recorded'])}. Temporaries of the ops' backward formulas as the "
+        "simulated GPU runs them (CPU and meta kernels) against CUDA's kernels: the simulated GPU's "
+        "op rules, to be matched to CUDA's.",
+        f"- Forward: only the GPU makes {_shapes(forward['only_recorded'])} (the two large ones at the "
         "loss's `torch.max` and `sum` over the logits, freed at once: far larger than those ops' outputs, "
         "so by all appearances scratch of CUDA's reduction kernels); only the simulation makes "
-        f"{_sizes(forward['only_simulated'])}. They leave a segment in "
-        "the GPU's cache that the simulation does not have.",
+        f"{_shapes(forward['only_simulated'])}. They leave a segment in the GPU's cache that the "
+        "simulation does not have.",
     ]
+
+
+def _shapes(counts: dict) -> str:
+    """``size x count`` with the fixture's shape and the count per layer where they tell."""
+    out = []
+    for size, n in counts.items():
+        shape = SHAPES.get(int(size))
+        per_layer = f", {n // LAYERS} per layer" if shape and n >= LAYERS and n % LAYERS == 0 else ""
+        out.append(f"{int(size):,} B x{n}" + (f" ({shape}{per_layer})" if shape else ""))
+    return "; ".join(out) or "nothing"
 
 
 def _total(counts: dict) -> int:
