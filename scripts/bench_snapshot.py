@@ -38,13 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_mem_track.allocator import Allocator  # noqa: E402
+from gpu_mem_track.allocator.replay import replay  # noqa: E402
 from gpu_mem_track.outputs import claim_folder  # noqa: E402
 from gpu_mem_track.runfolder.files import RunFolder  # noqa: E402
 from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.analyse import analyse  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
 from gpu_mem_track.snapshots.folder import write_folder  # noqa: E402
-from gpu_mem_track.snapshots.replay import replay  # noqa: E402
 
 MIB = 2**20
 TORCH = "/home/user/.venv/lib/python3.11/site-packages/torch"

@@ -19,6 +19,7 @@ from runfiles import runner_folder
 from snapshotfiles import SETTINGS
 
 from gpu_mem_track.allocator.rebuild import rebuild_start
+from gpu_mem_track.allocator.replay import replay
 from gpu_mem_track.allocator.settings import round_size, settings_from_snapshot
 from gpu_mem_track.runfolder.files import read_lines
 from gpu_mem_track.runs.compare import compare_files
@@ -27,7 +28,6 @@ from gpu_mem_track.snapshotfile import snapshot_from_data
 from gpu_mem_track.snapshotfile.records import Frame
 from gpu_mem_track.snapshots.analyse import analyse
 from gpu_mem_track.snapshots.attribution import PRE_TRACE, Attributor, Site
-from gpu_mem_track.snapshots.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..allocator.replay import Replay
 from ..errors import UsageError
 from ..outputs import safe_name
 from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
 from ..runfolder.records import LineRecord, RunInfo
 from .analyse import LineUsage, SnapshotAnalysis
 from .attribution import PRE_TRACE, Attributor
-from .replay import Replay
 from .report import render_report
 
 __all__ = [

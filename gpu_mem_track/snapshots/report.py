@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..allocator.timeline import ReplayCheck
 from ..units import format_bytes
 from .analyse import LineUsage, SnapshotAnalysis
-from .replay import ReplayCheck
 
 __all__ = ["render_report", "render_summary"]
 
