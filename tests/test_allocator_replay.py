@@ -285,3 +285,32 @@ def test_report_round_trips_through_dicts() -> None:
     data["device_traces"][0][-1]["addr"] += 1024  # one mismatch, so the list is not empty
     report = replay_snapshot(snapshot_from_data(data))
     assert report.mismatches and ReplayReport.from_dict(report.to_dict()) == report
+
+
+@pytest.mark.parametrize("same_stack", [False, True])
+def test_releases_an_allocation_did_not_need_are_an_empty_cache(same_stack: bool) -> None:
+    """Segment frees whose stack shows no ``empty_cache`` (stacks cut short, or another
+    caller's) before an allocation that could not have made them: torch releases the
+    cache inside ``malloc`` only after ``cudaMalloc`` failed, then allocates a segment,
+    and records the releases with the allocation's stack. With another stack, or
+    without a new segment, they are an ``empty_cache()`` and the segment allocated after
+    them stays with the allocation."""
+    cached, split, new = BASE, BASE + 2 * MIB, BASE + 64 * MIB
+    trace = [sf.entry("segment_free", cached, 2 * MIB, 1, line=30)]
+    if same_stack:  # served from the split segment's free rest: no new segment
+        trace.append(sf.entry("alloc", split + MIB, 100, 2, line=30))
+        served = sf.segment(split, [(MIB, MIB, "active_allocated"), (512, 100, "active_allocated"),
+                                    (MIB - 512, 0, "inactive")], "small")  # fmt: skip
+        segments = [served]
+    else:  # another stack, and a new segment for the allocation
+        trace += [
+            sf.entry("segment_alloc", new, 2 * MIB, 2, line=31),
+            sf.entry("alloc", new, 100, 2, line=31),
+        ]
+        segments = [
+            sf.segment(split, [(MIB, MIB, "active_allocated"), (MIB, MIB, "active_allocated")], "small"),
+            sf.segment(new, [(512, 100, "active_allocated"), (2 * MIB - 512, 0, "inactive")], "small"),
+        ]
+    report = replay_snapshot(snapshot_from_data(sf.snapshot(segments, trace)))
+    assert report.all_match, report.mismatches
+    assert (report.empty_cache_calls, report.segment_frees.matched) == (1, 1)

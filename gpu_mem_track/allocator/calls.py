@@ -15,6 +15,7 @@ _SEGMENT_ACTIONS = ("segment_alloc", "segment_free")
 #: Pages mapped into or out of an expandable segment.
 _MAPPING_ACTIONS = ("segment_map", "segment_unmap")
 _RELEASES = ("segment_free", "segment_unmap")
+_GROWTH = ("segment_alloc", "segment_map")
 #: Events of an allocation that needed the device.
 _DEVICE_ACTIONS = ("segment_free", "segment_alloc", "oom", *_MAPPING_ACTIONS)
 
@@ -101,6 +102,8 @@ class _Planner:
             self.waiting.append((index, e))
         elif action in ("alloc", "oom"):
             kind = "malloc" if action == "alloc" else "oom"
+            if kind == "malloc" and not self.claims(e):
+                self.release_apart()
             self.calls.append(Call(kind, index, e, tuple(self.waiting)))
             self.waiting.clear()
         elif action == "free_requested":
@@ -108,6 +111,27 @@ class _Planner:
             self.calls.append(Call("free", index, e, deferred=not self.completed_at_once(index, e)))
         elif action == "free_completed":
             self.completed(index, e)
+
+    def claims(self, alloc: TraceEntry) -> bool:
+        """Whether the waiting releases can be the allocation's own: torch releases the
+        cache inside ``malloc`` only after ``cudaMalloc`` failed, then asks again (a new
+        segment follows), and records the releases with the allocation's stack."""
+        releases = [w for _, w in self.waiting if w.action in _RELEASES]
+        if not releases:
+            return True
+        if not any(w.action in _GROWTH for _, w in self.waiting):
+            return False
+        return all(not w.frames or not alloc.frames or w.frames == alloc.frames for w in releases)
+
+    def release_apart(self) -> None:
+        """Replay the waiting releases (and what waited before them) as an
+        ``empty_cache`` recorded without its frames; the segments allocated after the
+        last one stay with the allocation."""
+        last = max(i for i, (_, w) in enumerate(self.waiting) if w.action in _RELEASES)
+        after = self.waiting[last + 1 :]
+        del self.waiting[last + 1 :]
+        self.flush()
+        self.waiting.extend(after)
 
     def emptying(self, entry: TraceEntry) -> bool:
         """Whether a segment_free (or unmap) carries ``empty_cache`` frames (stacks are

@@ -9,8 +9,10 @@ the segment events torch recorded just before it; each ``free_requested`` /
 ``free_completed`` by address (a free whose completion does not follow at once with
 the same stack is deferred, as with ``record_stream``; a completion forced by the
 release inside an allocation belongs to that allocation); each ``oom``; and each run
-of ``segment_free`` events carrying ``empty_cache`` frames (or, without frames, not
-claimed by an allocation) as one ``empty_cache()``.
+of ``segment_free`` events carrying ``empty_cache`` frames as one ``empty_cache()``, as
+is a run no allocation can have made (none follows, no new segment follows it, or its
+stack is not the allocation's: torch releases inside ``malloc`` only after ``cudaMalloc``
+failed, then asks again, all with the allocation's stack).
 
 What the end state and the trace leave open is settled by the replay itself: the
 unsplit remainder of a block from before the trace that no sighting pins down is
