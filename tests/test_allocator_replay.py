@@ -243,7 +243,10 @@ def test_a_completion_with_other_frames_was_forced_later() -> None:
     free = sf.entry("free_requested", BASE, 10)
     forced = dict(sf.entry("free_completed", BASE, 10), frames=MALLOC)
     release = dict(sf.entry("segment_free", BASE, 20 * MIB), frames=MALLOC)
-    new = [sf.entry("segment_alloc", BASE + 64 * MIB, 20 * MIB), sf.entry("alloc", BASE + 64 * MIB, 3 * MIB)]
+    new = [  # torch records the allocation's releases, forced completions and segment with its stack
+        dict(sf.entry("segment_alloc", BASE + 64 * MIB, 20 * MIB), frames=MALLOC),
+        dict(sf.entry("alloc", BASE + 64 * MIB, 3 * MIB), frames=MALLOC),
+    ]
     calls, _ = plan_calls(snapshot_from_data(sf.snapshot([], [free, forced, release, *new])).device_traces[0])
     assert [(c.kind, c.deferred) for c in calls] == [("free", True), ("malloc", False)]
     recorded = [e.action for _, e in calls[1].segment_events]
