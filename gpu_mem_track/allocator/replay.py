@@ -153,7 +153,8 @@ def _figures(device, trace, end, start, run, simulated, report, expandable) -> R
             freed[entry.addr] = index
     tails = tuple((bound, freed[address]) for address, bound in bounds.items() if address in freed)
     final = (steps[-1].allocated, steps[-1].reserved) if steps else (start_allocated, start_reserved)
-    unknown = (run.mismatch_count + start.strays + overruns, len(bounds), sum(bounds.values()))
+    decisions = 0 if expandable else run.mismatch_count  # placement in expandable ones: not followed
+    unknown = (decisions + start.strays + overruns, len(bounds), sum(bounds.values()))
     allocated_in_trace = {e.addr for e in trace if e.action == "alloc"}
     check = replay_check(end, simulated, allocated_in_trace, final, unknown, expandable)
     cache = {**run.timeline.cache, -1: _start_cache(start)}

@@ -60,7 +60,9 @@ class ReplayCheck:
     ``blocks_matching``: blocks allocated in the trace and still in use at the end, and
     those whose size the replay got right; ``misfits``: recorded decisions the model did
     not make (a block placed elsewhere, a segment allocated or released otherwise, a free
-    of a block it did not hold) and blocks live at the start in no segment;
+    of a block it did not hold; not counted with expandable segments, whose reserved
+    address range the snapshot does not record) and blocks live at the start in no
+    segment;
     ``unresolved_tails``/``tail_bytes``: blocks from before the trace whose unsplit tail
     stayed unknown, and the most they could add (bytes); ``final_*_replayed`` (from the
     start state plus every event) against ``final_*_recorded`` (the segments).

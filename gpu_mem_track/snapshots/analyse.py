@@ -23,6 +23,9 @@ from ..allocator.timeline import ReplayCheck, Step
 from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
 
+#: Trace actions that give memory back to the device (segments, expandable pages).
+_RELEASES = ("segment_free", "segment_unmap")
+
 __all__ = [
     "CategoryUsage",
     "LineUsage",
@@ -279,12 +282,13 @@ def peak_bound(replayed: Replay) -> int:
 
 
 def _empty_cache_runs(steps: Iterable[Step]) -> tuple[tuple[int, int, int], ...]:
-    """Runs of ``segment_free`` whose stack passes through ``empty_cache``."""
+    """Runs of ``segment_free`` (or ``segment_unmap``) whose stack passes through
+    ``empty_cache``."""
     runs: list[list[int]] = []
     previous = None
     for step in steps:
         entry = step.entry
-        emptying = entry.action == "segment_free" and any(
+        emptying = entry.action in _RELEASES and any(
             "emptyCache" in f.name or f.name == "empty_cache" for f in entry.frames
         )
         if emptying:
