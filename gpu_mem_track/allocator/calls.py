@@ -51,7 +51,7 @@ class ReplayDevice(SimulatedDevice):
         self.frees_done = lambda: 0
 
     def plan(self, call: Call, frees_done: Callable[[], int]) -> None:
-        recorded = [e for _, e in call.segment_events]
+        recorded = [e for _, e in call.segment_events] if call.segment_events else ()
         self.expected = [e for e in recorded if e.action == "segment_alloc"]
         self.frees_needed = sum(1 for e in recorded if e.action == "segment_free")
         self.refuse = call.kind == "oom"

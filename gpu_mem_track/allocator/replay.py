@@ -58,7 +58,7 @@ from .settings import (
     settings_from_snapshot,
 )
 from .tally import Tally, compare_final
-from .timeline import Replay, Timeline, free_cache, replay_check, tail_bounds
+from .timeline import Replay, Timeline, replay_check, tail_bounds
 
 __all__ = ["Call", "Mismatch", "Replay", "ReplayReport", "plan_calls", "replay", "replay_snapshot"]
 
@@ -174,6 +174,7 @@ def _with_cut_segment(call: Call, segment: TraceEntry) -> Call:
 def _replay(start: StartState, calls: list[Call], settings: AllocatorSettings, keep: int) -> _Run:
     replay_device = ReplayDevice()
     run = _Run(Allocator.from_segments(start.segments, settings, device=replay_device), replay_device, keep)
+    run.timeline = Timeline(run.allocator.allocated)
     run.open_tails = {t.end: t for t in start.tails if t.how != "seen"}
     for call in calls:
         _replay_call(run, call)
@@ -237,9 +238,9 @@ def _replay_call(run: _Run, call: Call) -> None:
     _compare_segments(run, call, mark)
     if call.kind == "malloc":
         held = _held(run, address, call.entry)
-        if address is not None:
-            run.timeline.cache[call.index] = free_cache(allocator)
     run.timeline.record(events, held)
+    if address is not None and call.kind == "malloc":
+        run.timeline.keep_cache(call.index, allocator)
 
 
 def _held(run: _Run, address: int | None, entry: TraceEntry) -> int:
@@ -344,6 +345,9 @@ def _replay_free(run: _Run, call: Call) -> None:
 
 
 def _compare_segments(run: _Run, call: Call, mark: int) -> None:
+    events = run.allocator.events
+    if not call.segment_events and all(e.action not in _SEGMENT_ACTIONS for e in events[mark:]):
+        return  # nothing recorded, nothing done (most calls)
     recorded = [(e.action, e.addr, e.size) for i, e in call.segment_events if e.action in _SEGMENT_ACTIONS]
     predicted = [
         (ev.action, ev.address, ev.size)

@@ -106,7 +106,8 @@ class Replay:
     tail could add, the trace index of its ``free_requested``) per block from before the
     trace whose tail stayed unknown, ``report``: the model's decisions against the
     record, and ``cache``: (free cached blocks, the largest one's bytes) right after each
-    ``alloc`` by trace index, -1 for the start (see ``free_after``)."""
+    ``alloc`` that raised the highest allocated bytes so far, by trace index, -1 for the
+    start (see ``free_after``)."""
 
     device: int
     start_allocated: int
@@ -125,8 +126,9 @@ class Replay:
 
     def free_after(self, index: int | None) -> tuple[int, int]:
         """(free cached blocks, the largest one's bytes) right after the ``alloc`` at
-        trace entry ``index`` (None: at the start); pending frees are not free yet.
-        (0, 0) where the replay kept no figure (other events, an alloc it could not make)."""
+        trace entry ``index`` (None: at the start), if it raised the highest allocated
+        bytes so far (as the peak does); pending frees are not free yet. (0, 0) where
+        the replay kept no figure (other events, an alloc it could not make)."""
         return self.cache.get(-1 if index is None else index, (0, 0))
 
     @property
@@ -177,25 +179,37 @@ def free_cache(allocator: Allocator) -> tuple[int, int]:
 
 class Timeline:
     """Collects, call by call, the bytes each recorded event added (see the module
-    docstring), and the free cache after each allocation; ``steps`` orders them."""
+    docstring) from the start's ``allocated`` bytes, and the free cache after each
+    allocation that raised the highest allocated bytes so far (the peak's is among
+    them); ``steps`` orders them."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocated: int = 0) -> None:
         self.changes: list[tuple[int, TraceEntry, int]] = []
         self.cache: dict[int, tuple[int, int]] = {}
+        self.allocated = self.highest = allocated
 
     def record(self, events: Sequence[tuple[int, TraceEntry]], block: int) -> None:
-        """One call's recorded events; ``block``: the bytes of the block it handed out or
-        freed (``alloc`` and ``free_requested``)."""
+        """One call's recorded events, in trace order; ``block``: the bytes of the block
+        it handed out or freed (``alloc`` and ``free_requested``)."""
         for index, entry in events:
             action = entry.action
             if action == "alloc":
                 self.changes.append((index, entry, block))
+                self.allocated += block
             elif action == "free_requested":
                 self.changes.append((index, entry, -block))
+                self.allocated -= block
             elif action in _GROW:
                 self.changes.append((index, entry, _GROW[action] * entry.size))
             elif action == "oom":
                 self.changes.append((index, entry, 0))
+
+    def keep_cache(self, index: int, allocator: Allocator) -> None:
+        """After the ``alloc`` at trace entry ``index``: keep the free cache if the
+        allocated bytes are the highest yet."""
+        if self.allocated > self.highest:
+            self.highest = self.allocated
+            self.cache[index] = free_cache(allocator)
 
     def steps(self, allocated: int, reserved: int) -> tuple[Step, ...]:
         """The steps in trace order from the start's ``allocated`` and ``reserved`` bytes."""
