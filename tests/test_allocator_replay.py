@@ -12,7 +12,7 @@ import snapshotfiles as sf
 
 from gpu_mem_track.allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, parse_alloc_conf
 from gpu_mem_track.allocator.rebuild import rebuild_start
-from gpu_mem_track.allocator.replay import ReplayReport, plan_calls, replay_snapshot
+from gpu_mem_track.allocator.replay import ReplayReport, plan_calls, replay, replay_snapshot
 from gpu_mem_track.allocator.rules import rule_violations
 from gpu_mem_track.snapshotfile import load_snapshot, snapshot_from_data
 
@@ -278,9 +278,15 @@ def test_trace_cut_between_a_segment_alloc_and_its_alloc() -> None:
         [sf.entry("alloc", BASE, 3 * MIB, 1)],
     )
     data["allocator_settings"] = dict(sf.SETTINGS, max_split_size=20 * MIB)
-    report = replay_snapshot(snapshot_from_data(data))
+    replayed = replay(snapshot_from_data(data))
+    report = replayed.report
     assert report.all_match and report.started_mid_call and report.rounds == 2
     assert report.segment_allocs.recorded == report.segment_allocs.predicted == 0
+    # The figures start with the segment there, wholly free: no step outside the trace.
+    assert (replayed.start_reserved, replayed.free_after(None)) == (20 * MIB, (1, 20 * MIB))
+    steps = [(s.index, s.bytes, s.allocated, s.reserved) for s in replayed.steps]
+    assert steps == [(0, 3 * MIB, 3 * MIB, 20 * MIB)]
+    assert replayed.check.exact
 
 
 def test_report_round_trips_through_dicts() -> None:

@@ -113,13 +113,14 @@ def replay(
     calls, skipped = plan_calls(trace)
     ends: dict[int, int] = {}
     absent: frozenset[int] = frozenset()
-    rounds = 0
+    rounds = cut_bytes = 0
     while True:
         rounds += 1
         start = rebuild_start(end, trace, settings, ends, absent)
         run = _replay(start, calls, settings, keep)
         if run.cut is not None and not absent:
             absent, calls = frozenset({run.cut.addr}), [_with_cut_segment(calls[0], run.cut), *calls[1:]]
+            cut_bytes = run.cut.size
         elif run.hint is None or ends.get(run.hint[0]) == run.hint[1] or rounds > 4 * len(start.tails) + 1:
             break
         else:
@@ -127,7 +128,7 @@ def replay(
     simulated = run.allocator.segments(device)
     report = _report(snapshot, device, settings, trace, end, start, run, skipped, rounds, simulated)
     report = dataclasses.replace(report, started_mid_call=bool(absent))
-    return _figures(device, trace, end, start, run, simulated, report, expandable)
+    return _figures(device, trace, end, (start, cut_bytes), run, simulated, report, expandable)
 
 
 def _settings(snapshot: Snapshot) -> AllocatorSettings:
@@ -138,12 +139,15 @@ def _settings(snapshot: Snapshot) -> AllocatorSettings:
         return AllocatorSettings()
 
 
-def _figures(device, trace, end, start, run, simulated, report, expandable) -> Replay:  # noqa: ANN001
-    """The replay's figures per event (``timeline``) and their check against the end."""
+def _figures(device, trace, end, start_state, run, simulated, report, expandable) -> Replay:  # noqa: ANN001
+    """The replay's figures per event (``timeline``) and their check against the end.
+    ``start_state``: the rebuilt start and the bytes of a segment the cut left out (it
+    existed when the kept trace began, wholly free)."""
+    start, cut_bytes = start_state
     live = [b for s in start.segments for b in s.blocks if b.state == "active_allocated"]
     blocks = tuple(sorted((b.address, b.size) for b in live))
     start_allocated = sum(size for _, size in blocks)
-    start_reserved = sum(s.total_size for s in start.segments)
+    start_reserved = sum(s.total_size for s in start.segments) + cut_bytes
     steps = run.timeline.steps(start_allocated, start_reserved)
     bounds, overruns = tail_bounds(start)
     counted = dict(blocks)
@@ -157,12 +161,13 @@ def _figures(device, trace, end, start, run, simulated, report, expandable) -> R
     unknown = (decisions + start.strays + overruns, len(bounds), sum(bounds.values()))
     allocated_in_trace = {e.addr for e in trace if e.action == "alloc"}
     check = replay_check(end, simulated, allocated_in_trace, final, unknown, expandable)
-    cache = {**run.timeline.cache, -1: _start_cache(start)}
+    cache = {**run.timeline.cache, -1: _start_cache(start, cut_bytes)}
     return Replay(device, start_allocated, start_reserved, steps, blocks, check, tails, report, cache)
 
 
-def _start_cache(start: StartState) -> tuple[int, int]:
+def _start_cache(start: StartState, cut_bytes: int) -> tuple[int, int]:
     free = [b.size for s in start.segments for b in s.blocks if b.state == "inactive"]
+    free += [cut_bytes] if cut_bytes else []
     return len(free), max(free, default=0)
 
 

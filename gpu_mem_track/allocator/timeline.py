@@ -193,6 +193,8 @@ class Timeline:
         it handed out or freed (``alloc`` and ``free_requested``)."""
         for index, entry in events:
             action = entry.action
+            if index < 0:  # not in the trace (a segment the cut left out)
+                continue
             if action == "alloc":
                 self.changes.append((index, entry, block))
                 self.allocated += block
