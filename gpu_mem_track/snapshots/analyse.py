@@ -23,9 +23,6 @@ from ..allocator.timeline import ReplayCheck, Step
 from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
 
-#: Trace actions that give memory back to the device (segments, expandable pages).
-_RELEASES = ("segment_free", "segment_unmap")
-
 __all__ = [
     "CategoryUsage",
     "LineUsage",
@@ -288,7 +285,7 @@ def _empty_cache_runs(steps: Iterable[Step]) -> tuple[tuple[int, int, int], ...]
     previous = None
     for step in steps:
         entry = step.entry
-        emptying = entry.action in _RELEASES and any(
+        emptying = entry.action in ("segment_free", "segment_unmap") and any(
             "emptyCache" in f.name or f.name == "empty_cache" for f in entry.frames
         )
         if emptying:
@@ -404,12 +401,11 @@ def _without_trace(snapshot: Snapshot, replayed: Replay, attributor: Attributor)
             if block.state == "active_allocated":
                 site, category = attributor.describe(block.frames)
                 tally.block(site, category, block.size, allocated)
-    segments = snapshot.device_segments(replayed.device)
-    free = [b.size for s in segments for b in s.blocks if b.state == "inactive"]
+    free_blocks, largest_free = replayed.free_after(None)  # the end state: no trace
     peak = Peak(allocated, reserved, None, None, Site("<snapshot>", "end state", 0), "", bound=allocated)
     return SnapshotAnalysis(
         snapshot.source, replayed.device, snapshot.devices(), 0, None, None, allocated, reserved,
-        allocated, reserved, reserved, peak, reserved - allocated, max(free, default=0), len(free),
+        allocated, reserved, reserved, peak, reserved - allocated, largest_free, free_blocks,
         0, 0, (), (), tally.lines(), tally.categories(), replayed.check, attributor.include,
         attributor.unmatched(), _segment_counts(snapshot, replayed.device),
     )  # fmt: skip
