@@ -11,7 +11,7 @@ engine) mixed with Python frames (user code, ``torch/nn/modules/module.py``,
 ``torch/optim``), stacks and frames shared between entries as torch pickles them. The
 oldest entries are dropped, as the ring buffer does, so memory is live before the trace.
 
-Times: loading (unpickle and records), the analysis (replay, attribution, peak layout)
+Times: loading (unpickle and records), the analysis (the allocator model's replay, attribution)
 and writing the folder, medians of ``--repeat`` runs in this process, plus the whole
 command in a fresh process. Writes reports/bench_snapshot.md and .json.
 
@@ -38,13 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_mem_track.allocator import Allocator  # noqa: E402
+from gpu_mem_track.allocator.replay import replay  # noqa: E402
 from gpu_mem_track.outputs import claim_folder  # noqa: E402
 from gpu_mem_track.runfolder.files import RunFolder  # noqa: E402
 from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshots.analyse import analyse  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
 from gpu_mem_track.snapshots.folder import write_folder  # noqa: E402
-from gpu_mem_track.snapshots.replay import replay  # noqa: E402
 
 MIB = 2**20
 TORCH = "/home/user/.venv/lib/python3.11/site-packages/torch"
@@ -194,6 +194,7 @@ def _analyse(path: Path, out: Path) -> tuple[dict[str, float], object]:
     check = replayed.check
     assert check.segments_matching == check.segments and not check.misfits, check
     assert check.final_allocated_replayed == check.final_allocated_recorded, check
+    assert replayed.report.all_match, replayed.report.mismatches[:3]
     timings = {}
     for step, (before, after) in zip(("load", "analyse", "write"), zip(clocks, clocks[1:])):
         timings[step] = after[0] - before[0]
@@ -230,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             unresolved_tails=check.unresolved_tails,
             tail_bytes=check.tail_bytes,
             segments_matching=f"{check.segments_matching}/{check.segments}",
+            decisions=replayed.report.allocs.recorded
+            + replayed.report.segment_allocs.recorded
+            + replayed.report.segment_frees.recorded,
         )
         recorded = _recorded(args.recorded, args.repeat, Path(tmp) / "recorded")
     result["recorded"] = recorded
@@ -307,7 +311,7 @@ def _markdown(result: dict) -> str:
         f"{result['frames_per_entry']:.1f} frames per entry.\n\n"
         "| step | wall seconds | CPU seconds |\n|---|---|---|\n"
         f"| load (unpickle, records) | {m['load']:.3f} | {m['load_cpu']:.3f} |\n"
-        "| analyse (replay, attribution, layout at the peak) | "
+        "| analyse (the allocator model's replay, attribution) | "
         f"{m['analyse']:.3f} | {m['analyse_cpu']:.3f} |\n"
         f"| **load + analyse** | **{result['median_load_and_analyse']:.3f}** | "
         f"**{result['median_load_and_analyse_cpu']:.3f}** |\n"
@@ -316,7 +320,9 @@ def _markdown(result: dict) -> str:
         f"{result['command_seconds']:.3f} | |\n\n"
         "Target: under 2 s for load + analysis.\n\n"
         f"Replay: blocks in use reproduced in {result['segments_matching']} segments, final allocated "
-        "and reserved equal to the segments' (asserted). Allocated at the trace's start: replayed "
+        f"and reserved equal to the segments', the model making all {result['decisions']:,} recorded "
+        "decisions (block addresses, segment allocations and releases) (asserted). Allocated at the "
+        "trace's start: replayed "
         f"{result['start_allocated_replayed']:,} B, the model's own figure "
         f"{result['start_allocated_model']:,} B. "
         f"{result['unresolved_tails']} blocks from before the trace were freed in it with a tail no later "

@@ -173,7 +173,10 @@ def not_covered(traced: list[dict], cuts: list[dict]) -> list[str]:
             "`expandable_segments` are covered by unit tests (and the controls above) only."
         )
     if sum(p["unsupported_events"] for p in replays):
-        lines.append("- Expandable-segment events (`segment_map`/`segment_unmap`) were not replayed.")
+        lines.append(
+            "- Expandable-segment events (`segment_map`/`segment_unmap`) were replayed, but the model's "
+            "mapping decisions were not compared."
+        )
     lines.append(
         "- In a trace recorded without stacks, a free whose completion follows at once is taken as "
         "immediate (with stacks, a completion forced later by a cache release is told by its stack)."

@@ -3,7 +3,7 @@
 The recorded data: one full training step of a 2.7B-parameter transformer (batch 4,
 context 128, float32) captured as a PyTorch memory snapshot on an 80 GB Hopper GPU, from
 the public repository kkaitlyn111/cs336-a2-systems (see the fixtures' README). Its peaks
-come from replaying the snapshot's trace (``gpu_mem_track.snapshots.replay``): allocated
+come from replaying the snapshot's trace (``gpu_mem_track.allocator.replay``): allocated
 bytes counted as the caching allocator counts them, and reserved bytes.
 
 The estimate: a model of the same shapes and the same tensor operations, written here
@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 from fixtures import fixtures_folder, shown  # noqa: E402
 
 from gpu_mem_track import estimate  # noqa: E402
+from gpu_mem_track.allocator.replay import replay  # noqa: E402
 from gpu_mem_track.estimator.specs import InputSpec  # noqa: E402
 from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
-from gpu_mem_track.snapshots.replay import free_blocks_at, replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 TRAIN = "transformer-2.7b-ctx128-train-step.pickle.gz"
@@ -218,12 +218,12 @@ def recorded(path: Path) -> dict:
     snapshot = load_snapshot(path)
     replayed = replay(snapshot, 0)
     peak = max(replayed.steps, key=lambda s: s.allocated)
-    free = free_blocks_at(snapshot, 0, peak.index)
+    _, largest_free = replayed.free_after(peak.index)
     return {
         "peak_allocated": peak.allocated,
         "peak_reserved": max(s.reserved for s in replayed.steps),
         "reserved_at_peak": peak.reserved,
-        "largest_free_at_peak": free[0] if free else 0,
+        "largest_free_at_peak": largest_free,
         "start_allocated": replayed.start_allocated,
         "allocs": sum(1 for e in snapshot.device_traces[0] if e.action == "alloc"),
         "tailed_blocks_at_peak": _tailed_blocks(replayed, peak.index),

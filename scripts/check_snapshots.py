@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures import described, fixtures_folder  # noqa: E402
 
+from gpu_mem_track.allocator.replay import Replay, replay  # noqa: E402
 from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshotfile.records import Snapshot  # noqa: E402
 from gpu_mem_track.snapshots.analyse import SnapshotAnalysis, analyse, peak_bound, pick_device  # noqa: E402
 from gpu_mem_track.snapshots.attribution import Attributor  # noqa: E402
-from gpu_mem_track.snapshots.replay import Replay, replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import snapshotfiles as sf
 
 from gpu_mem_track.allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, parse_alloc_conf
 from gpu_mem_track.allocator.rebuild import rebuild_start
-from gpu_mem_track.allocator.replay import ReplayReport, plan_calls, replay_snapshot
+from gpu_mem_track.allocator.replay import ReplayReport, plan_calls, replay, replay_snapshot
 from gpu_mem_track.allocator.rules import rule_violations
 from gpu_mem_track.snapshotfile import load_snapshot, snapshot_from_data
 
@@ -243,7 +243,10 @@ def test_a_completion_with_other_frames_was_forced_later() -> None:
     free = sf.entry("free_requested", BASE, 10)
     forced = dict(sf.entry("free_completed", BASE, 10), frames=MALLOC)
     release = dict(sf.entry("segment_free", BASE, 20 * MIB), frames=MALLOC)
-    new = [sf.entry("segment_alloc", BASE + 64 * MIB, 20 * MIB), sf.entry("alloc", BASE + 64 * MIB, 3 * MIB)]
+    new = [  # torch records the allocation's releases, forced completions and segment with its stack
+        dict(sf.entry("segment_alloc", BASE + 64 * MIB, 20 * MIB), frames=MALLOC),
+        dict(sf.entry("alloc", BASE + 64 * MIB, 3 * MIB), frames=MALLOC),
+    ]
     calls, _ = plan_calls(snapshot_from_data(sf.snapshot([], [free, forced, release, *new])).device_traces[0])
     assert [(c.kind, c.deferred) for c in calls] == [("free", True), ("malloc", False)]
     recorded = [e.action for _, e in calls[1].segment_events]
@@ -275,9 +278,15 @@ def test_trace_cut_between_a_segment_alloc_and_its_alloc() -> None:
         [sf.entry("alloc", BASE, 3 * MIB, 1)],
     )
     data["allocator_settings"] = dict(sf.SETTINGS, max_split_size=20 * MIB)
-    report = replay_snapshot(snapshot_from_data(data))
+    replayed = replay(snapshot_from_data(data))
+    report = replayed.report
     assert report.all_match and report.started_mid_call and report.rounds == 2
     assert report.segment_allocs.recorded == report.segment_allocs.predicted == 0
+    # The figures start with the segment there, wholly free: no step outside the trace.
+    assert (replayed.start_reserved, replayed.free_after(None)) == (20 * MIB, (1, 20 * MIB))
+    steps = [(s.index, s.bytes, s.allocated, s.reserved) for s in replayed.steps]
+    assert steps == [(0, 3 * MIB, 3 * MIB, 20 * MIB)]
+    assert replayed.check.exact
 
 
 def test_report_round_trips_through_dicts() -> None:
@@ -285,3 +294,32 @@ def test_report_round_trips_through_dicts() -> None:
     data["device_traces"][0][-1]["addr"] += 1024  # one mismatch, so the list is not empty
     report = replay_snapshot(snapshot_from_data(data))
     assert report.mismatches and ReplayReport.from_dict(report.to_dict()) == report
+
+
+@pytest.mark.parametrize("same_stack", [False, True])
+def test_releases_an_allocation_did_not_need_are_an_empty_cache(same_stack: bool) -> None:
+    """Segment frees whose stack shows no ``empty_cache`` (stacks cut short, or another
+    caller's) before an allocation that could not have made them: torch releases the
+    cache inside ``malloc`` only after ``cudaMalloc`` failed, then allocates a segment,
+    and records the releases with the allocation's stack. With another stack, or
+    without a new segment, they are an ``empty_cache()`` and the segment allocated after
+    them stays with the allocation."""
+    cached, split, new = BASE, BASE + 2 * MIB, BASE + 64 * MIB
+    trace = [sf.entry("segment_free", cached, 2 * MIB, 1, line=30)]
+    if same_stack:  # served from the split segment's free rest: no new segment
+        trace.append(sf.entry("alloc", split + MIB, 100, 2, line=30))
+        served = sf.segment(split, [(MIB, MIB, "active_allocated"), (512, 100, "active_allocated"),
+                                    (MIB - 512, 0, "inactive")], "small")  # fmt: skip
+        segments = [served]
+    else:  # another stack, and a new segment for the allocation
+        trace += [
+            sf.entry("segment_alloc", new, 2 * MIB, 2, line=31),
+            sf.entry("alloc", new, 100, 2, line=31),
+        ]
+        segments = [
+            sf.segment(split, [(MIB, MIB, "active_allocated"), (MIB, MIB, "active_allocated")], "small"),
+            sf.segment(new, [(512, 100, "active_allocated"), (2 * MIB - 512, 0, "inactive")], "small"),
+        ]
+    report = replay_snapshot(snapshot_from_data(sf.snapshot(segments, trace)))
+    assert report.all_match, report.mismatches
+    assert (report.empty_cache_calls, report.segment_frees.matched) == (1, 1)

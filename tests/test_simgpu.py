@@ -133,6 +133,7 @@ def test_unknown_values_get_placeholders_recorded_per_line():
             value = loss.item()  # the line recorded
         line = sys._getframe().f_lineno - 1
         assert value == 0.0 and not bool(loss > 0)
+        assert bool(torch.isfinite(loss)) and not torch.isnan(w).any().item()  # no inf or NaN
     reads = {(p.line, p.op): p.count for p in gpu.placeholders if p.filename == HERE}
     assert reads[(line, "item")] == 3
     assert reads[(line + 2, "item")] == 1  # bool(loss > 0)
@@ -247,3 +248,29 @@ def test_a_model_built_on_the_cpu_is_virtual_until_moved_and_small_tensors_stay_
             isinstance(generator, torch.Generator)
             and torch.randn(2, device="cuda", generator=generator).is_cuda
         )
+
+
+def test_the_readme_table_shows_the_catalog():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for spec in GPUS.values():
+        assert f"| {spec.name} | {spec.device_name} | {spec.total_memory:,} B " in readme
+
+
+def test_a_linear_shaped_einsum_leaves_no_layout_copy_in_backward():
+    def backward_peak(layer) -> tuple[int, torch.dtype]:
+        with simulated_gpu("h100-80gb"):
+            w = torch.randn(2048, 1024, device="cuda", requires_grad=True)
+            x = torch.randn(4, 32, 1024, device="cuda", requires_grad=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = layer(x, w)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            y.float().sum().backward()
+            return torch.cuda.max_memory_allocated() - base, y.dtype
+
+    linear = backward_peak(F.linear)
+    assert backward_peak(lambda x, w: torch.einsum("...i,oi->...o", x, w)) == linear
+    assert backward_peak(lambda x, w: torch.einsum("oi,bsi->bso", w, x)) == linear
+    assert linear[1] == torch.bfloat16

@@ -4,6 +4,7 @@ by the snapshot reader and the allocator replay, a pinned-memory DataLoader."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 
 import pytest
@@ -141,6 +142,10 @@ def test_a_dumped_snapshot_reads_back_and_replays_decision_for_decision(tmp_path
     assert live == allocated
     report = replay_snapshot(snapshot)
     assert report.all_match, report.mismatches
+    from torch.cuda import _memory_viz
+
+    data = pickle.loads(path.read_bytes())
+    assert "<html>" in _memory_viz.trace_plot(data) and "<html>" in _memory_viz.segment_plot(data)
 
 
 def test_a_pinned_memory_dataloader_keeps_real_cpu_batches():
@@ -151,3 +156,43 @@ def test_a_pinned_memory_dataloader_keeps_real_cpu_batches():
             seen.append(batch.tolist())
             batch.cuda(non_blocking=True)
     assert seen[0] == [[0, 1], [2, 3], [4, 5], [6, 7]] and len(seen) == 4
+
+
+def test_a_memory_fraction_limits_the_simulated_gpu_as_on_the_real_one():
+    with simulated_gpu("a100-40gb") as gpu:
+        torch.cuda.set_per_process_memory_fraction(0.25)
+        with pytest.raises(torch.OutOfMemoryError, match=r"in use\. 9\.90 GiB allowed; Of the allocated"):
+            torch.empty(3 * 2**30, dtype=torch.float32, device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        assert start.elapsed_time(end) > 0
+    assert gpu.out_of_memory.request == 12 * 2**30
+
+
+def test_the_allocator_frees_its_cache_and_retries_before_running_out():
+    with simulated_gpu("1GiB:sm80") as gpu:
+        assert gpu.spec.capacity == 768 * 2**20
+        x = torch.empty(600 * 2**20, dtype=torch.uint8, device="cuda")
+        del x
+        assert torch.cuda.memory_reserved() == 600 * 2**20  # cached, not released
+        y = torch.empty(700 * 2**20, dtype=torch.uint8, device="cuda")
+        assert torch.cuda.memory_reserved() == 700 * 2**20 and gpu.out_of_memory is None
+        del y
+
+
+def test_an_lstm_runs_forward_and_backward_without_cudnn_warnings():
+    with simulated_gpu("t4"):
+        lstm = nn.LSTM(16, 32, batch_first=True).cuda()
+        out, _ = lstm(torch.randn(2, 5, 16, device="cuda"))
+        out.sum().backward()
+        assert out.shape == (2, 5, 32) and lstm.weight_ih_l0.grad.is_cuda
+
+
+def test_a_long_loop_keeps_no_history_of_its_storages():
+    with simulated_gpu("t4") as gpu:
+        w = torch.randn(64, 64, device="cuda", requires_grad=True)
+        for _ in range(50):
+            (w @ w).sum().backward()
+        assert gpu.storages.events == [] and gpu.storages.sizes == []
+        assert gpu.storages.followed <= 8 and gpu.allocator.events == []

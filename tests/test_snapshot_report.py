@@ -19,6 +19,7 @@ from runfiles import runner_folder
 from snapshotfiles import SETTINGS
 
 from gpu_mem_track.allocator.rebuild import rebuild_start
+from gpu_mem_track.allocator.replay import replay
 from gpu_mem_track.allocator.settings import round_size, settings_from_snapshot
 from gpu_mem_track.runfolder.files import read_lines
 from gpu_mem_track.runs.compare import compare_files
@@ -27,7 +28,6 @@ from gpu_mem_track.snapshotfile import snapshot_from_data
 from gpu_mem_track.snapshotfile.records import Frame
 from gpu_mem_track.snapshots.analyse import analyse
 from gpu_mem_track.snapshots.attribution import PRE_TRACE, Attributor, Site
-from gpu_mem_track.snapshots.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -503,3 +503,64 @@ def test_the_command_imports_no_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+CACHE_STACK = [*CPP, py(f"{TORCH}/cuda/memory.py", 222, "empty_cache"), py("/src/train.py", 30, "main")]
+
+
+def expandable_data() -> dict:
+    """An expandable segment (``expandable_segments:True``): 20 MiB mapped before the
+    trace holding an 8 MiB block; the trace maps 20 MiB more for a 25 MiB block that
+    crosses into it, frees both, ``empty_cache()`` unmaps all 40 MiB, then 20 MiB are
+    mapped again for a 1 MiB + 1 B request (a block of 1 MiB + 512 B: blocks are cut
+    to the rounded request in expandable segments), and 20 MiB more for 25 MiB."""
+    request = MIB + 1
+    trace = [
+        entry("segment_map", LARGE + 20 * MIB, 20 * MIB, user(10), 1),
+        entry("alloc", LARGE + 8 * MIB, 25 * MIB, user(10), 2),
+        entry("free_requested", LARGE, 8 * MIB, user(11), 3),
+        entry("free_completed", LARGE, 8 * MIB, user(11), 3),
+        entry("free_requested", LARGE + 8 * MIB, 25 * MIB, user(12), 4),
+        entry("free_completed", LARGE + 8 * MIB, 25 * MIB, user(12), 4),
+        entry("segment_unmap", LARGE, 40 * MIB, CACHE_STACK, 5),
+        entry("segment_map", LARGE, 20 * MIB, user(13), 6),
+        entry("alloc", LARGE, request, user(13), 6),
+        entry("segment_map", LARGE + 20 * MIB, 20 * MIB, user(14), 7),
+        entry("alloc", LARGE + MIB + 512, 25 * MIB, user(14), 7),
+    ]
+    blocks = [
+        block(LARGE, MIB + 512, request, "active_allocated", user(13)),
+        block(LARGE + MIB + 512, 25 * MIB, 25 * MIB, "active_allocated", user(14)),
+        block(LARGE + 26 * MIB + 512, 14 * MIB - 512, 0, "inactive"),
+    ]
+    mapped = dict(segment(LARGE, blocks, "large"), is_expandable=True)
+    settings = dict(SETTINGS, expandable_segments=True)
+    return {"segments": [mapped], "device_traces": [trace], "allocator_settings": settings}
+
+
+def test_expandable_segments_are_replayed_by_the_same_model():
+    """Mapped and unmapped pages count in reserved bytes, blocks are the rounded
+    requests, the start state has only the range mapped then, and the figures end at
+    the recorded ones; the model's own placement is not followed (approximate)."""
+    analysis, replayed = analysed(expandable_data())
+    steps = [(s.index, s.bytes, s.allocated, s.reserved) for s in replayed.steps]
+    assert (replayed.start_allocated, replayed.start_reserved) == (8 * MIB, 20 * MIB)
+    assert steps == [
+        (0, 20 * MIB, 8 * MIB, 40 * MIB),
+        (1, 25 * MIB, 33 * MIB, 40 * MIB),
+        (2, -8 * MIB, 25 * MIB, 40 * MIB),
+        (4, -25 * MIB, 0, 40 * MIB),
+        (6, -40 * MIB, 0, 0),
+        (7, 20 * MIB, 0, 20 * MIB),
+        (8, MIB + 512, MIB + 512, 20 * MIB),
+        (9, 20 * MIB, MIB + 512, 40 * MIB),
+        (10, 25 * MIB, 26 * MIB + 512, 40 * MIB),
+    ]
+    check = replayed.check
+    assert check.approximate and not check.misfits and not check.unresolved_tails
+    final = (26 * MIB + 512, 40 * MIB)
+    assert (check.final_allocated_replayed, check.final_reserved_replayed) == final
+    assert (check.final_allocated_recorded, check.final_reserved_recorded) == final
+    assert (analysis.peak.allocated, analysis.peak.index) == (33 * MIB, 1)
+    assert analysis.empty_cache == ((5, 40 * MIB, 1),)
+    assert replayed.report.unsupported_events == 4

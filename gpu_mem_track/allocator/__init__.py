@@ -5,9 +5,12 @@
 (``memory_stats()``, ``allocated``, ``reserved``, ``requested``), and the log of what
 it did (``events``: allocs, frees, segment allocations and frees). Settings come from a
 ``PYTORCH_CUDA_ALLOC_CONF`` string (``parse_alloc_conf``) or a memory snapshot
-(``settings_from_snapshot``). ``replay.replay_snapshot`` checks the model against a
-memory snapshot's trace: ``rebuild`` recovers the cache at the trace's start, ``calls``
-groups the events into calls, ``rules`` checks a recorded state.
+(``settings_from_snapshot``). ``replay.replay`` replays a memory snapshot's trace
+through the model, once, for both its users: the allocator check (``decisions``: every
+recorded decision against the model's; ``replay.replay_snapshot``) and the ``snapshot``
+report (``timeline``: allocated and reserved bytes after every event). ``rebuild``
+recovers the cache at the trace's start, ``calls`` groups the events into calls,
+``rules`` checks a recorded state.
 """
 
 from __future__ import annotations

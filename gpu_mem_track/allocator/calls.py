@@ -12,8 +12,12 @@ from .device import SimulatedDevice
 __all__ = ["Call", "ReplayDevice", "plan_calls"]
 
 _SEGMENT_ACTIONS = ("segment_alloc", "segment_free")
+#: Pages mapped into or out of an expandable segment.
+_MAPPING_ACTIONS = ("segment_map", "segment_unmap")
+_RELEASES = ("segment_free", "segment_unmap")
+_GROWTH = ("segment_alloc", "segment_map")
 #: Events of an allocation that needed the device.
-_DEVICE_ACTIONS = ("segment_free", "segment_alloc", "oom")
+_DEVICE_ACTIONS = ("segment_free", "segment_alloc", "oom", *_MAPPING_ACTIONS)
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class ReplayDevice(SimulatedDevice):
         self.frees_done = lambda: 0
 
     def plan(self, call: Call, frees_done: Callable[[], int]) -> None:
-        recorded = [e for _, e in call.segment_events]
+        recorded = [e for _, e in call.segment_events] if call.segment_events else ()
         self.expected = [e for e in recorded if e.action == "segment_alloc"]
         self.frees_needed = sum(1 for e in recorded if e.action == "segment_free")
         self.refuse = call.kind == "oom"
@@ -65,8 +69,9 @@ class ReplayDevice(SimulatedDevice):
 
 
 def plan_calls(trace: Sequence[TraceEntry]) -> tuple[list[Call], int]:
-    """The calls to replay, in order, and the number of events left out (expandable
-    segments' map/unmap). See the module doc for how events are grouped."""
+    """The calls to replay, in order, and the number of events whose decisions are not
+    compared (expandable segments' map/unmap: replayed with their call, see ``replay``).
+    See the module doc for how events are grouped."""
     return _Planner(trace).run()
 
 
@@ -90,12 +95,15 @@ class _Planner:
 
     def step(self, index: int, e: TraceEntry) -> None:
         action = e.action
-        if action == "segment_free" and self.emptying(e):
+        self.skipped += action in _MAPPING_ACTIONS
+        if action in _RELEASES and self.emptying(e):
             self.empty_cache(index, e)
-        elif action in _SEGMENT_ACTIONS:
+        elif action in _SEGMENT_ACTIONS or action in _MAPPING_ACTIONS:
             self.waiting.append((index, e))
         elif action in ("alloc", "oom"):
             kind = "malloc" if action == "alloc" else "oom"
+            if kind == "malloc" and not self.claims(e):
+                self.release_apart()
             self.calls.append(Call(kind, index, e, tuple(self.waiting)))
             self.waiting.clear()
         elif action == "free_requested":
@@ -103,11 +111,31 @@ class _Planner:
             self.calls.append(Call("free", index, e, deferred=not self.completed_at_once(index, e)))
         elif action == "free_completed":
             self.completed(index, e)
-        elif action in ("segment_map", "segment_unmap"):
-            self.skipped += 1
+
+    def claims(self, alloc: TraceEntry) -> bool:
+        """Whether the waiting releases can be the allocation's own: torch releases the
+        cache inside ``malloc`` only after ``cudaMalloc`` failed, then asks again (a new
+        segment follows), and records the releases with the allocation's stack."""
+        releases = [w for _, w in self.waiting if w.action in _RELEASES]
+        if not releases:
+            return True
+        if not any(w.action in _GROWTH for _, w in self.waiting):
+            return False
+        return all(not w.frames or not alloc.frames or w.frames == alloc.frames for w in releases)
+
+    def release_apart(self) -> None:
+        """Replay the waiting releases (and what waited before them) as an
+        ``empty_cache`` recorded without its frames; the segments allocated after the
+        last one stay with the allocation."""
+        last = max(i for i, (_, w) in enumerate(self.waiting) if w.action in _RELEASES)
+        after = self.waiting[last + 1 :]
+        del self.waiting[last + 1 :]
+        self.flush()
+        self.waiting.extend(after)
 
     def emptying(self, entry: TraceEntry) -> bool:
-        """Whether a segment_free carries ``empty_cache`` frames (stacks are shared)."""
+        """Whether a segment_free (or unmap) carries ``empty_cache`` frames (stacks are
+        shared)."""
         key = id(entry.frames)
         if key not in self.frames:
             self.frames[key] = any("empty_cache" in f.name or "emptyCache" in f.name for f in entry.frames)
@@ -145,9 +173,9 @@ class _Planner:
         self.calls.append(Call("complete", index, e))
 
     def flush(self) -> None:
-        """Events no allocation claimed: completions replay alone, segment frees as an
-        ``empty_cache`` recorded without frames."""
-        frees = tuple(item for item in self.waiting if item[1].action in _SEGMENT_ACTIONS)
+        """Events no allocation claimed: completions replay alone, segment frees (and
+        unmaps) as an ``empty_cache`` recorded without frames."""
+        frees = tuple(item for item in self.waiting if item[1].action != "free_completed")
         for index, e in self.waiting:
             if e.action == "free_completed":
                 self.calls.append(Call("complete", index, e))

@@ -3,7 +3,9 @@
 A trace is a ring buffer, so the cache at its first event is the end state minus the
 net of the trace: walking the trace backwards, an ``alloc`` removes its block, a
 ``free_completed`` restores a pending block and ``free_requested`` an allocated one,
-a ``segment_alloc`` removes its segment and a ``segment_free`` restores it. Free blocks
+a ``segment_alloc`` removes its segment and a ``segment_free`` restores it; for
+expandable segments, whose mapped ranges the snapshot records as segments, a
+``segment_map`` takes its range out and a ``segment_unmap`` puts it back. Free blocks
 are the gaps between the live blocks of each segment (free neighbours always merge).
 
 The one unknown is the size of a block allocated before the trace and freed in it:
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..snapshotfile.records import Block, Segment, TraceEntry
-from .settings import K_SMALL_BUFFER, AllocatorSettings, round_size
+from .settings import K_LARGE_BUFFER, K_SMALL_BUFFER, AllocatorSettings, round_size
 
 __all__ = ["StartState", "Tail", "rebuild_start"]
 
@@ -135,6 +137,8 @@ def _live_at_start(segments: Sequence[Segment], trace: Sequence[TraceEntry], pro
 def _segments_at_start(
     segments: Sequence[Segment], trace: Sequence[TraceEntry], problems: list[str]
 ) -> dict[int, tuple[int, int, str]]:
+    """Start address -> (bytes, stream, pool) of each segment (or mapped range of an
+    expandable segment) before ``trace[0]``."""
     spans = {s.address: (s.total_size, s.stream, s.segment_type) for s in segments}
     for index in range(len(trace) - 1, -1, -1):
         e = trace[index]
@@ -144,7 +148,44 @@ def _segments_at_start(
         elif e.action == "segment_free":
             kind = "small" if e.size == K_SMALL_BUFFER else "large"
             spans[e.addr] = (e.size, e.stream, kind)
+        elif e.action == "segment_map" and not _unmap(spans, e.addr, e.size):
+            problems.append(f"event {index}: segment_map at {e.addr:#x} of a range not mapped afterwards")
+        elif e.action == "segment_unmap":
+            _map(spans, e.addr, e.size, e.stream)
     return spans
+
+
+def _unmap(spans: dict[int, tuple[int, int, str]], address: int, size: int) -> bool:
+    """Take ``size`` bytes from ``address`` out of the mapped range holding them; whether
+    one did."""
+    starts = sorted(spans)
+    i = bisect_right(starts, address) - 1
+    if i < 0:
+        return False
+    start = starts[i]
+    length, stream, kind = spans[start]
+    if address + size > start + length:
+        return False
+    del spans[start]
+    if address > start:
+        spans[start] = (address - start, stream, kind)
+    if address + size < start + length:
+        spans[address + size] = (start + length - address - size, stream, kind)
+    return True
+
+
+def _map(spans: dict[int, tuple[int, int, str]], address: int, size: int, stream: int) -> None:
+    """Add a mapped range, joined with the ranges it touches (one recorded segment)."""
+    before = next((s for s, (n, _, _) in spans.items() if s + n == address), None)
+    after = spans.pop(address + size, None)
+    kind = after[2] if after else spans[before][2] if before is not None else "large"
+    if kind == "large" and size % K_LARGE_BUFFER:
+        kind = "small"  # only small-pool ranges map 2 MiB pages
+    if after:
+        size += after[0]
+    if before is not None:
+        address, size = before, size + spans[before][0]
+    spans[address] = (size, stream, kind)
 
 
 def _blocks(start: int, size: int, kind: str, addresses: list[int], context: tuple) -> list[Block]:
@@ -160,7 +201,7 @@ def _blocks(start: int, size: int, kind: str, addresses: list[int], context: tup
         length = info.size
         if length is None:
             length = round_size(info.request, settings)
-            if kind == "large":
+            if kind == "large" and not settings.expandable_segments:  # those cut at 512 B
                 following = addresses[k + 1] if k + 1 < len(addresses) else end
                 tail = _settle(address, length, following, info, allocs, settings, ends)
                 tails.append(tail)

@@ -1,14 +1,18 @@
-"""Check the simulator against a recorded trace: rebuild the cache at the trace's start
-(``rebuild``), replay every recorded call through ``Allocator``, and compare what it
-predicts with what torch did.
+"""The one replay of a recorded trace: rebuild the cache at the trace's start
+(``rebuild``), replay every recorded call through ``Allocator``, and both compare what
+it predicts with what torch did (``decisions.ReplayReport``, the allocator check) and
+yield allocated and reserved bytes after every event (``timeline``, the ``snapshot``
+report's figures).
 
 Calls replayed (``calls.plan_calls``): each ``alloc`` (request size and stream) with
 the segment events torch recorded just before it; each ``free_requested`` /
 ``free_completed`` by address (a free whose completion does not follow at once with
 the same stack is deferred, as with ``record_stream``; a completion forced by the
 release inside an allocation belongs to that allocation); each ``oom``; and each run
-of ``segment_free`` events carrying ``empty_cache`` frames (or, without frames, not
-claimed by an allocation) as one ``empty_cache()``.
+of ``segment_free`` events carrying ``empty_cache`` frames as one ``empty_cache()``, as
+is a run no allocation can have made (none follows, no new segment follows it, or its
+stack is not the allocation's: torch releases inside ``malloc`` only after ``cudaMalloc``
+failed, then asks again, all with the allocation's stack).
 
 What the end state and the trace leave open is settled by the replay itself: the
 unsplit remainder of a block from before the trace that no sighting pins down is
@@ -23,18 +27,26 @@ out the recorded segment's address when the requested size is the recorded one (
 fresh address if not). So the addresses compared are torch's whenever the model
 agrees, and what is tested is every decision: which segment sizes, when, which
 segments are released, where each block goes, and the final cache block for block.
-Expandable-segment traces (``segment_map``/``segment_unmap``) are not replayed.
+
+Expandable segments (``segment_map``/``segment_unmap``): the snapshot records their
+mapped ranges, not the reserved address space around them, so the ranges are loaded as
+plain segments and the model runs with ``expandable_segments`` on (blocks cut to the
+rounded request, as torch cuts them there); map and unmap events are replayed with the
+allocation (or ``empty_cache()``) they belong to and counted in reserved bytes, but
+the model's own mapping decisions are not compared (``unsupported_events``), and the
+figures are marked approximate.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..snapshotfile.records import Snapshot, TraceEntry
 from .caching import Allocator
 from .calls import Call, ReplayDevice, plan_calls
+from .decisions import Mismatch, ReplayReport
 from .rebuild import StartState, Tail, rebuild_start
 from .records import SimulatedOutOfMemory
 from .settings import (
@@ -46,91 +58,12 @@ from .settings import (
     settings_from_snapshot,
 )
 from .tally import Tally, compare_final
+from .timeline import Replay, Timeline, replay_check, tail_bounds
 
-__all__ = ["Call", "Mismatch", "ReplayReport", "plan_calls", "replay_snapshot"]
+__all__ = ["Call", "Mismatch", "Replay", "ReplayReport", "plan_calls", "replay", "replay_snapshot"]
 
 _SEGMENT_ACTIONS = ("segment_alloc", "segment_free")
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """Where the prediction left the record: the event index, what was compared
-    (``alloc address``, ``segments``, ``oom``, ``free``), recorded and predicted."""
-
-    index: int
-    what: str
-    recorded: str
-    predicted: str
-
-
-@dataclass(frozen=True)
-class ReplayReport:
-    """The outcome of a replay (all counts; bytes where named).
-
-    ``allocs``: recorded allocations, those replayed, those placed at torch's address.
-    ``segment_allocs``/``segment_frees``: recorded, predicted, and matched (same call,
-    address and size). ``ooms``: recorded, predicted, matched. ``final_segments`` /
-    ``final_blocks``: the end state, recorded vs simulated, matched when equal (address,
-    size, type; blocks: address, size, state, and request when live). ``tails``:
-    start-state blocks whose unsplit remainder the trace had to settle; of them ``pinned``
-    by a block start seen at their end, ``inferred`` from a replayed best-fit decision,
-    the rest taken as having none. ``rounds``: replays run (one more per inference).
-    ``mismatches``: the first ones, in order. ``peak_allocated``/``peak_reserved``: the
-    simulated peaks over the replay (bytes). ``started_mid_call``: the trace begins with
-    an allocation whose ``segment_alloc`` the ring buffer dropped (inferred; not counted).
-    """
-
-    source: str
-    device: int
-    events: int
-    settings: str
-    start_segments: int
-    start_live_blocks: int
-    tails: int
-    pinned: int
-    inferred: int
-    rounds: int
-    allocs: Tally
-    segment_allocs: Tally
-    segment_frees: Tally
-    empty_cache_calls: int
-    ooms: Tally
-    final_segments: Tally
-    final_blocks: Tally
-    unsupported_events: int
-    peak_allocated: int
-    peak_reserved: int
-    mismatch_count: int
-    mismatches: tuple[Mismatch, ...] = ()
-    problems: tuple[str, ...] = ()
-    started_mid_call: bool = False
-
-    @property
-    def all_match(self) -> bool:
-        """Every recorded decision predicted and nothing more."""
-        tallies = (self.allocs, self.segment_allocs, self.segment_frees, self.ooms)
-        return (
-            all(t.exact for t in tallies)
-            and self.final_segments.exact
-            and self.final_blocks.exact
-            and not self.mismatch_count
-            and not self.problems
-            and not self.unsupported_events
-        )
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["all_match"] = self.all_match
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ReplayReport:
-        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
-        for name in ("allocs", "segment_allocs", "segment_frees", "ooms", "final_segments", "final_blocks"):
-            values[name] = Tally(**values[name])
-        values["mismatches"] = tuple(Mismatch(**m) for m in values.get("mismatches", ()))
-        values["problems"] = tuple(values.get("problems", ()))
-        return cls(**values)
+_EXPANDABLE_ACTIONS = ("segment_map", "segment_unmap")
 
 
 @dataclass
@@ -149,6 +82,7 @@ class _Run:
     counts: Counter = field(default_factory=Counter)
     mismatches: list[Mismatch] = field(default_factory=list)
     mismatch_count: int = 0
+    timeline: Timeline = field(default_factory=Timeline)
 
     def miss(self, index: int, what: str, recorded: str, predicted: str) -> None:
         self.mismatch_count += 1
@@ -159,28 +93,82 @@ class _Run:
 def replay_snapshot(
     snapshot: Snapshot, device: int = 0, settings: AllocatorSettings | None = None, keep: int = 20
 ) -> ReplayReport:
-    """Replay ``snapshot``'s trace for ``device`` (settings: the snapshot's own unless
-    given); ``keep``: how many mismatches to describe. An unsplit remainder the trace
-    shows only through a best-fit decision is inferred and the replay run again."""
-    settings = settings or settings_from_snapshot(snapshot.allocator_settings)
+    """The allocator check: ``replay``'s verdict on the model's decisions."""
+    return replay(snapshot, device, settings, keep).report
+
+
+def replay(
+    snapshot: Snapshot, device: int = 0, settings: AllocatorSettings | None = None, keep: int = 20
+) -> Replay:
+    """Replay ``snapshot``'s trace for ``device`` (empty: the end state only); settings:
+    the snapshot's own unless given (the defaults where they cannot be read); ``keep``:
+    how many mismatches to describe. An unsplit remainder the trace shows only through a
+    best-fit decision is inferred and the replay run again."""
     trace = snapshot.device_trace(device)
     end = snapshot.device_segments(device)
+    expandable = any(s.is_expandable for s in end) or any(e.action in _EXPANDABLE_ACTIONS for e in trace)
+    settings = settings or _settings(snapshot)
+    if expandable:
+        settings = dataclasses.replace(settings, expandable_segments=True)
     calls, skipped = plan_calls(trace)
     ends: dict[int, int] = {}
     absent: frozenset[int] = frozenset()
-    rounds = 0
+    rounds = cut_bytes = 0
     while True:
         rounds += 1
         start = rebuild_start(end, trace, settings, ends, absent)
         run = _replay(start, calls, settings, keep)
         if run.cut is not None and not absent:
             absent, calls = frozenset({run.cut.addr}), [_with_cut_segment(calls[0], run.cut), *calls[1:]]
+            cut_bytes = run.cut.size
         elif run.hint is None or ends.get(run.hint[0]) == run.hint[1] or rounds > 4 * len(start.tails) + 1:
             break
         else:
             ends[run.hint[0]] = run.hint[1]
-    report = _report(snapshot, device, settings, trace, end, start, run, skipped, rounds)
-    return dataclasses.replace(report, started_mid_call=bool(absent))
+    simulated = run.allocator.segments(device)
+    report = _report(snapshot, device, settings, trace, end, start, run, skipped, rounds, simulated)
+    report = dataclasses.replace(report, started_mid_call=bool(absent))
+    return _figures(device, trace, end, (start, cut_bytes), run, simulated, report, expandable)
+
+
+def _settings(snapshot: Snapshot) -> AllocatorSettings:
+    """The snapshot's allocator settings (the defaults where they cannot be read)."""
+    try:
+        return settings_from_snapshot(snapshot.allocator_settings)
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return AllocatorSettings()
+
+
+def _figures(device, trace, end, start_state, run, simulated, report, expandable) -> Replay:  # noqa: ANN001
+    """The replay's figures per event (``timeline``) and their check against the end.
+    ``start_state``: the rebuilt start and the bytes of a segment the cut left out (it
+    existed when the kept trace began, wholly free)."""
+    start, cut_bytes = start_state
+    live = [b for s in start.segments for b in s.blocks if b.state == "active_allocated"]
+    blocks = tuple(sorted((b.address, b.size) for b in live))
+    start_allocated = sum(size for _, size in blocks)
+    start_reserved = sum(s.total_size for s in start.segments) + cut_bytes
+    steps = run.timeline.steps(start_allocated, start_reserved)
+    bounds, overruns = tail_bounds(start)
+    counted = dict(blocks)
+    freed = {}
+    for index, entry in enumerate(trace):
+        if entry.action == "free_requested" and entry.addr in counted and entry.addr not in freed:
+            freed[entry.addr] = index
+    tails = tuple((bound, freed[address]) for address, bound in bounds.items() if address in freed)
+    final = (steps[-1].allocated, steps[-1].reserved) if steps else (start_allocated, start_reserved)
+    decisions = 0 if expandable else run.mismatch_count  # placement in expandable ones: not followed
+    unknown = (decisions + start.strays + overruns, len(bounds), sum(bounds.values()))
+    allocated_in_trace = {e.addr for e in trace if e.action == "alloc"}
+    check = replay_check(end, simulated, allocated_in_trace, final, unknown, expandable)
+    cache = {**run.timeline.cache, -1: _start_cache(start, cut_bytes)}
+    return Replay(device, start_allocated, start_reserved, steps, blocks, check, tails, report, cache)
+
+
+def _start_cache(start: StartState, cut_bytes: int) -> tuple[int, int]:
+    free = [b.size for s in start.segments for b in s.blocks if b.state == "inactive"]
+    free += [cut_bytes] if cut_bytes else []
+    return len(free), max(free, default=0)
 
 
 def _with_cut_segment(call: Call, segment: TraceEntry) -> Call:
@@ -191,16 +179,17 @@ def _with_cut_segment(call: Call, segment: TraceEntry) -> Call:
 def _replay(start: StartState, calls: list[Call], settings: AllocatorSettings, keep: int) -> _Run:
     replay_device = ReplayDevice()
     run = _Run(Allocator.from_segments(start.segments, settings, device=replay_device), replay_device, keep)
+    run.timeline = Timeline(run.allocator.allocated)
     run.open_tails = {t.end: t for t in start.tails if t.how != "seen"}
     for call in calls:
         _replay_call(run, call)
     return run
 
 
-def _report(snapshot, device, settings, trace, end, start, run, skipped, rounds) -> ReplayReport:
+def _report(snapshot, device, settings, trace, end, start, run, skipped, rounds, simulated) -> ReplayReport:  # noqa: ANN001
     stats = run.allocator.stats
     c = run.counts
-    final = compare_final(end, run.allocator.segments(device))
+    final = compare_final(end, simulated)
     return ReplayReport(
         source=snapshot.source,
         device=device,
@@ -236,15 +225,34 @@ def _replay_call(run: _Run, call: Call) -> None:
     allocator = run.allocator
     mark = len(allocator.events)
     run.device.plan(call, lambda: sum(1 for ev in allocator.events[mark:] if ev.action == "segment_free"))
-    if call.kind in ("malloc", "oom"):
-        (_replay_malloc if call.kind == "malloc" else _replay_oom)(run, call)
+    address, held, events = None, 0, (*call.segment_events, (call.index, call.entry))
+    if call.kind == "malloc":
+        address = _replay_malloc(run, call)
+        _complete_absorbed(run, call)
+    elif call.kind == "oom":
+        _replay_oom(run, call)
         _complete_absorbed(run, call)
     elif call.kind in ("free", "complete"):
+        address = run.addresses.get(call.entry.addr, call.entry.addr)
+        held = _held(run, address, call.entry)
         _replay_free(run, call)
     else:
         run.counts["empty_cache"] += 1
         allocator.empty_cache()
+        events = call.segment_events
     _compare_segments(run, call, mark)
+    if call.kind == "malloc":
+        held = _held(run, address, call.entry)
+    run.timeline.record(events, held)
+    if address is not None and call.kind == "malloc":
+        run.timeline.keep_cache(call.index, allocator)
+
+
+def _held(run: _Run, address: int | None, entry: TraceEntry) -> int:
+    """The bytes of the simulated block at ``address`` for the recorded ``alloc`` or
+    ``free_requested`` (the rounded request where the model holds none)."""
+    block = run.allocator.active.get(address) if address is not None else None
+    return block.size if block is not None else round_size(entry.size, run.allocator.settings)
 
 
 def _replay_oom(run: _Run, call: Call) -> None:
@@ -269,7 +277,8 @@ def _complete_absorbed(run: _Run, call: Call) -> None:
                 run.allocator.complete_free(block.address)
 
 
-def _replay_malloc(run: _Run, call: Call) -> None:
+def _replay_malloc(run: _Run, call: Call) -> int | None:
+    """Replay an allocation; the simulated block's address (None: the model ran out)."""
     e = call.entry
     run.counts["alloc.recorded"] += 1
     after_tails = _free_after_tails(run) if run.open_tails and run.hint is None else {}
@@ -278,12 +287,12 @@ def _replay_malloc(run: _Run, call: Call) -> None:
     except SimulatedOutOfMemory:
         run.counts["oom.predicted"] += 1
         run.miss(call.index, "oom", f"alloc of {e.size} B at {e.addr:#x}", "out of memory")
-        return
+        return None
     run.counts["alloc.predicted"] += 1
     run.addresses[e.addr] = address
     if address == e.addr:
         run.counts["alloc.matched"] += 1
-        return
+        return address
     run.miss(call.index, "alloc address", f"{e.addr:#x} ({e.size} B)", f"{address:#x}")
     if address in after_tails:
         # torch did not take the free block after an open tail: it was too small for the
@@ -293,9 +302,10 @@ def _replay_malloc(run: _Run, call: Call) -> None:
         wanted = address + after_tails[address] - rounded + K_MIN_BLOCK_SIZE
         if tail.end < wanted <= tail.high:
             run.hint = (tail.address, wanted)
-            return
+            return address
     if call.index == 0:
         run.cut = _cut_segment(run, e)
+    return address
 
 
 def _cut_segment(run: _Run, e: TraceEntry) -> TraceEntry | None:
@@ -340,6 +350,9 @@ def _replay_free(run: _Run, call: Call) -> None:
 
 
 def _compare_segments(run: _Run, call: Call, mark: int) -> None:
+    events = run.allocator.events
+    if not call.segment_events and all(e.action not in _SEGMENT_ACTIONS for e in events[mark:]):
+        return  # nothing recorded, nothing done (most calls)
     recorded = [(e.action, e.addr, e.size) for i, e in call.segment_events if e.action in _SEGMENT_ACTIONS]
     predicted = [
         (ev.action, ev.address, ev.size)

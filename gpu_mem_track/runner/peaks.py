@@ -7,7 +7,7 @@ The allocator numbers its allocations and frees: the trace's ``alloc`` and
 where ``end`` is its count when the snapshot was taken and ``first = end - (counted
 entries in the trace)`` (the ring buffer drops the oldest). A line execution whose count
 went from ``start`` to ``stop`` (``history.LineWindows``) ran exactly the counted entries
-``start + 1`` to ``stop``, in whatever thread. The replayed trace (``snapshots.replay``)
+``start + 1`` to ``stop``, in whatever thread. The replayed trace (``allocator.replay``)
 gives the allocated bytes right after each of them, so the execution's peak is the
 largest of those (the bytes before it are the runner's own reading). An execution whose
 entries are not all in the trace keeps the runner's figure, and its line's peak is not
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from ..allocator.replay import Replay
 from ..runfolder.records import LineRecord
 from ..snapshotfile.records import Frame, Snapshot, TraceEntry
-from ..snapshots.replay import Replay
 
 __all__ = [
     "COUNTED",

@@ -96,8 +96,8 @@ class SnapshotRun:
     def _merge(
         self, path: Path, records: Sequence[LineRecord], end: tuple[int, int]
     ) -> tuple[list[LineRecord], SnapshotMerge]:
+        from ..allocator.replay import replay
         from ..snapshotfile.load import load_snapshot
-        from ..snapshots.replay import replay
         from .peaks import alignment_note, counted_levels, counted_positions, merge_peaks, window_peaks
 
         snapshot = load_snapshot(path)
@@ -129,7 +129,7 @@ class SnapshotRun:
     def _analyse_placed(self, snapshot: Any, windows: list[Window], positions: list[int], first: int) -> int:
         """Write the analysis of the snapshot whose stackless entries were given the line
         that ran them; returns how many were."""
-        from ..snapshots.replay import replay
+        from ..allocator.replay import replay
         from .peaks import innermost_lines, place_frameless
 
         owners = innermost_lines(windows, first, len(positions))

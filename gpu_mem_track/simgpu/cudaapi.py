@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,15 +59,16 @@ class DeviceProperties:
 
 
 class _Event:
-    """``torch.cuda.Event``: records nothing, always complete."""
+    """``torch.cuda.Event``: always complete; ``elapsed_time`` is the wall time on this
+    machine between two records (ms, at least 0.001, so throughput arithmetic in
+    benchmarking scripts does not divide by zero)."""
 
-    def __init__(
-        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
-    ) -> None:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
+        self.at = time.perf_counter()
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self.at = time.perf_counter()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -78,7 +80,7 @@ class _Event:
         pass
 
     def elapsed_time(self, end_event: Any) -> float:
-        return 0.0
+        return max((end_event.at - self.at) * 1000.0, 0.001)
 
 
 class _Stream:
@@ -185,6 +187,15 @@ def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
         "can_device_access_peer": lambda device, peer: False,
     }.items():
         patches.set(torch.cuda, name, value)
+    _accelerator(patches)
+    patches.set(torch.backends.cudnn, "is_available", lambda: True)
+    patches.set(torch.backends.cudnn, "version", lambda: 90100)
+    patches.set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)  # RNNs: the native path
+    patches.set(torch.backends.cuda, "is_built", lambda: True)
+
+
+def _accelerator(patches: Patches) -> None:
+    """``torch.accelerator`` (the DataLoader's pin-memory thread and the optimizers ask it)."""
     accelerator = torch.accelerator
     for name, value in {
         "is_available": lambda: True,
@@ -198,14 +209,12 @@ def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
     }.items():
         if hasattr(accelerator, name):
             patches.set(accelerator, name, value)
-    patches.set(torch.backends.cudnn, "is_available", lambda: True)
-    patches.set(torch.backends.cudnn, "version", lambda: 90100)
-    patches.set(torch.backends.cuda, "is_built", lambda: True)
 
 
 def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
     allocator = gpu.allocator
     summary = torch.cuda.memory.memory_summary
+    allocated, reserved = allocator.stats.get("allocated_bytes"), allocator.stats.get("reserved_bytes")
 
     def capacity_left(device: Any = None) -> tuple[int, int]:
         return max(gpu.spec.capacity - allocator.reserved, 0), gpu.spec.total_memory
@@ -224,6 +233,11 @@ def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
 
     for name, value in {
         "memory_stats": lambda device=None: allocator.stats.as_dict(),
+        # the four a sampler reads at every line: straight from the statistics, no dict
+        "memory_allocated": lambda device=None: allocated.current,
+        "max_memory_allocated": lambda device=None: allocated.peak,
+        "memory_reserved": lambda device=None: reserved.current,
+        "max_memory_reserved": lambda device=None: reserved.peak,
         "memory_stats_as_nested_dict": lambda device=None: _nested(allocator.stats.as_dict()),
         "memory_summary": lambda device=None, abbreviated=False: summary(0, abbreviated),
         "mem_get_info": capacity_left,
@@ -232,7 +246,7 @@ def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
         "reset_max_memory_allocated": reset_peaks,
         "reset_max_memory_cached": reset_peaks,
         "reset_accumulated_memory_stats": reset_accumulated,
-        "set_per_process_memory_fraction": _none,
+        "set_per_process_memory_fraction": lambda fraction, device=None: gpu.memory.set_fraction(fraction),
         "caching_allocator_enable": _none,
         "_record_memory_history": lambda enabled="all", *args, **kwargs: _record(gpu, enabled, kwargs),
         "_snapshot": lambda device=None, *args, **kwargs: make_snapshot(gpu),

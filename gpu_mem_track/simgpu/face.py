@@ -6,10 +6,15 @@ dtypes, storages, no data) and say they are on ``cuda:0``.
 answers ``.device``, ``.is_cuda``, ``.is_meta``, ``.is_cpu`` and ``get_device()`` for
 meta tensors as a CUDA tensor would, turns ``.cpu()``/``.numpy()``/``.tolist()``/
 ``print``/``repr`` into reads of a CPU copy (its value when known, else a placeholder:
-see :mod:`~gpu_mem_track.estimator.values`), makes ``pin_memory``/``record_stream`` on
-them no-ops, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's
-op lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
-and the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`).
+see :mod:`~gpu_mem_track.estimator.values`), answers ``isfinite``/``isnan``/``isinf`` of
+unknown values as finite (:data:`FINITE_CHECKS`), makes ``record_stream`` on them a
+no-op, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's op
+lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
+the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`) and
+linear-shaped einsums as linear layers, whose weight gradients come in the weight's
+layout as on the GPU (:mod:`~gpu_mem_track.gpumodel.einsum`).
+Large CPU tensors made while a module is built are virtual
+(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them.
 
 Real CPU tensors pass through untouched (the data pipeline stays real). The mode only
 sees calls made from Python at the torch API level; calls that a torch function makes
@@ -30,14 +35,24 @@ from torch.overrides import TorchFunctionMode
 
 from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
+from ..gpumodel.einsum import as_linear
 from .virtual import FACTORIES, VirtualCpu
 
-__all__ = ["CUDA0", "META", "CudaFace", "is_cuda_device"]
+__all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
 
 META = torch.device("meta")
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 _Handler = Callable[[Any, tuple, dict], Any]
+
+
+#: Checks for inf and NaN on simulated values: answered as finite (as GradScaler's
+#: found_inf is), so ``if not torch.isfinite(loss): skip`` goes the usual way.
+FINITE_CHECKS = {
+    **{f: True for f in (torch.isfinite, torch.Tensor.isfinite)},
+    **{f: False for f in (torch.isnan, torch.Tensor.isnan, torch.isinf, torch.Tensor.isinf)},
+    **{f: False for f in (torch.isposinf, torch.Tensor.isposinf, torch.isneginf, torch.Tensor.isneginf)},
+}
 
 
 def is_cuda_device(value: Any) -> bool:
@@ -50,6 +65,11 @@ def is_cuda_device(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _operands(args: tuple) -> list:
+    """einsum's operands, given one by one or as one list."""
+    return list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+
+
 def _meta(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta
 
@@ -57,8 +77,9 @@ def _meta(value: Any) -> bool:
 class CudaFace(TorchFunctionMode):
     """See the module doc. ``autocast`` holds the casts of the running autocast region."""
 
-    def __init__(self, virtual: VirtualCpu | None = None) -> None:
+    def __init__(self, virtual: VirtualCpu | None = None, assume: Callable[[Any, Any], None] | None = None):
         super().__init__()
+        self.assume = assume
         self.autocast = CudaAutocast()
         self.virtual = virtual if virtual is not None else VirtualCpu()
         gpu = self._on_gpu
@@ -81,6 +102,8 @@ class CudaFace(TorchFunctionMode):
             torch.Tensor.is_pinned: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
             torch.Tensor.record_stream: lambda f, a, k: None,
             F.scaled_dot_product_attention: self._attention,
+            torch.einsum: self._einsum,
+            **{check: self._finite for check in FINITE_CHECKS},
             F.multi_head_attention_forward: self._reentered,
             torch.tensor: self._from_data,
             torch.as_tensor: self._from_data,
@@ -97,9 +120,19 @@ class CudaFace(TorchFunctionMode):
             return self._make_virtual(func, args, kwargs)
         if "device" in kwargs and is_cuda_device(kwargs["device"]):
             kwargs = {**kwargs, "device": META}
+        return self._run(func, args, kwargs)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func`` as CUDA runs it: under CUDA autocast's casts when autocast is on."""
         if torch.is_autocast_enabled("cuda"):
             return self.autocast.call(func, args, kwargs, torch.get_autocast_dtype("cuda"))
         return func(*args, **kwargs)
+
+    def _einsum(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        plan = as_linear(args[0], args[1:]) if args and not kwargs else None
+        if plan is None or not any(_meta(t) for t in _operands(args[1:])):
+            return self._run(func, args, kwargs)
+        return self._run(plan[0], plan[1], {})
 
     def _on_gpu(self, tensor: torch.Tensor) -> bool:
         """A meta tensor is on the simulated GPU unless it is virtual CPU."""
@@ -174,6 +207,12 @@ class CudaFace(TorchFunctionMode):
         if not _meta(tensor):
             return func(*args, **kwargs)
         return cuda_repr(tensor, tensor.detach().to("cpu"), on_gpu=self._on_gpu(tensor))
+
+    def _finite(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        if self.assume is not None and _meta(out) and _meta(args[0]):
+            self.assume(out, FINITE_CHECKS[func])
+        return out
 
     def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
         tensor, spec = args[0], args[1]

@@ -1,6 +1,7 @@
 """Analyse a memory snapshot as the runner reports a script: the peak of allocated bytes
-(replayed from the trace, see ``replay``) with its time and line, reserved bytes, bytes
-per source line and per phase, and the cache and fragmentation at the peak.
+(replayed from the trace through the allocator model, see ``allocator.replay``) with its
+time and line, reserved bytes, bytes per source line and per phase, and the cache and
+fragmentation at the peak.
 
 Every figure is bytes of the caching allocator's ``allocated_bytes`` (blocks, 512 B
 rounded, unsplit tails included) or ``reserved_bytes`` (segments). Lines are the sites of
@@ -17,9 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..allocator.replay import Replay
+from ..allocator.timeline import ReplayCheck, Step
 from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
-from .replay import Replay, ReplayCheck, Step, free_blocks_at
 
 __all__ = [
     "CategoryUsage",
@@ -86,7 +88,7 @@ class Peak:
     microseconds; None if unknown), ``reserved`` then, the ``site`` and ``category`` of
     the allocation that reached it and its ``block`` and ``request`` bytes (0 if none).
     ``bound``: the most the true peak could be, when blocks from before the trace kept
-    unknown tails (``replay.Replay.tails``; equal to ``allocated`` otherwise)."""
+    unknown tails (``allocator.timeline.Replay.tails``; equal to ``allocated`` otherwise)."""
 
     allocated: int
     reserved: int
@@ -179,7 +181,7 @@ def source_code(file: str, line: int) -> str:
 
 
 def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
-    """The analysis of ``replayed`` (``replay.replay(snapshot, device)``)."""
+    """The analysis of ``replayed`` (``allocator.replay.replay(snapshot, device)``)."""
     device = replayed.device
     trace = snapshot.device_trace(device)
     if not trace:
@@ -188,7 +190,7 @@ def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> Sna
     tally = _Tally(attributor)
     tally.walk(replayed, peak_at)
     peak = _peak(replayed, peak_at, attributor, trace)
-    free = free_blocks_at(snapshot, device, peak.index if peak.index is not None else -1)
+    free_blocks, largest_free = replayed.free_after(peak.index)
     segment_steps = [s for s in replayed.steps if s.entry.action.startswith("segment_")]
     empty_cache = _empty_cache_runs(replayed.steps)
     return SnapshotAnalysis(
@@ -205,8 +207,8 @@ def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> Sna
         max_reserved=max([replayed.start_reserved, *(s.reserved for s in replayed.steps)]),
         peak=peak,
         cache_at_peak=peak.reserved - peak.allocated,
-        largest_free=free[0] if free else 0,
-        free_blocks=len(free),
+        largest_free=largest_free,
+        free_blocks=free_blocks,
         segments_allocated=sum(s.entry.action == "segment_alloc" for s in segment_steps),
         segments_freed=sum(s.entry.action == "segment_free" for s in segment_steps),
         empty_cache=empty_cache,
@@ -277,12 +279,13 @@ def peak_bound(replayed: Replay) -> int:
 
 
 def _empty_cache_runs(steps: Iterable[Step]) -> tuple[tuple[int, int, int], ...]:
-    """Runs of ``segment_free`` whose stack passes through ``empty_cache``."""
+    """Runs of ``segment_free`` (or ``segment_unmap``) whose stack passes through
+    ``empty_cache``."""
     runs: list[list[int]] = []
     previous = None
     for step in steps:
         entry = step.entry
-        emptying = entry.action == "segment_free" and any(
+        emptying = entry.action in ("segment_free", "segment_unmap") and any(
             "emptyCache" in f.name or f.name == "empty_cache" for f in entry.frames
         )
         if emptying:
@@ -398,11 +401,11 @@ def _without_trace(snapshot: Snapshot, replayed: Replay, attributor: Attributor)
             if block.state == "active_allocated":
                 site, category = attributor.describe(block.frames)
                 tally.block(site, category, block.size, allocated)
-    free = free_blocks_at(snapshot, replayed.device, None)
+    free_blocks, largest_free = replayed.free_after(None)  # the end state: no trace
     peak = Peak(allocated, reserved, None, None, Site("<snapshot>", "end state", 0), "", bound=allocated)
     return SnapshotAnalysis(
         snapshot.source, replayed.device, snapshot.devices(), 0, None, None, allocated, reserved,
-        allocated, reserved, reserved, peak, reserved - allocated, free[0] if free else 0, len(free),
+        allocated, reserved, reserved, peak, reserved - allocated, largest_free, free_blocks,
         0, 0, (), (), tally.lines(), tally.categories(), replayed.check, attributor.include,
         attributor.unmatched(), _segment_counts(snapshot, replayed.device),
     )  # fmt: skip

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..allocator.replay import replay
 from ..errors import UsageError
 from ..outputs import claim_folder, safe_name
 from ..runfolder.files import RunFolder
@@ -21,7 +22,6 @@ from ..snapshotfile.records import Snapshot
 from .analyse import SnapshotAnalysis, analyse, pick_device
 from .attribution import Attributor
 from .folder import default_name, write_folder
-from .replay import replay
 from .report import render_summary
 
 __all__ = ["load_checked", "report_folder", "run"]

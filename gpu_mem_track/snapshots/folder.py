@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..allocator.replay import Replay
 from ..errors import UsageError
 from ..outputs import safe_name
 from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
 from ..runfolder.records import LineRecord, RunInfo
 from .analyse import LineUsage, SnapshotAnalysis
 from .attribution import PRE_TRACE, Attributor
-from .replay import Replay
 from .report import render_report
 
 __all__ = [
@@ -147,7 +147,9 @@ def _timeline_rows(
         entry = step.entry
         seq += 1
         elapsed = (entry.time_us - t0) / 1e6 if t0 is not None and entry.time_us else float(step.index)
-        if entry.action == "oom" or (entry.action == "segment_free" and entry.time_us in marks):
+        if entry.action == "oom" or (
+            entry.action in ("segment_free", "segment_unmap") and entry.time_us in marks
+        ):
             marks.discard(entry.time_us)
             label = "out of memory" if entry.action == "oom" else "empty_cache()"
             yield _mark(seq, elapsed, "track", label, allocated, reserved)

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..allocator.timeline import ReplayCheck
 from ..units import format_bytes
 from .analyse import LineUsage, SnapshotAnalysis
-from .replay import ReplayCheck
 
 __all__ = ["render_report", "render_summary"]
 
@@ -196,7 +196,12 @@ def _check_line(check: ReplayCheck) -> str:
         f"final allocated replayed {pair(check.final_allocated_replayed, check.final_allocated_recorded)}; "
         f"reserved {pair(check.final_reserved_replayed, check.final_reserved_recorded)}"
     )
-    return text + (f"; {check.misfits} events did not fit the replayed layout" if check.misfits else "")
+    return text + (
+        f"; {check.misfits} recorded decisions the allocator model did not make (figures after them are "
+        "the model's)"
+        if check.misfits
+        else ""
+    )
 
 
 def _where(usage: LineUsage) -> str:
