@@ -31,6 +31,7 @@ from .cudaapi import install
 from .engine import GpuMemory, Storages, user_line
 from .face import CudaFace
 from .patches import Patches
+from .ranks import RankEnv, simulate_ranks
 from .records import Bound, OutOfMemory, Placeholder
 from .virtual import VirtualCpu
 
@@ -44,8 +45,9 @@ class SimulatedGpu:
     ``out_of_memory`` (the latest, or None) and ``skipped_saves`` tell what the
     simulation could not do as the GPU would."""
 
-    def __init__(self, spec: GpuSpec | str, alloc_conf: str | None = None) -> None:
+    def __init__(self, spec: GpuSpec | str, alloc_conf: str | None = None, ranks: RankEnv | None = None) -> None:
         self.spec = parse_gpu(spec)
+        self.ranks = ranks
         self.memory = GpuMemory(self.spec, alloc_settings(alloc_conf), on_oom=self._note_oom)
         self.allocator = self.memory.allocator
         config = None if "CUBLAS_WORKSPACE_CONFIG" in _environ() else ""
@@ -81,6 +83,9 @@ class SimulatedGpu:
             stack.callback(patches.restore)
             install(self, patches)
             self._autocast_cache(patches)
+            self._backward_sees_face(patches)
+            if self.ranks is not None:
+                simulate_ranks(self, self.ranks, patches)
             stack.enter_context(self.values)
             stack.enter_context(self.storages)
             stack.callback(self.storages.close)
@@ -101,6 +106,23 @@ class SimulatedGpu:
         if not self.skipped_saves:
             print("gpu_mem_track: torch.save of simulated GPU tensors writes nothing", file=sys.stderr)
         self.skipped_saves += 1
+
+    def _backward_sees_face(self, patches: Patches) -> None:
+        """Autograd's backward runs with the face on: ``Tensor.backward`` reaches the engine
+        from inside the face's own handling, where a torch-function mode is off, so hooks
+        run in backward (FSDP2's gathers, a user's) saw meta devices and made CPU tensors."""
+        import torch.autograd
+
+        run = torch.autograd._engine_run_backward
+        face = self.face
+
+        def run_with_face(*args: Any, **kwargs: Any) -> Any:
+            if face in _function_modes():
+                return run(*args, **kwargs)
+            with face:
+                return run(*args, **kwargs)
+
+        patches.set(torch.autograd, "_engine_run_backward", run_with_face)
 
     def _autocast_cache(self, patches: Patches) -> None:
         """Autocast clears its weight cache when the outermost region exits: ours too."""
@@ -127,6 +149,12 @@ class SimulatedGpu:
         self.out_of_memory = record
 
 
+def _function_modes() -> list[Any]:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return _get_current_function_mode_stack()
+
+
 def _environ() -> dict[str, str]:
     import os
 
@@ -134,10 +162,14 @@ def _environ() -> dict[str, str]:
 
 
 @contextmanager
-def simulated_gpu(spec: GpuSpec | str, *, alloc_conf: str | None = None) -> Iterator[SimulatedGpu]:
+def simulated_gpu(
+    spec: GpuSpec | str, *, alloc_conf: str | None = None, ranks: RankEnv | None = None
+) -> Iterator[SimulatedGpu]:
     """Run the block as if ``cuda:0`` were the GPU ``spec`` (a ``GpuSpec``, a catalog name
     such as ``"a100-40gb"``, or ``"24GiB:sm86"``); ``alloc_conf`` is a
-    ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the environment variable). Yields the
+    ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the environment variable); ``ranks`` (a
+    :class:`~gpu_mem_track.simgpu.ranks.RankEnv`) makes it one rank's GPU of a torchrun
+    launch, its process group a fake one (:mod:`~gpu_mem_track.simgpu.ranks`). Yields the
     :class:`SimulatedGpu`. Unknown names and bad settings raise ``UsageError``."""
-    with SimulatedGpu(spec, alloc_conf) as gpu:
+    with SimulatedGpu(spec, alloc_conf, ranks) as gpu:
         yield gpu
