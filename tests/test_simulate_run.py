@@ -309,16 +309,14 @@ def test_each_line_gets_its_reserved_peak(tmp_path):
     assert peaks == {1: 20 * 2**20, 2: 20 * 2**20, 3: 0}
 
 
-def test_simulate_under_torchrun_says_it_is_not_supported(tmp_path):
-    from gpu_mem_track.errors import UsageError
+def test_simulate_under_torchrun_gives_the_rank_its_own_gpu(tmp_path):
     from gpu_mem_track.runner.options import RunOptions
     from gpu_mem_track.runner.run import prepare
 
     script = write(tmp_path / "s.py", "print('ran')\n")
     options = RunOptions(script=str(script), out_dir=str(tmp_path / "reports"), simulate="a100-40gb")
-    with pytest.raises(UsageError, match="^--simulate under torchrun is not supported yet"):
-        prepare(options, environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
-    assert not (tmp_path / "reports").exists()
+    prepared = prepare(options, environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert (prepared.gpu.name, str(prepared.device), prepared.rank.rank) == ("A100-40GB", "cuda:1", 1)
 
 
 def test_saved_activations_are_placed_at_the_users_line_not_inside_the_package():

@@ -88,7 +88,7 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
         folder = RunFolder(rank_folder(out_dir, options.run_name, script, rank, environ))
         follow = device.is_cuda and options.device in ("auto", "cuda")
         device = Device("cuda", rank.local_rank) if follow else device
-        return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
+        return PreparedRun(options, script, folder, traced, dirs, device, rank, follow, gpu=gpu)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(claim_folder(out_dir, name))
     return PreparedRun(options, script, folder, traced, dirs, device, gpu=gpu)
@@ -113,7 +113,7 @@ def execute(
     records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
     ``prepared`` is not changed. ``sampler`` and ``history`` replace the memory readings
     and torch's history recorder (tests pass fakes)."""
-    with simulation(prepared.gpu) as gpu:  # before the sampler's first reading
+    with simulation(prepared.gpu, prepared.rank) as gpu:  # before the sampler's first reading
         return _execute(prepared, stream, sampler, history, gpu)
 
 

@@ -33,8 +33,8 @@ __all__ = ["check_simulate", "simulation", "simulation_info", "stop_rule"]
 
 def check_simulate(options: RunOptions, rank: Any) -> Any:
     """The ``GpuSpec`` of ``--simulate`` (None without it); ``UsageError`` for an unknown
-    GPU (one line listing the names), a device other than CUDA, a ``--memory`` choice,
-    or a torchrun launch (each rank would need its own simulated GPU and collectives)."""
+    GPU (one line listing the names), a device other than CUDA or a ``--memory`` choice.
+    Under torchrun each rank gets its own simulated GPU (:mod:`~gpu_mem_track.simgpu.ranks`)."""
     if options.simulate is None:
         return None
     from ..simgpu.catalog import parse_gpu
@@ -46,8 +46,6 @@ def check_simulate(options: RunOptions, rank: Any) -> Any:
         )
     if options.memory != "auto":
         raise UsageError(f"--memory {options.memory} measures the CPU; --simulate reads the simulated GPU")
-    if rank is not None:
-        raise UsageError("--simulate under torchrun is not supported yet: run the script without torchrun")
     return spec
 
 
@@ -63,14 +61,16 @@ def stop_rule(options: RunOptions) -> StopRule | None:
 
 
 @contextlib.contextmanager
-def simulation(spec: Any) -> Iterator[Any]:
-    """The simulated GPU of ``spec`` while the block runs (None for no spec: a real run)."""
+def simulation(spec: Any, rank: Any = None) -> Iterator[Any]:
+    """The simulated GPU of ``spec`` while the block runs (None for no spec: a real run);
+    with ``rank`` (a torchrun launch) that rank's GPU, its process group a fake one."""
     if spec is None:
         yield None
         return
     from ..simgpu import simulated_gpu
+    from ..simgpu.ranks import RankEnv
 
-    with simulated_gpu(spec) as gpu:
+    with simulated_gpu(spec, ranks=RankEnv.from_environ() if rank is not None else None) as gpu:
         yield gpu
 
 

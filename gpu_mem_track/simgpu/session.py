@@ -45,7 +45,9 @@ class SimulatedGpu:
     ``out_of_memory`` (the latest, or None) and ``skipped_saves`` tell what the
     simulation could not do as the GPU would."""
 
-    def __init__(self, spec: GpuSpec | str, alloc_conf: str | None = None, ranks: RankEnv | None = None) -> None:
+    def __init__(
+        self, spec: GpuSpec | str, alloc_conf: str | None = None, ranks: RankEnv | None = None
+    ) -> None:
         self.spec = parse_gpu(spec)
         self.ranks = ranks
         self.memory = GpuMemory(self.spec, alloc_settings(alloc_conf), on_oom=self._note_oom)
