@@ -63,3 +63,22 @@ def test_an_estimate_made_on_a_simulated_gpu_is_the_estimate_made_without():
         assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated() == 512
         assert held.is_cuda  # the simulation runs on afterwards
     assert (inside.peak, inside.reserved_peak) == (plain.peak, plain.reserved_peak)
+
+
+def test_backward_hooks_see_the_gpu_and_make_tensors_on_it():
+    """Backward ran with the face off (``Tensor.backward`` reaches the engine from inside
+    the face's own handling): a hook saw ``meta`` devices and its ``device="cuda"``
+    tensors failed (FSDP2's gathers in backward do both)."""
+    with simulated_gpu("a100-40gb"):
+        w = torch.ones(256, device="cuda", requires_grad=True)
+        seen = []
+
+        def hook(grad):
+            seen.append(str(grad.device))
+            return grad + torch.ones(256, device="cuda")
+
+        w.register_hook(hook)
+        (w * 2).sum().backward()
+        assert seen == ["cuda:0"] and w.grad.is_cuda
+        assert torch.cuda.memory_allocated() == 2 * 1024  # w and its gradient
+

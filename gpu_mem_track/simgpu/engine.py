@@ -196,9 +196,6 @@ class GpuMemory:
         return torch.OutOfMemoryError(message)
 
 
-_META = torch.device("meta")
-
-
 class Storages(Lifetimes):
     """:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` on the meta device with
     torch functions off while it works (see the module doc). Outputs of ops made as
@@ -210,10 +207,6 @@ class Storages(Lifetimes):
         self.virtual = virtual
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if kwargs and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "cuda":
-            # a factory the face did not see (made in C++, or where the face is off, as
-            # in FSDP2's hooks): the simulated GPU's tensors are meta ones
-            kwargs = {**kwargs, "device": _META}
         with torch._C.DisableTorchFunction():
             virtual = self.virtual
             if virtual.making or (virtual and self._from_virtual(args, kwargs)):

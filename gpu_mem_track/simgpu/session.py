@@ -115,11 +115,15 @@ class SimulatedGpu:
         run in backward (FSDP2's gathers, a user's) saw meta devices and made CPU tensors."""
         import torch.autograd
 
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
         run = torch.autograd._engine_run_backward
-        face = self.face
+        face, storages = self.face, self.storages
 
         def run_with_face(*args: Any, **kwargs: Any) -> Any:
-            if face in _function_modes():
+            # not when the face is on already, nor when the simulation is set aside
+            # (an estimate made inside it)
+            if face in _function_modes() or storages not in _get_current_dispatch_mode_stack():
                 return run(*args, **kwargs)
             with face:
                 return run(*args, **kwargs)
