@@ -81,4 +81,3 @@ def test_backward_hooks_see_the_gpu_and_make_tensors_on_it():
         (w * 2).sum().backward()
         assert seen == ["cuda:0"] and w.grad.is_cuda
         assert torch.cuda.memory_allocated() == 2 * 1024  # w and its gradient
-

@@ -114,7 +114,6 @@ class SimulatedGpu:
         from inside the face's own handling, where a torch-function mode is off, so hooks
         run in backward (FSDP2's gathers, a user's) saw meta devices and made CPU tensors."""
         import torch.autograd
-
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
         run = torch.autograd._engine_run_backward
