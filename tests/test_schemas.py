@@ -34,7 +34,8 @@ def test_columns_are_the_records_fields():
 
 
 class _CudaLikeSampler(FakeSampler):
-    """Every reading known: allocated (the CUDA path), reserved, driver and RSS."""
+    """Every reading known: allocated (the CUDA path), reserved, driver and RSS. A fake:
+    the driver reading (NVML) is one the simulated GPU cannot give."""
 
     source = "cuda allocator"
     reserved = 789

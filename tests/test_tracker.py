@@ -197,6 +197,9 @@ def test_run_names_are_made_safe_and_unique(quiet_tracker):
 
 
 def test_ledger_reconciles_injected_cuda_figures(quiet_tracker, probe_result):
+    # A fake reader, not the simulated GPU: the driver-level figure (NVML) and the probed
+    # CUDA context are what this checks, and a simulation has no driver to read (the
+    # allocator's side of the ledger runs on the simulated GPU in test_cuda.py).
     reader = FakeReader(
         allocator_reading=AllocatorReading(
             allocated=10 * MiB, requested=9 * MiB, reserved=20 * MiB, peak_allocated=30 * MiB
