@@ -81,3 +81,17 @@ def test_backward_hooks_see_the_gpu_and_make_tensors_on_it():
         (w * 2).sum().backward()
         assert seen == ["cuda:0"] and w.grad.is_cuda
         assert torch.cuda.memory_allocated() == 2 * 1024  # w and its gradient
+
+
+def test_multihead_attention_trains_on_the_simulated_gpu():
+    """``F.multi_head_attention_forward`` re-entered the face, whose own torch-function
+    check handed the call back to the face: a RecursionError in every training step of
+    an ``nn.MultiheadAttention`` (the examples' transformer)."""
+    from torch import nn
+
+    with simulated_gpu("a100-40gb"):
+        attention = nn.MultiheadAttention(64, 4, batch_first=True).cuda()
+        x = torch.randn(2, 16, 64, device="cuda")
+        out, weights = attention(x, x, x)
+        out.sum().backward()
+        assert out.is_cuda and weights.shape == (2, 16, 16) and attention.in_proj_weight.grad.is_cuda

@@ -230,8 +230,22 @@ class CudaFace(TorchFunctionMode):
         return cuda_attention(func, args, kwargs, self.capability)
 
     def _reentered(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        with self:
-            return func(*args, **kwargs)
+        """``func`` (a Python function of ``F`` whose first act is its own torch-function
+        check) run with this mode on: the check would hand the call straight back to this
+        mode, again and again (RecursionError: an ``nn.MultiheadAttention`` in training),
+        so that one check is answered "no" and every call inside is seen as usual."""
+        check = F.has_torch_function
+
+        def once(*ops: Any) -> bool:
+            F.has_torch_function = check
+            return False
+
+        F.has_torch_function = once
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            F.has_torch_function = check
 
     #: The simulated GPU's compute capability (for the attention backend); set by the engine.
     capability: tuple[int, int] = (8, 0)
