@@ -32,6 +32,7 @@ from ..errors import UsageError
 from ..ranks import rank_folders as launch_rank_folders
 from ..runfolder.files import RunFolder, read_timeline
 from ..runfolder.read import DEFAULT_POINTS, downsample
+from ..runfolder.transients import PeakPlacer, raised_peaks
 from ..runs.compare import Comparison, compare_runs
 from ..runs.load import Run, Source, detect, load_run
 from ..tracker.csvlog import read_stamps
@@ -96,6 +97,7 @@ def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
         "peak": run.peak,
         "events": run.events,
         "points": _points(source, run, points),
+        "reserved": _reserved(source, run, points),
         "labels": [
             [p.elapsed, p.memory, p.label, _where(p.file, p.line, p.function)] for p in run.labels or ()
         ],
@@ -128,9 +130,10 @@ def _is_run(path: Path) -> bool:
 
 def _points(source: Source, run: Run, points: int) -> list[list[Any]]:
     """The timeline with where each point was taken; a MemTracker CSV's from its stamps."""
-    timeline = RunFolder(source.path).timeline if source.kind == "folder" else source.path
-    if source.kind in ("folder", "timeline") and timeline.is_file():
-        kept = downsample(_timeline_points(timeline), points)
+    timeline = _timeline_file(source)
+    if timeline is not None:
+        raised = raised_peaks(read_timeline(timeline))
+        kept = downsample(_timeline_points(timeline, raised), points)
         return [[p.elapsed, p.memory, p.where] for p in kept]
     return [
         [p.elapsed, p.memory, _where(p.file, p.line, p.function)]
@@ -139,15 +142,33 @@ def _points(source: Source, run: Run, points: int) -> list[list[Any]]:
     ]
 
 
-def _timeline_points(path: Path) -> Iterator[_Point]:
-    for row in read_timeline(path):
+def _reserved(source: Source, run: Run, points: int) -> list[list[Any]]:
+    """The allocator's reserved bytes over time ``[elapsed, bytes]``, where recorded."""
+    timeline = _timeline_file(source)
+    if timeline is None:
+        rows = [(s.elapsed, s.reserved) for s in run.samples or ()]
+    else:
+        rows = [(row.elapsed, row.reserved) for row in read_timeline(timeline)]
+    known = (_Point(elapsed, value, "") for elapsed, value in rows if value is not None)
+    return [[p.elapsed, p.memory] for p in downsample(known, points)]
+
+
+def _timeline_file(source: Source) -> Path | None:
+    timeline = RunFolder(source.path).timeline if source.kind == "folder" else source.path
+    return timeline if source.kind in ("folder", "timeline") and timeline.is_file() else None
+
+
+def _timeline_points(path: Path, raised: dict[int, int]) -> Iterator[_Point]:
+    placer = PeakPlacer(raised)
+    for index, row in enumerate(read_timeline(path)):
+        transient = placer.place(index, row)
         if row.memory is None:
             continue
         where = _where(row.file, row.line, row.function) if row.event == "line" else row.event
         if row.label:
             where += f" [{row.label}]"
-        if row.peak is not None and row.peak > row.memory:
-            yield _Point(row.elapsed, row.peak, where + " (peak while it ran)")
+        if transient is not None:
+            yield _Point(row.elapsed, transient, where + " (peak while it ran)")
         yield _Point(row.elapsed, row.memory, where)
 
 
