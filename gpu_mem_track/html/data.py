@@ -31,12 +31,14 @@ from .._version import __version__
 from ..errors import UsageError
 from ..ranks import rank_folders as launch_rank_folders
 from ..runfolder.files import RunFolder, read_timeline
+from ..runfolder.ranktable import read_launch
 from ..runfolder.read import DEFAULT_POINTS, downsample
 from ..runfolder.transients import PeakPlacer, raised_peaks
 from ..runs.compare import Comparison, compare_runs
 from ..runs.load import Run, Source, detect, load_run
 from ..tracker.csvlog import read_stamps
 from ..units import shape_text
+from .snapshot import enrich_lines, line_times, read_analysis, snapshot_summary
 
 __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 
@@ -44,6 +46,8 @@ __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 MAX_CENSUSES, MAX_CHANGES = 200, 25
 
 _SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+#: ``meta.json``'s engine in a ``snapshot`` report folder.
+SNAPSHOT_ENGINE = "memory snapshot"
 
 
 @dataclass(frozen=True)
@@ -85,16 +89,26 @@ def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
     if path.is_file() and path.name.endswith(_SNAPSHOT_SUFFIXES):
         return _snapshot(path, points)
     ranks = rank_folders(path)
-    main = path if not ranks or _is_run(path) else ranks[0][1]
-    source = detect(main)
+    if ranks and not _is_run(path):
+        return _launch(path, ranks, points)
+    data, run = _run(path, points)
+    data["ranks"] = _ranks(path, ranks, points) if ranks else []
+    return data, run
+
+
+def _run(path: Path, points: int) -> tuple[dict[str, Any], Run]:
+    """One run's data: a run folder, one of its CSVs or a MemTracker CSV."""
+    source = detect(path)
     run = load_run(source, points=points)
+    snapshot = run.info is not None and run.info.engine == SNAPSHOT_ENGINE
     data = {
-        "name": run.name if main == path else path.name,
+        "name": run.name,
         "path": str(path),
-        "kind": run.kind,
+        "kind": "snapshot" if snapshot else run.kind,
         "device": run.device,
         "memory_source": run.memory_source,
         "peak": run.peak,
+        "status": _status(run),
         "events": run.events,
         "points": _points(source, run, points),
         "reserved": _reserved(source, run, points),
@@ -103,9 +117,99 @@ def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
         ],
         "lines": [record.to_dict() for record in run.lines or ()],
         "censuses": _censuses(source),
-        "ranks": [_rank(rank, folder, points) for rank, folder in ranks],
+        "ranks": [],
+        "snapshot": None,
     }
+    analysis = read_analysis(source.path) if source.kind == "folder" else None
+    if analysis is not None:
+        data["snapshot"] = snapshot_summary(analysis)
+        timeline = _timeline_file(source)
+        times = line_times(read_timeline(timeline)) if snapshot and timeline is not None else None
+        enrich_lines(data["lines"], analysis, times)
     return data, run
+
+
+def _status(run: Run) -> str:
+    """``"ok"``, ``"exit N"``, ``"no end"`` (killed, or still running) from ``meta.json``;
+    ``""`` where there is none (a MemTracker CSV, a snapshot)."""
+    info = run.info
+    if info is None or info.engine == SNAPSHOT_ENGINE:
+        return ""
+    if info.ended is None or info.exit_code is None:
+        return "no end"
+    return "ok" if info.exit_code == 0 else f"exit {info.exit_code}"
+
+
+def _launch(path: Path, ranks: list[tuple[int, Path]], points: int) -> tuple[dict[str, Any], Run]:
+    """A launch folder: no figures of its own, its ranks side by side (the ``Run`` given
+    back for a comparison is its first rank's)."""
+    ranked = _ranks(path, ranks, points)
+    first = load_run(ranks[0][1], points=points)
+    known = [r for r in ranked if r["peak"] is not None]
+    top = max(known, key=lambda r: r["peak"], default=None)
+    summary = read_launch(path)
+    data = {
+        "name": path.name,
+        "path": str(path),
+        "kind": "launch",
+        "device": ", ".join(sorted({r["device"] for r in ranked if r["device"]})),
+        "memory_source": first.memory_source,
+        "peak": None if top is None else top["peak"],
+        "peak_rank": None if top is None else top["rank"],
+        "status": _launch_status(ranked),
+        "events": sum(r["events"] for r in ranked),
+        "points": [],
+        "reserved": [],
+        "labels": [],
+        "lines": [],
+        "censuses": [],
+        "ranks": ranked,
+        "snapshot": None,
+        "launch": {
+            "script": summary.script,
+            "world_size": summary.world_size,
+            "spread": summary.spread,
+            "spread_text": _spread_text(known),
+        },
+    }
+    return data, first
+
+
+def _ranks(path: Path, ranks: list[tuple[int, Path]], points: int) -> list[dict[str, Any]]:
+    """Every rank of the launch in ``path`` (missing ones too): its ``ranks.csv`` figures
+    (status, peak, where and in which phase, memory at the end, peak minus rank 0's) and
+    its run's timeline and lines."""
+    folders = dict(ranks)
+    summary = read_launch(path)
+    base = summary.ranks[0].peak if summary.ranks else None
+    out = []
+    for rank in summary.ranks:
+        entry: dict[str, Any] = {**rank.to_dict(), "name": f"rank {rank.rank}"}
+        entry["difference"] = None if rank.peak is None or base is None else rank.peak - base
+        run: dict[str, Any] = {"points": [], "reserved": [], "labels": [], "lines": [], "events": 0}
+        if rank.rank in folders:
+            run, _ = _run(folders[rank.rank], max(1, points // 2))
+        for key in ("points", "reserved", "labels", "lines", "events"):
+            entry[key] = run[key]
+        out.append(entry)
+    return out
+
+
+def _launch_status(ranks: list[dict[str, Any]]) -> str:
+    statuses = sorted({r["status"] for r in ranks})
+    return statuses[0] if len(statuses) == 1 else ", ".join(statuses)
+
+
+def _spread_text(ranks: list[dict[str, Any]]) -> str:
+    """Largest peak over smallest, naming both ranks (ties: "every rank equal")."""
+    positive = [r for r in ranks if r["peak"]]
+    if len(positive) < 2:
+        return ""
+    high = max(positive, key=lambda r: r["peak"])
+    low = min(positive, key=lambda r: r["peak"])
+    if high["peak"] == low["peak"]:
+        return "1.000 (every rank's peak is equal)"
+    return f"{high['peak'] / low['peak']:.3f} (rank {high['rank']} / rank {low['rank']})"
 
 
 def _snapshot(path: Path, points: int) -> tuple[dict[str, Any], Run]:
@@ -215,12 +319,6 @@ def _census(origin: str, stamp: Any) -> dict[str, Any]:
         ],
         "more_changes": max(0, len(stamp.changes) - MAX_CHANGES),
     }
-
-
-def _rank(rank: int, folder: Path, points: int) -> dict[str, Any]:
-    run = load_run(folder, lines=False, points=max(1, points // 4))
-    samples = [[s.elapsed, s.memory] for s in run.samples or ()]
-    return {"rank": rank, "name": run.name, "device": run.device, "peak": run.peak, "points": samples}
 
 
 def _comparison(a: Run, b: Run) -> dict[str, Any]:
