@@ -89,7 +89,8 @@ def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
         assert capsys.readouterr().err == 2 * "gpu_mem_track: --device cuda:0: CUDA is not available here\n"
     assert shell.run_line_magic("memtrack", "--bogus b = 1") is None  # not our SyntaxError traceback
     assert capsys.readouterr().err == (
-        "gpu_mem_track: %memtrack: unknown option '--bogus' (usage: %memtrack [-o] [--device DEV] STATEMENT)\n"
+        "gpu_mem_track: %memtrack: unknown option '--bogus' "
+        "(usage: %memtrack [-o] [--device DEV] STATEMENT)\n"
     )
     assert shell.run_cell_magic("memtrack", "--top x", "b = 1") is None
     assert capsys.readouterr().err == "gpu_mem_track: %%memtrack: argument --top: invalid int value: 'x'\n"
