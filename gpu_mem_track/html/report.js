@@ -169,7 +169,7 @@
     box.appendChild(el("p", { "class": "hint" },
       "Drag across the chart to zoom into a time range; double-click to see the whole run. " +
       "Hover for the line and the memory after it. Solid: memory; dashed: the allocator's reserved bytes; " +
-      "grey dashed verticals: track() stamps, labelled along the top; \u25BC each curve's peak."));
+      "dashed verticals: track() stamps in their run's colour, labelled along the top; \u25BC each curve's peak."));
     this.bind();
     this.resize();
     var self = this;
@@ -262,11 +262,15 @@
   /* Each series' peak: a triangle and its value, moved down where two labels would meet. */
   Chart.prototype.peaks = function () {
     var M = this.m;
-    var self = this, placed = [];
-    this.series.forEach(function (s) {
-      var p = s.peak;
-      if (!p || p[0] < self.domain[0] || p[0] > self.domain[1]) return;
-      var x = self.x(p[0]), y = self.y(p[1]);
+    var self = this, placed = [], shown = this.series.filter(function (s) {
+      return s.peak && s.peak[0] >= self.domain[0] && s.peak[0] <= self.domain[1];
+    });
+    shown.forEach(function (s) {  // the markers first: no label may cover one
+      var x = self.x(s.peak[0]), y = self.y(s.peak[1]);
+      placed.push([x - 6, y - 11, x + 6, y]);
+    });
+    shown.forEach(function (s) {
+      var p = s.peak, x = self.x(p[0]), y = self.y(p[1]);
       self.root.appendChild(svg("path", { d: "M" + x + "," + (y - 1) + "l-5,-9h10z", fill: s.color, "class": "peak-mark" }));
       var text = "peak " + bytes(p[1]), width = text.length * 6.6 + 4;
       var right = x + 8 + width < self.W - M.right, lx = right ? x + 8 : x - 8 - width, ly = Math.max(M.top + 2, y - 6);
@@ -285,14 +289,14 @@
     this.labels.forEach(function (l) {
       if (l[0] < self.domain[0] || l[0] > self.domain[1]) return;
       var x = self.x(l[0]);
-      var mark = self.root.appendChild(svg("line", { x1: x, x2: x, y1: M.top - 4, y2: H - M.bottom, "class": "mark" }));
+      var mark = self.root.appendChild(svg("line", { x1: x, x2: x, y1: M.top - 4, y2: H - M.bottom, "class": "mark", stroke: l[4] || "#adb5bd" }));
       var name = l[2] || "track()";
       mark.appendChild(svg("title", {}, name + " at " + l[3] + ", " + l[0].toFixed(4) + " s, " + bytes(l[1])));
       var text = name.length > 22 ? name.slice(0, 21) + "\u2026" : name, width = text.length * 6 + 6;
       for (var row = 0; row < 2; row++) {
         if (x - width / 2 > ends[row] && x + width / 2 < self.W) {
           ends[row] = x + width / 2;
-          self.root.appendChild(svg("text", { x: Math.max(x, width / 2), y: 13 + row * 13, "text-anchor": "middle", "class": "stamp" }, text));
+          self.root.appendChild(svg("text", { x: Math.max(x, width / 2), y: 13 + row * 13, "text-anchor": "middle", "class": "stamp", fill: l[4] || "#6c757d" }, text));
           shown++;
           break;
         }
@@ -355,13 +359,13 @@
       r.ranks.forEach(function (k) {
         var name = (data.runs.length > 1 || r.kind !== "launch" ? r.name + " " : "") + "rank " + k.rank;
         if (k.points.length) series.push({ name: name, points: k.points, reserved: k.reserved, color: k.color });
-        k.labels.forEach(function (l) { labels.push(l); });
+        k.labels.forEach(function (l) { labels.push(l.concat([k.color])); });
       });
-      r.labels.forEach(function (l) { labels.push(l); });
+      r.labels.forEach(function (l) { labels.push(l.concat([r.color])); });
     });
-    var seen = {};  // one stamp per label and time (every rank stamps the same steps)
+    var seen = {};  // one stamp per label, time and colour
     labels = labels.filter(function (l) {
-      var key = l[2] + "@" + l[0].toFixed(3);
+      var key = l[2] + "@" + l[0].toFixed(3) + l[4];
       return seen[key] ? false : (seen[key] = true);
     });
     if (!series.length) return null;
