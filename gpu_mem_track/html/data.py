@@ -1,22 +1,33 @@
 """What the HTML report shows, collected from the inputs as plain JSON-ready data.
 
 ``collect(paths)`` reads each input (a runner folder, one of its CSVs, a MemTracker CSV,
-or a folder of the same layout such as a ``snapshot`` command's) and returns a dict the
-page embeds (``page.render_page``). Per run:
+a launch folder of ``rank<k>/`` run folders, or a folder of the same layout such as a
+``snapshot`` command's) and returns a dict the page embeds (``page.render_page``). Per run:
 
+- ``kind``: ``"runner"``, ``"tracker"``, ``"snapshot"`` (a memory snapshot's analysis) or
+  ``"launch"`` (no figures of its own: ``peak`` is its highest rank's, ``peak_rank`` that
+  rank; ``launch`` holds the script, world size and the spread of the peaks);
+- ``status``: ``"ok"``, ``"exit N"``, ``"no end"`` from ``meta.json`` (``""``: unknown);
 - ``points``: the memory timeline ``[elapsed seconds, bytes, where]``, cut to at most
   ``2 * points`` by ``runfolder.read.downsample`` (each bucket keeps its lowest and highest
-  value, so no peak is lost); a line's transient peak is drawn just before its end value;
+  value, so no peak is lost); a line's transient peak is drawn just before its end value,
+  unless the lines it called drew it already (``runfolder.transients``);
+- ``reserved``: the allocator's reserved bytes ``[elapsed, bytes]`` where recorded;
 - ``labels``: the ``track()`` stamps ``[elapsed, bytes or None, label, where]``;
-- ``lines``: the per-line records (``runfolder.records.LineRecord`` as dicts);
+- ``lines``: the per-line records (``runfolder.records.LineRecord`` as dicts; with a
+  snapshot analysis also ``phase``, ``live_at_peak`` and, for a snapshot, ``first`` and
+  ``last``: seconds in the trace, see ``html.snapshot``);
 - ``censuses``: the stamps of ``census.csv`` and ``tracker.csv`` (a MemTracker CSV's own
   stamps), each with its group changes, at most ``MAX_CENSUSES``;
-- ``ranks``: one entry per ``rank<k>/`` subfolder that is a run (none when absent).
+- ``ranks``: one entry per rank of a launch (``ranks.csv``'s figures: status, peak, where,
+  at the end, ``difference`` from rank 0's; and its timeline, labels and lines), none
+  without ``rank<k>/`` subfolders;
+- ``snapshot``: the allocator summary of a snapshot analysis (``html.snapshot``), or None.
 
 With exactly two inputs, ``comparison`` holds ``runs.compare``'s rows (by line when both
-runs have per-line records, else by label). A raw memory snapshot (``.pickle``, ``.pkl``,
-gzip-compressed or not) is analysed as the ``snapshot`` command does. All sizes are bytes
-of each run's memory source.
+runs have per-line records, else by label; a launch is compared by its first rank). A
+raw memory snapshot (``.pickle``, ``.pkl``, gzip-compressed or not) is analysed as the
+``snapshot`` command does. All sizes are bytes of each run's memory source.
 """
 
 from __future__ import annotations

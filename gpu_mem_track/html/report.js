@@ -409,7 +409,7 @@
     this.draw();
   }
   LineTable.prototype.columns = function () {
-    return this.runs[this.run].snapshot ? SNAPSHOT_COLUMNS : LINE_COLUMNS;
+    return this.runs[this.run].kind === "snapshot" ? SNAPSHOT_COLUMNS : LINE_COLUMNS;
   };
   LineTable.prototype.header = function () {
     var self = this, head = this.head;
@@ -472,7 +472,7 @@
     data.runs.forEach(function (r) {
       if (r.lines.length) runs.push(r);
       r.ranks.forEach(function (k) {
-        if (k.lines.length) runs.push({ name: r.name + " rank " + k.rank, lines: k.lines, snapshot: null });
+        if (k.lines.length) runs.push({ name: r.name + " rank " + k.rank, lines: k.lines, kind: "rank" });
       });
     });
     if (!runs.length) return null;
