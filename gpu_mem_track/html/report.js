@@ -293,10 +293,11 @@
       var name = l[2] || "track()";
       mark.appendChild(svg("title", {}, name + " at " + l[3] + ", " + l[0].toFixed(4) + " s, " + bytes(l[1])));
       var text = name.length > 22 ? name.slice(0, 21) + "\u2026" : name, width = text.length * 6 + 6;
+      var left = Math.min(Math.max(x - width / 2, 0), self.W - width);  // kept inside the chart
       for (var row = 0; row < 2; row++) {
-        if (x - width / 2 > ends[row] && x + width / 2 < self.W) {
-          ends[row] = x + width / 2;
-          self.root.appendChild(svg("text", { x: Math.max(x, width / 2), y: 13 + row * 13, "text-anchor": "middle", "class": "stamp", fill: l[4] || "#6c757d" }, text));
+        if (left > ends[row]) {
+          ends[row] = left + width;
+          self.root.appendChild(svg("text", { x: left + width / 2, y: 13 + row * 13, "text-anchor": "middle", "class": "stamp", fill: l[4] || "#6c757d" }, text));
           shown++;
           break;
         }
