@@ -146,6 +146,13 @@ def test_a_launch_folder_shows_every_rank_not_rank_0_as_the_launch(tmp_path):
     assert run["launch"]["spread_text"] == "2.333 (rank 1 / rank 0)"
 
 
+def test_a_launch_whose_ranks_peak_alike_says_so_not_rank_0_over_rank_0(tmp_path):
+    for rank in (0, 1):
+        runner_folder(tmp_path / "job", f"rank{rank}", two_lines(), timeline_rows([1]), peak=5 * MIB)
+    (run,) = collect([tmp_path / "job"])["runs"]
+    assert run["launch"]["spread_text"] == "1.000 (every rank's peak is equal)"
+
+
 def test_long_timelines_are_cut_keeping_every_bucket_s_highest_value(tmp_path):
     values = [(i * 7919) % 1000 for i in range(5000)]
     values[3333] = 5000
