@@ -4,6 +4,7 @@ command, nothing written on error (issue 16, items 7, 8 and 10)."""
 
 from __future__ import annotations
 
+import copy
 import gzip
 import os
 import pickle
@@ -129,7 +130,7 @@ HUGE = 10**5000  # more digits than Python converts to text (4,300)
 
 
 def _with(path: tuple, value) -> dict:
-    data = small_snapshot()
+    data = copy.deepcopy(small_snapshot())  # sf.SETTINGS's inner dicts are shared
     target = data
     for key in path[:-1]:
         target = target[key]
