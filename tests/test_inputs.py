@@ -16,8 +16,8 @@ import snapshotfiles as sf
 
 from gpu_mem_track import inputs
 from gpu_mem_track.errors import BadInput, UsageError
-from gpu_mem_track.snapshots import load as snapshot_load
-from gpu_mem_track.snapshots import load_snapshot
+from gpu_mem_track.snapshotfile import load as snapshot_load
+from gpu_mem_track.snapshotfile import load_snapshot
 
 MIB = sf.MIB
 

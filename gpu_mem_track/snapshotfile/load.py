@@ -131,20 +131,38 @@ def _bad(source: str, problem: str) -> NoReturn:
 
 
 def _settings(settings: dict[Any, Any], source: str) -> dict[str, Any]:
-    """The allocator settings, plain and bounded, checked once here by building the
-    ``AllocatorSettings`` the replay will build (so a bad value fails now, in one line)."""
-    from ..allocator.settings import settings_from_snapshot
-
+    """The allocator settings, plain and bounded (``_plain``), with the values the
+    allocator model reads (``allocator.settings.settings_from_snapshot``) of the types it
+    reads them as, so a bad one fails here, in one line, not in the replay."""
     try:
         plain = _plain(settings, 0)
-        built = settings_from_snapshot(plain)
-        if not all(0 <= d <= _SMALL for d in built.roundup_power2_divisions):
-            raise ValueError("roundup_power2_divisions out of range")
-        if not 0.0 <= built.garbage_collection_threshold <= 1.0:
-            raise ValueError("garbage_collection_threshold out of range")
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        for key, kinds in _SETTING_TYPES.items():
+            if plain.get(key) is not None and not isinstance(plain[key], kinds):
+                raise ValueError(f"{key!r} is a {type(plain[key]).__name__}")
+        divisions = plain.get("roundup_power2_divisions")
+        pairs = divisions.items() if isinstance(divisions, dict) else enumerate(divisions or ())
+        for at, value in pairs:
+            if isinstance(divisions, dict) and not 0 < inputs.parse_int(str(at)) < _U64:
+                raise ValueError(f"roundup_power2_divisions has the key {at!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _SMALL:
+                raise ValueError(f"roundup_power2_divisions has the value {value!r}")
+        threshold = plain.get("garbage_collection_threshold")
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"garbage_collection_threshold is {threshold}")
+    except ValueError as exc:
         _bad(source, f"'allocator_settings' is malformed ({_line(exc)})")
     return plain
+
+
+#: The types of the settings the allocator model reads (``settings_from_snapshot``).
+_SETTING_TYPES: dict[str, Any] = {
+    "PYTORCH_CUDA_ALLOC_CONF": str,
+    "last_allocator_settings": str,
+    "max_split_size": int,
+    "roundup_power2_divisions": (dict, list),
+    "expandable_segments": (bool, int),
+    "garbage_collection_threshold": (int, float),
+}
 
 
 def _plain(value: Any, depth: int) -> Any:
