@@ -42,6 +42,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "append_stamp",
     "read_frame",
+    "iter_stamps",
     "read_stamps",
     "stamp_rows",
     "stamps_from_rows",
@@ -118,11 +119,20 @@ def append_stamp(path: Path, stamp: Stamp, rank: int | None = None) -> None:
 
 
 def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:
-    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``).
+    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``);
+    see ``iter_stamps``."""
+    return list(iter_stamps(path, notes))
+
+
+def iter_stamps(path: Path, notes: list[str] | None = None) -> Iterator[Stamp]:
+    """The stamps of a CSV written by ``append_stamp``, one at a time: the one guarded
+    reader of this format (``csvrows.open_csv``: a regular file, UTF-8 with or without a
+    byte-order mark; ASCII integers, finite times).
 
     A last row cut mid-write (a killed process) is left out; ``notes``, when given,
-    receives one line saying so. Raises ``ValueError`` (a message naming the file, and
-    the line for a bad row) when it is not such a report.
+    receives one line saying so. Raises ``ValueError`` (``errors.BadInput`` for the
+    file's shape; a message naming the file, and the line for a bad row) when it is not
+    such a report.
     """
     with open_csv(path) as handle:
         rows = CompleteRows(handle, path)
@@ -132,7 +142,7 @@ def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:
         if missing:
             raise ValueError(f"{path} is not a gpu_mem_track CSV report ({_lacks(header, missing)})")
         try:
-            stamps = list(stamps_from_rows(reader))
+            yield from stamps_from_rows(reader)
         except BadInput:
             raise
         except (TypeError, AttributeError, KeyError, ValueError, csv.Error) as exc:
@@ -140,7 +150,6 @@ def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:
     note = cut_note(path, rows)
     if note is not None and notes is not None:
         notes.append(note)
-    return stamps
 
 
 def _lacks(fields: list[str], missing: list[str]) -> str:
