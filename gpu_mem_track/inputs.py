@@ -245,7 +245,8 @@ def _fits(annotation: str, value: Any) -> bool:
 
 
 def _kind(value: Any) -> str:
-    if isinstance(value, (bool, float, str)) or (isinstance(value, int) and value.bit_length() < 64):
+    small = isinstance(value, int) and value.bit_length() < 64
+    if value is None or small or isinstance(value, (bool, float, str)):
         shown = repr(value)
         if len(shown) <= 40:
             return shown
