@@ -459,7 +459,7 @@ def test_show_report_of_a_killed_run_names_its_peak_and_what_it_rebuilt(tmp_path
     killed = killed_run(tmp_path)
     shown = show_report(killed)
     header = shown.text.splitlines()[:3]
-    assert header[1].startswith("train.py still running | device cuda:0")
+    assert header[1].startswith("train.py did not end (killed, or still running) | device cuda:0")
     assert header[2].startswith(f"peak 950.00 MiB at {tmp_path / 'train.py'}:3 |")  # the line that allocated
     assert "out = model(x)" in shown.text and shown.notes[0].startswith(f"{killed} has no lines.csv")
 

@@ -134,9 +134,22 @@ def test_html_of_a_killed_run_has_no_nan_and_says_what_is_missing(tmp_path, in_p
 def test_show_of_a_killed_run_names_the_peak_it_saw_and_what_is_missing(tmp_path, in_process):
     done = in_process("show", killed(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert "peak unknown" not in done.stdout
-    assert "900.00 MiB" in done.stdout
+    assert "peak unknown" not in done.stdout and "peak 900.00 MiB" in done.stdout
+    assert "train.py did not end (killed, or still running)" in done.stdout
     assert "no lines.csv" in done.stderr
+
+
+def test_a_run_killed_before_any_reading_says_why_its_peak_is_unknown(tmp_path, in_process):
+    """os._exit or SIGKILL before the timeline's first flush: the header only."""
+    folder = killed(tmp_path)
+    header = (folder / "timeline.csv").read_text().splitlines()[0]
+    (folder / "timeline.csv").write_text(header + "\n")
+    done = in_process("show", folder)
+    assert done.returncode == 0, done.stderr
+    assert "peak unknown (no memory reading recorded)" in done.stdout
+    assert "did not end (killed, or still running)" in done.stdout
+    page = in_process("html", folder, "-o", tmp_path / "k.html")
+    assert page.returncode == 0 and "no lines.csv" in page.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])

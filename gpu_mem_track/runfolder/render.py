@@ -200,7 +200,7 @@ def _snapshot_text(merge: SnapshotMerge) -> str:
 def _ending(info: RunInfo) -> str:
     script = _short(info.script)
     if info.exit_code is None:
-        return f"{script} still running"
+        return f"{script} did not end (killed, or still running)"
     seconds = f" after {info.ended - info.started:.1f} s" if info.ended is not None else ""
     return f"{script} exited with {info.exit_code}{seconds}"
 
@@ -237,7 +237,7 @@ def _rank(info: RunInfo) -> str:
 
 def _peak(info: RunInfo) -> str:
     if info.peak is None:
-        return "peak unknown"
+        return "peak unknown (no memory reading recorded)"
     at = f" at {_short(info.peak_at)}" if info.peak_at else ""
     phase = f" (after {info.peak_phase!r})" if info.peak_phase else ""
     return f"peak {format_bytes(info.peak)}{at}{phase}"
