@@ -104,11 +104,8 @@ def render_ranks(summary: Any) -> str:
             f"{r.rank:>4}  {r.status:<8}  {r.device or '-':<7}  {_bytes_or_dash(r.peak):>11}  "
             f"{_bytes_or_dash(r.end_memory):>11}  {_short(r.peak_at) or '-'}{phase}"
         )
-    spread = summary.spread
-    if spread is not None:
-        peaks = [r for r in summary.ranks if r.peak]
-        high, low = max(peaks, key=lambda r: r.peak), min(peaks, key=lambda r: r.peak)
-        out.append(f"Spread: largest peak / smallest = {spread:.3f} (rank {high.rank} / rank {low.rank})")
+    if summary.spread is not None:
+        out.append(_spread(summary))
     broken = [str(r.rank) for r in summary.ranks if r.status in ("no end", "missing")]
     if broken:
         out.append(
@@ -195,6 +192,21 @@ def _snapshot_text(merge: SnapshotMerge) -> str:
         + "."
     )
     return "\n".join(out)
+
+
+def _spread(summary: Any) -> str:
+    """The spread line: largest peak over smallest, naming the ranks at each end (every
+    rank tied at the largest or the smallest), or saying that all peaked alike."""
+    peaks = [r for r in summary.ranks if r.peak]
+    high, low = max(r.peak for r in peaks), min(r.peak for r in peaks)
+    head = f"Spread: largest peak / smallest = {summary.spread:.3f}"
+    if len(peaks) == 1:
+        return f"{head} (one rank with a peak: rank {peaks[0].rank})"
+    if high == low:
+        return f"{head} (all {len(peaks)} ranks peaked at {format_bytes(high)})"
+    tops = ", ".join(str(r.rank) for r in peaks if r.peak == high)
+    bottoms = ", ".join(str(r.rank) for r in peaks if r.peak == low)
+    return f"{head} (rank {tops} / rank {bottoms})"
 
 
 def _ending(info: RunInfo) -> str:
