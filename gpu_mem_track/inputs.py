@@ -20,7 +20,6 @@ Every failure raises ``errors.BadInput`` with one line naming the file and the p
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
@@ -34,6 +33,7 @@ from .errors import BadInput
 __all__ = [
     "MAX_DEPTH",
     "MAX_DIGITS",
+    "MAX_FLOAT",
     "MAX_JSON_BYTES",
     "gunzip",
     "load_json",
@@ -48,6 +48,9 @@ __all__ = [
 #: Longest integer read from text (decimal digits): any byte count, address or time we
 #: write has at most 20; Python itself refuses to convert over 4,300.
 MAX_DIGITS = 40
+#: Largest magnitude of a number read from text: seconds since the epoch or since a
+#: start, with room to spare (1e15 s is 30 million years); beyond it a plot's axis overflows.
+MAX_FLOAT = 1e15
 #: Deepest nesting read from JSON or walked in a snapshot's settings.
 MAX_DEPTH = 32
 #: Largest ``meta.json`` read (bytes); ours are a few KiB.
@@ -175,14 +178,14 @@ def parse_int(text: str) -> int:
 
 
 def parse_float(text: str) -> float:
-    """A finite number from ASCII decimal ``text`` (digits, a point, an exponent; at most
-    ``MAX_DIGITS`` characters before the exponent); ``ValueError`` otherwise (``nan``,
-    ``inf``, ``1_0``, a value too large for a float)."""
+    """A number from ASCII decimal ``text`` (digits, a point, an exponent; at most
+    ``2 * MAX_DIGITS`` characters), of magnitude at most ``MAX_FLOAT``; ``ValueError``
+    otherwise (``nan``, ``inf``, ``1_0``, ``1e300``)."""
     if not _FLOAT.match(text) or len(text) > 2 * MAX_DIGITS:
         raise ValueError(f"not a finite number: {_short(text)}")
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"not a finite number: {_short(text)}")
+    if not abs(value) <= MAX_FLOAT:
+        raise ValueError(f"not a finite number within {MAX_FLOAT:g}: {_short(text)}")
     return value
 
 
@@ -210,7 +213,7 @@ def text(value: Any) -> str:
 def typed_fields(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     """The values of ``data`` for the fields of the dataclass ``cls``, each checked
     against its declared type (``str``, ``int``, ``float``, ``bool``, ``X | None``,
-    ``tuple[str, ...]``; ints bounded by ``MAX_DIGITS``, floats finite); a field without
+    ``tuple[str, ...]``; ints bounded by ``MAX_DIGITS``, floats by ``MAX_FLOAT``); a field without
     a default must be present. ``BadInput`` (``where``: the file) naming the first bad
     field. Keys ``cls`` does not declare are ignored."""
     values: dict[str, Any] = {}
@@ -238,7 +241,7 @@ def _fits(annotation: str, value: Any) -> bool:
         if option == "int" and isinstance(value, int) and not isinstance(value, bool):
             return value.bit_length() <= _MAX_BITS
         if option == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return math.isfinite(value)
+            return abs(value) <= MAX_FLOAT
         if option.startswith("tuple[str") and isinstance(value, (list, tuple)):
             return all(isinstance(item, str) for item in value)
     return False

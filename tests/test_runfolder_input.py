@@ -152,7 +152,7 @@ def test_a_run_killed_before_any_reading_says_why_its_peak_is_unknown(tmp_path, 
     assert page.returncode == 0 and "no lines.csv" in page.stderr
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e300"])
 @pytest.mark.parametrize("command", COMMANDS)
 def test_nan_or_inf_elapsed_is_one_line(tmp_path, in_process, command, value):
     rows = [{"elapsed": 0.1 * i, "event": "line", "line": 3, "memory": (i + 1) * MIB} for i in range(3)]
