@@ -26,7 +26,7 @@ from gpu_mem_track.cli import main
 SEED = 16
 #: Cells that readers must refuse or read, never crash on.
 NASTY = [
-    b"nan", b"inf", b"-inf", b"1_0", "\u0661\u0662".encode(), b"9" * 5000, b"-1", b"1e999",
+    b"nan", b"inf", b"-inf", b"1_0", "\u0661\u0662".encode(), b"9" * 5000, b"-1", b"1e999", b"1e300",
     b'"', b'""', b",", b"\n", b"\r", b"\x00", b"\xff\xfe", b"\xef\xbb\xbf", b"True", b"", b"0x10",
 ]  # fmt: skip
 
