@@ -87,6 +87,12 @@ class CompleteRows:
         scan = _Scan()
         number = 0
         for number, line in enumerate(self._lines, start=1):  # noqa: B007 (read after the loop)
+            if not pending and self.columns and '"' not in line and line.endswith(_ENDS):
+                # The common row: one line, no quote, within the header's width.
+                if line.count(",") >= self.columns:
+                    self._check(line.count(",") + 1, number)
+                yield line
+                continue
             pending.append(line)
             size += len(line)
             scan.feed(line)
