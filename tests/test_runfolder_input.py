@@ -218,3 +218,13 @@ def test_cells_over_128_kib_round_trip_in_lines_and_timeline(tmp_path, in_proces
 
     run = load_run(folder)
     assert run.lines[0].code == code and run.labels[0].label == "L" * (200 * 1024)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_csv_that_is_not_utf8_is_one_line(tmp_path, in_process, command):
+    rows = [{"elapsed": 0.1, "event": "line", "file": "/src/t.py", "line": 3, "memory": MIB}]
+    folder = runner_folder(tmp_path, "r", [line("y = f(x)", 3, 10, 100)], timeline=rows)
+    for name in ("lines.csv", "timeline.csv"):
+        data = (folder / name).read_bytes().replace(b"/src/t", b"/src/\xff\xfe")
+        (folder / name).write_bytes(data.replace(b"/src/train", b"/src/\xfftrain"))
+    one_line_exit_2(run_command(in_process, command, folder, tmp_path), "is not a text report")
