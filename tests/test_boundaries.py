@@ -222,8 +222,8 @@ def test_every_exported_name_is_one_the_readme_shows():
 
 @pytest.mark.slow
 def test_the_torch_check_names_the_module_that_imported_torch():
-    names = ["gpu_mem_track.units", "gpu_mem_track.estimator.amp", "gpu_mem_track.tracker.census"]
-    assert torch_importers(names) == ["gpu_mem_track.estimator.amp"]
+    names = ["gpu_mem_track.units", "gpu_mem_track.gpumodel.autocast", "gpu_mem_track.tracker.census"]
+    assert torch_importers(names) == ["gpu_mem_track.gpumodel.autocast"]
 
 
 def test_the_type_checking_block_imports_every_exported_name():

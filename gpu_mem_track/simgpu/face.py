@@ -1,0 +1,150 @@
+"""The face simulated tensors show to Python: they live on the ``meta`` device (shapes,
+dtypes, storages, no data) and say they are on ``cuda:0``.
+
+:class:`CudaFace` is a torch-function mode. It rewrites CUDA device arguments to
+``meta`` (``device="cuda"``, ``device=0``, ``.cuda()``, ``.to("cuda")``, ``.to(0)``),
+answers ``.device``, ``.is_cuda``, ``.is_meta``, ``.is_cpu`` and ``get_device()`` for
+meta tensors as a CUDA tensor would, turns ``.cpu()``/``.numpy()``/``.tolist()``/
+``print``/``repr`` into reads of a CPU copy (its value when known, else a placeholder:
+see :mod:`~gpu_mem_track.estimator.values`), makes ``pin_memory``/``record_stream`` on
+them no-ops, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's
+op lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
+and the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`).
+
+Real CPU tensors pass through untouched (the data pipeline stays real). The mode only
+sees calls made from Python at the torch API level; calls that a torch function makes
+internally are not seen (autograd's and the optimizers' aten ops are seen by the
+dispatch side, :class:`~gpu_mem_track.simgpu.engine.Storages`), except inside
+``F.multi_head_attention_forward``, which runs with the mode re-entered so its attention
+call is seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..gpumodel.attention import cuda_attention
+from ..gpumodel.autocast import CudaAutocast
+
+__all__ = ["CUDA0", "META", "CudaFace", "is_cuda_device"]
+
+META = torch.device("meta")
+CUDA0 = torch.device("cuda", 0)
+_Handler = Callable[[Any, tuple, dict], Any]
+
+
+def is_cuda_device(value: Any) -> bool:
+    """Whether a device argument names CUDA (``"cuda"``, ``"cuda:0"``, a cuda
+    ``torch.device``, or an int ordinal)."""
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _meta(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_meta
+
+
+class CudaFace(TorchFunctionMode):
+    """See the module doc. ``autocast`` holds the casts of the running autocast region."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.autocast = CudaAutocast()
+        self.handlers: dict[Any, _Handler] = {
+            torch.Tensor.device.__get__: self._device,
+            torch.Tensor.is_cuda.__get__: lambda f, a, k: True if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.is_meta.__get__: lambda f, a, k: False,
+            torch.Tensor.is_cpu.__get__: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.get_device: lambda f, a, k: 0 if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.to: self._to,
+            torch.Tensor.cuda: self._cuda,
+            torch.Tensor.cpu: lambda f, a, k: a[0].to("cpu") if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.numpy: self._via_cpu,
+            torch.Tensor.tolist: self._via_cpu,
+            torch.Tensor.__repr__: self._repr,
+            torch.Tensor.pin_memory: lambda f, a, k: (
+                a[0] if _meta(a[0]) or a[0].device.type == "cpu" else f(*a, **k)
+            ),
+            torch.Tensor.is_pinned: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.record_stream: lambda f, a, k: None,
+            F.scaled_dot_product_attention: self._attention,
+            F.multi_head_attention_forward: self._reentered,
+        }
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        handler = self.handlers.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs)
+        if "device" in kwargs and is_cuda_device(kwargs["device"]):
+            kwargs = {**kwargs, "device": META}
+        if torch.is_autocast_enabled("cuda"):
+            return self.autocast.call(func, args, kwargs, torch.get_autocast_dtype("cuda"))
+        return func(*args, **kwargs)
+
+    def _device(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        device = func(*args, **kwargs)
+        return CUDA0 if device.type == "meta" else device
+
+    def _to(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        moved = [META if is_cuda_device(a) and not isinstance(a, torch.dtype) else a for a in args[1:]]
+        if "device" in kwargs and is_cuda_device(kwargs["device"]):
+            kwargs = {**kwargs, "device": META}
+        return func(args[0], *moved, **kwargs)
+
+    def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        memory_format = kwargs.get("memory_format", torch.preserve_format)
+        return args[0].to(META, memory_format=memory_format)
+
+    def _via_cpu(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        first = args[0]
+        return func(first.to("cpu") if _meta(first) else first, *args[1:], **kwargs)
+
+    def _repr(self, func: Any, args: tuple, kwargs: dict) -> str:
+        tensor = args[0]
+        if not _meta(tensor):
+            return func(*args, **kwargs)
+        return cuda_repr(tensor, tensor.detach().to("cpu"))
+
+    def _attention(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if torch.is_autocast_enabled("cuda"):
+            args, kwargs = self.autocast.cast_for(func, args, kwargs, torch.get_autocast_dtype("cuda"))
+        if not _meta(args[0]):
+            return func(*args, **kwargs)
+        return cuda_attention(func, args, kwargs, self.capability)
+
+    def _reentered(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        with self:
+            return func(*args, **kwargs)
+
+    #: The simulated GPU's compute capability (for the attention backend); set by the engine.
+    capability: tuple[int, int] = (8, 0)
+
+
+def cuda_repr(tensor: torch.Tensor, cpu: torch.Tensor) -> str:
+    """``repr`` of a simulated tensor as torch prints a CUDA one, values from ``cpu``."""
+    from torch import _tensor_str
+
+    prefix = "tensor("
+    indent = len(prefix)
+    suffixes = ["device='cuda:0'"]
+    if cpu.numel() == 0 and cpu.dim() != 1:
+        suffixes.append(f"size={tuple(cpu.shape)}")
+    default = torch.get_default_dtype()
+    if cpu.dtype not in (default, torch.int64, torch.bool) or (cpu.numel() == 0 and cpu.dtype != default):
+        suffixes.append(f"dtype={cpu.dtype}")
+    if tensor.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")
+    elif tensor.requires_grad:
+        suffixes.append("requires_grad=True")
+    with torch.no_grad():
+        body = _tensor_str._tensor_str(cpu, indent) if cpu.numel() or cpu.dim() != 1 else "[]"
+    return _tensor_str._add_suffixes(prefix + body, suffixes, indent, force_newline=False)
