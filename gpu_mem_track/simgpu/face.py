@@ -70,6 +70,7 @@ class CudaFace(TorchFunctionMode):
             torch.Tensor.numpy: self._via_cpu,
             torch.Tensor.tolist: self._via_cpu,
             torch.Tensor.__repr__: self._repr,
+            torch.Tensor.__format__: self._format,
             torch.Tensor.pin_memory: lambda f, a, k: (
                 a[0] if _meta(a[0]) or a[0].device.type == "cpu" else f(*a, **k)
             ),
@@ -113,6 +114,14 @@ class CudaFace(TorchFunctionMode):
         if not _meta(tensor):
             return func(*args, **kwargs)
         return cuda_repr(tensor, tensor.detach().to("cpu"))
+
+    def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
+        tensor, spec = args[0], args[1]
+        if not _meta(tensor):
+            return func(*args, **kwargs)
+        if tensor.dim() == 0:
+            return tensor.detach().item().__format__(spec)
+        return format(self._repr(torch.Tensor.__repr__, (tensor,), {}), spec)
 
     def _attention(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if torch.is_autocast_enabled("cuda"):
