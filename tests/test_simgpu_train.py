@@ -1,0 +1,153 @@
+"""Training loops run unchanged on the simulated GPU: AMP with GradScaler and fused AdamW,
+an out-of-memory error caught to halve the batch, a memory snapshot dumped and read back
+by the snapshot reader and the allocator replay, a pinned-memory DataLoader."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpu_mem_track.allocator.replay import replay_snapshot
+from gpu_mem_track.simgpu import simulated_gpu
+from gpu_mem_track.snapshots.load import load_snapshot
+
+HERE = __file__
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(
+        self, vocab: int = 512, d: int = 64, heads: int = 4, layers: int = 2, context: int = 64
+    ) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def train(
+    steps: int, batch: int, model: nn.Module, log: list[str], context: int = 64
+) -> torch.optim.Optimizer:
+    """A user's AMP training loop, as written for a real GPU; returns its optimizer."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda")
+    for step in range(steps):
+        x = torch.randint(0, 512, (batch, context)).to(device, non_blocking=True)
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            logits, loss = model(x, x)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        log.append(f"step {step} loss {loss.item():.3f} logits {logits.dtype}")
+    return opt
+
+
+def test_an_amp_training_loop_runs_with_fused_adamw_and_cuda_memory_figures():
+    log: list[str] = []
+    with simulated_gpu("a100-40gb") as gpu:
+        model = TinyGPT()
+        opt = train(3, 8, model, log)
+        params = sum(p.numel() * 4 for p in model.parameters())
+        states = [s["exp_avg"] for s in opt.state.values()]
+        allocated, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        assert all(p.is_cuda and p.grad is None for p in model.parameters())
+    assert log == [f"step {i} loss 0.000 logits torch.float16" for i in range(3)]
+    assert len(states) == len(list(model.parameters()))
+    # parameters + AdamW's two states + fused step counters + two cuBLAS workspaces (forward, backward)
+    assert 3 * params + 2 * 8_519_680 <= allocated < 3 * params + 2 * 8_519_680 + (1 << 20)
+    assert peak > allocated + params  # gradients and activations at the peak
+    assert gpu.out_of_memory is None
+    assert {(p.filename, p.op) for p in gpu.placeholders} == {(HERE, "item")}
+
+
+def test_out_of_memory_is_raised_where_the_gpu_runs_out_and_halving_the_batch_works():
+    batch, log, tried = 256, [], []
+    with simulated_gpu("1GiB:sm80") as gpu:
+        model = TinyGPT(d=128, context=256)
+        while True:
+            try:
+                tried.append(batch)
+                train(1, batch, model, log, context=256)
+                break
+            except torch.cuda.OutOfMemoryError as exc:
+                message = str(exc)
+                batch //= 2
+                model.zero_grad(set_to_none=True)
+    assert len(tried) > 1 and log
+    assert message.startswith("CUDA out of memory. Tried to allocate ")
+    assert "GPU 0 has a total capacity of 1024.00 MiB of which " in message
+    assert "is reserved by PyTorch but unallocated." in message
+    oom = gpu.out_of_memory
+    assert oom is not None and oom.filename == HERE and oom.capacity == gpu.spec.capacity
+    assert oom.reserved <= oom.capacity < oom.reserved + oom.request
+    assert gpu.allocator.stats.num_ooms >= 1
+
+
+def test_uncaught_out_of_memory_names_the_users_line():
+    with (
+        pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 2.00 GiB"),
+        simulated_gpu("1GiB:sm80") as gpu,
+    ):
+        torch.empty(2**29, device="cuda")
+    assert gpu.out_of_memory.line == sys._getframe().f_lineno - 1
+
+
+def test_a_dumped_snapshot_reads_back_and_replays_decision_for_decision(tmp_path):
+    path = tmp_path / "snap.pickle"
+    with simulated_gpu("h100-80gb"):
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        train(2, 4, TinyGPT(), [])
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        allocated = torch.cuda.memory_allocated()
+    snapshot = load_snapshot(path)
+    trace = snapshot.device_trace(0)
+    assert {e.action for e in trace} >= {"alloc", "free_requested", "free_completed", "segment_alloc"}
+    assert any(f.filename == HERE for e in trace if e.action == "alloc" for f in e.frames)
+    live = sum(b.size for s in snapshot.segments for b in s.blocks if b.state == "active_allocated")
+    assert live == allocated
+    report = replay_snapshot(snapshot)
+    assert report.all_match, report.mismatches
+
+
+def test_a_pinned_memory_dataloader_keeps_real_cpu_batches():
+    data = TensorDataset(torch.arange(32).view(16, 2))
+    seen = []
+    with simulated_gpu("t4"):
+        for (batch,) in DataLoader(data, batch_size=4, pin_memory=True):
+            seen.append(batch.tolist())
+            batch.cuda(non_blocking=True)
+    assert seen[0] == [[0, 1], [2, 3], [4, 5], [6, 7]] and len(seen) == 4
