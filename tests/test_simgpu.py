@@ -222,3 +222,28 @@ def test_torch_load_to_cuda_simulates_and_save_of_simulated_tensors_writes_nothi
         torch.save({"plain": torch.ones(2)}, tmp_path / "cpu.pt")
     assert gpu.skipped_saves == 2 and not (tmp_path / "out.pt").exists() and (tmp_path / "cpu.pt").exists()
     assert capsys.readouterr().err.count("writes nothing") == 1
+
+
+def test_a_model_built_on_the_cpu_is_virtual_until_moved_and_small_tensors_stay_real():
+    with simulated_gpu("a100-40gb"):
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.LayerNorm(1024))
+        weight, bias = model[0].weight, model[0].bias
+        mask = torch.ones(4, dtype=torch.bool)  # outside a module's construction: real
+        assert weight.device.type == "cpu" and not weight.is_cuda and torch.cuda.memory_allocated() == 0
+        assert (
+            bias.device.type == "cpu"
+            and bias.abs().device.type == "cpu"
+            and repr(bias[:0]) == "tensor([], grad_fn=<SliceBackward0>)"
+        )
+        assert mask.device.type == "cpu" and not mask.is_meta
+        opt = torch.optim.SGD(model.parameters())
+        model.to("cuda")
+        assert model[0].weight is weight and model[0].bias is bias and weight.is_cuda and bias.is_cuda
+        assert opt.param_groups[0]["params"][0] is weight
+        assert torch.cuda.memory_allocated() == (1 << 22) + 3 * 4096
+        generator = torch.Generator(device="cuda")
+        generator.manual_seed(0)
+        assert (
+            isinstance(generator, torch.Generator)
+            and torch.randn(2, device="cuda", generator=generator).is_cuda
+        )

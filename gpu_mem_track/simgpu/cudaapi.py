@@ -312,9 +312,28 @@ def _files(gpu: SimulatedGpu, patches: Patches) -> None:
     def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
         return self
 
+    patches.set(torch, "Generator", _generator_class())
     patches.set(torch, "save", simulated_save)
     patches.set(torch, "load", simulated_load)
     patches.set(torch.Tensor, "pin_memory", pin_memory)
+
+
+def _generator_class() -> type:
+    """``torch.Generator`` whose CUDA generators are CPU ones (simulated tensors draw
+    their known values on the CPU); ``isinstance(g, torch.Generator)`` still holds."""
+    base = torch.Generator
+
+    class Generator(base):  # type: ignore[misc, valid-type]
+        def __new__(cls, device: Any = "cpu") -> Any:
+            from .face import is_cuda_device
+
+            return super().__new__(cls, "cpu" if is_cuda_device(device) else device)
+
+        def __init__(self, device: Any = "cpu") -> None:
+            pass
+
+    Generator.__qualname__ = Generator.__name__ = "Generator"
+    return Generator
 
 
 def _to_cuda(location: Any) -> bool:

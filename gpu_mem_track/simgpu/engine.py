@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
 from ..estimator.lifetimes import Lifetimes
 from ..snapshots.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
+from .virtual import VirtualCpu
 
 __all__ = ["GpuMemory", "Storages", "format_size", "oom_message", "user_line"]
 
@@ -182,8 +184,25 @@ class GpuMemory:
 
 class Storages(Lifetimes):
     """:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` on the meta device with
-    torch functions off while it works (see the module doc)."""
+    torch functions off while it works (see the module doc). Outputs of ops made as
+    virtual CPU tensors (``virtual.making``) or computed from virtual CPU tensors only
+    are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`)."""
+
+    def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
+        super().__init__({"meta"}, memory, workspace)
+        self.virtual = virtual
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunction():
+            virtual = self.virtual
+            if virtual.making or (virtual and self._from_virtual(args, kwargs)):
+                out = func(*args, **(kwargs or {}))
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor) and leaf.is_meta:
+                        virtual.add(leaf)
+                return out
             return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _from_virtual(self, args: Any, kwargs: Any) -> bool:
+        metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]
+        return bool(metas) and all(self.virtual.holds(t) for t in metas)

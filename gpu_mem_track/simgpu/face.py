@@ -30,11 +30,13 @@ from torch.overrides import TorchFunctionMode
 
 from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
+from .virtual import FACTORIES, VirtualCpu
 
 __all__ = ["CUDA0", "META", "CudaFace", "is_cuda_device"]
 
 META = torch.device("meta")
 CUDA0 = torch.device("cuda", 0)
+CPU = torch.device("cpu")
 _Handler = Callable[[Any, tuple, dict], Any]
 
 
@@ -55,15 +57,17 @@ def _meta(value: Any) -> bool:
 class CudaFace(TorchFunctionMode):
     """See the module doc. ``autocast`` holds the casts of the running autocast region."""
 
-    def __init__(self) -> None:
+    def __init__(self, virtual: VirtualCpu | None = None) -> None:
         super().__init__()
         self.autocast = CudaAutocast()
+        self.virtual = virtual if virtual is not None else VirtualCpu()
+        gpu = self._on_gpu
         self.handlers: dict[Any, _Handler] = {
             torch.Tensor.device.__get__: self._device,
-            torch.Tensor.is_cuda.__get__: lambda f, a, k: True if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.is_cuda.__get__: lambda f, a, k: gpu(a[0]) if _meta(a[0]) else f(*a, **k),
             torch.Tensor.is_meta.__get__: lambda f, a, k: False,
-            torch.Tensor.is_cpu.__get__: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
-            torch.Tensor.get_device: lambda f, a, k: 0 if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.is_cpu.__get__: lambda f, a, k: not gpu(a[0]) if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.get_device: lambda f, a, k: (0 if gpu(a[0]) else -1) if _meta(a[0]) else f(*a, **k),
             torch.Tensor.to: self._to,
             torch.Tensor.cuda: self._cuda,
             torch.Tensor.cpu: lambda f, a, k: a[0].to("cpu") if _meta(a[0]) else f(*a, **k),
@@ -85,25 +89,52 @@ class CudaFace(TorchFunctionMode):
         handler = self.handlers.get(func)
         if handler is not None:
             return handler(func, args, kwargs)
+        if func in FACTORIES and self.virtual.wanted(func, args, kwargs):
+            return self._make_virtual(func, args, kwargs)
         if "device" in kwargs and is_cuda_device(kwargs["device"]):
             kwargs = {**kwargs, "device": META}
         if torch.is_autocast_enabled("cuda"):
             return self.autocast.call(func, args, kwargs, torch.get_autocast_dtype("cuda"))
         return func(*args, **kwargs)
 
+    def _on_gpu(self, tensor: torch.Tensor) -> bool:
+        """A meta tensor is on the simulated GPU unless it is virtual CPU."""
+        return not self.virtual.holds(tensor)
+
     def _device(self, func: Any, args: tuple, kwargs: dict) -> Any:
         device = func(*args, **kwargs)
-        return CUDA0 if device.type == "meta" else device
+        if device.type != "meta":
+            return device
+        return CUDA0 if self._on_gpu(args[0]) else CPU
+
+    def _make_virtual(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        self.virtual.making = True
+        try:
+            out = func(*args, **{**kwargs, "device": META})
+        finally:
+            self.virtual.making = False
+        self.virtual.add(out)
+        return out
 
     def _to(self, func: Any, args: tuple, kwargs: dict) -> Any:
         moved = [META if is_cuda_device(a) and not isinstance(a, torch.dtype) else a for a in args[1:]]
-        if "device" in kwargs and is_cuda_device(kwargs["device"]):
+        to_gpu = "device" in kwargs and is_cuda_device(kwargs["device"])
+        if to_gpu:
             kwargs = {**kwargs, "device": META}
-        return func(args[0], *moved, **kwargs)
+        source = args[0]
+        if (to_gpu or META in moved) and _meta(source) and self.virtual.holds(source):
+            dtype = kwargs.get("dtype") or next(
+                (a for a in moved if isinstance(a, torch.dtype)), source.dtype
+            )
+            return _fresh(source, dtype)
+        return func(source, *moved, **kwargs)
 
     def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        source = args[0]
+        if _meta(source) and self.virtual.holds(source):
+            return _fresh(source, source.dtype)
         memory_format = kwargs.get("memory_format", torch.preserve_format)
-        return args[0].to(META, memory_format=memory_format)
+        return source.to(META, memory_format=memory_format)
 
     def _via_cpu(self, func: Any, args: tuple, kwargs: dict) -> Any:
         first = args[0]
@@ -113,7 +144,7 @@ class CudaFace(TorchFunctionMode):
         tensor = args[0]
         if not _meta(tensor):
             return func(*args, **kwargs)
-        return cuda_repr(tensor, tensor.detach().to("cpu"))
+        return cuda_repr(tensor, tensor.detach().to("cpu"), on_gpu=self._on_gpu(tensor))
 
     def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
         tensor, spec = args[0], args[1]
@@ -138,13 +169,22 @@ class CudaFace(TorchFunctionMode):
     capability: tuple[int, int] = (8, 0)
 
 
-def cuda_repr(tensor: torch.Tensor, cpu: torch.Tensor) -> str:
-    """``repr`` of a simulated tensor as torch prints a CUDA one, values from ``cpu``."""
+def _fresh(source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A simulated GPU copy of the virtual CPU tensor ``source`` (values copied when known)."""
+    with torch.no_grad():
+        out = torch.empty_strided(source.shape, source.stride(), dtype=dtype, device=META)
+        out.copy_(source)
+    return out.requires_grad_(True) if source.requires_grad and source.is_leaf else out
+
+
+def cuda_repr(tensor: torch.Tensor, cpu: torch.Tensor, on_gpu: bool = True) -> str:
+    """``repr`` of a simulated tensor as torch prints a CUDA one (a CPU one when not
+    ``on_gpu``), values from ``cpu``."""
     from torch import _tensor_str
 
     prefix = "tensor("
     indent = len(prefix)
-    suffixes = ["device='cuda:0'"]
+    suffixes = ["device='cuda:0'"] if on_gpu else []
     if cpu.numel() == 0 and cpu.dim() != 1:
         suffixes.append(f"size={tuple(cpu.shape)}")
     default = torch.get_default_dtype()

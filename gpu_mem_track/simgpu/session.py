@@ -32,6 +32,7 @@ from .engine import GpuMemory, Storages, user_line
 from .face import CudaFace
 from .patches import Patches
 from .records import Bound, OutOfMemory, Placeholder
+from .virtual import VirtualCpu
 
 __all__ = ["SimulatedGpu", "simulated_gpu"]
 
@@ -49,9 +50,10 @@ class SimulatedGpu:
         self.allocator = self.memory.allocator
         config = None if "CUBLAS_WORKSPACE_CONFIG" in _environ() else ""
         workspace = self.spec.cublas_workspace if config == "" else workspace_bytes(None, config)
-        self.storages = Storages({"meta"}, self.memory, CublasWorkspace(workspace, {}))
+        self.virtual = VirtualCpu()
+        self.storages = Storages(self.memory, CublasWorkspace(workspace, {}), self.virtual)
         self.values = KnownValues(on_read=self._note_read, on_bound=self._note_bound)
-        self.face = CudaFace()
+        self.face = CudaFace(self.virtual)
         self.face.capability = self.spec.capability
         self.out_of_memory: OutOfMemory | None = None
         self.skipped_saves = 0
