@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_leaves
 
 from .memory import CublasWorkspace, ExactMemory, StorageMemory
 
-__all__ = ["Lifetimes", "plain_tensors", "tensor_storage"]
+__all__ = ["Lifetimes", "plain_tensors", "tensor_leaves", "tensor_storage"]
 
 #: ``born_in`` phase of the cuBLAS workspaces' keys.
 WORKSPACE = "cuBLAS workspace"
@@ -75,7 +74,7 @@ class Lifetimes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         grew = False
         counted = False
-        for leaf in plain_tensors(tree_leaves(out)):
+        for leaf in plain_tensors(tensor_leaves(out)):
             grew |= self._register(leaf) is not None
             counted |= leaf.device.type in self.counted
         if counted and self.workspace is not None:
@@ -203,6 +202,25 @@ class Lifetimes(TorchDispatchMode):
             self.peak_event = len(self.events)
             self.peak_reserved = reserved
             self.peak_free_block = self.memory.largest_free_block()
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors in ``tree`` (tensors, and lists, tuples and dicts of them, as op
+    arguments and outputs are), left to right; a faster ``tree_leaves`` for these."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    found: list[torch.Tensor] = []
+    if isinstance(tree, (list, tuple, dict)):
+        _collect(tree, found)
+    return found
+
+
+def _collect(tree: Any, found: list[torch.Tensor]) -> None:
+    for item in tree.values() if isinstance(tree, dict) else tree:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple, dict)):
+            _collect(item, found)
 
 
 def plain_tensors(leaves: Iterable[Any]) -> Iterator[torch.Tensor]:

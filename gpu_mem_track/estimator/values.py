@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .lifetimes import tensor_leaves
 from .records import ValueRead
 
 __all__ = ["BOUNDED", "LIMIT", "KnownValues"]
@@ -89,7 +90,7 @@ class KnownValues(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        metas = [t for t in tree_flatten((args, kwargs))[0] if _is_meta(t)]
+        metas = [t for t in tensor_leaves((args, kwargs)) if t.is_meta]
         if func is _SCALAR and metas:
             return self._scalar(args[0])
         if not all(t in self.twins for t in metas):
@@ -191,7 +192,7 @@ def _is_meta(value: Any) -> bool:
 
 
 def _small(out: Any) -> bool:
-    metas = [t for t in tree_flatten(out)[0] if _is_meta(t)]
+    metas = [t for t in tensor_leaves(out) if t.is_meta]
     return bool(metas) and all(t.untyped_storage().nbytes() <= LIMIT for t in metas)
 
 
