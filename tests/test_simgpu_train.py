@@ -151,3 +151,15 @@ def test_a_pinned_memory_dataloader_keeps_real_cpu_batches():
             seen.append(batch.tolist())
             batch.cuda(non_blocking=True)
     assert seen[0] == [[0, 1], [2, 3], [4, 5], [6, 7]] and len(seen) == 4
+
+
+def test_a_memory_fraction_limits_the_simulated_gpu_as_on_the_real_one():
+    with simulated_gpu("a100-40gb") as gpu:
+        torch.cuda.set_per_process_memory_fraction(0.25)
+        with pytest.raises(torch.OutOfMemoryError, match=r"in use\. 9\.90 GiB allowed; Of the allocated"):
+            torch.empty(3 * 2**30, dtype=torch.float32, device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        assert start.elapsed_time(end) > 0
+    assert gpu.out_of_memory.request == 12 * 2**30

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,15 +59,16 @@ class DeviceProperties:
 
 
 class _Event:
-    """``torch.cuda.Event``: records nothing, always complete."""
+    """``torch.cuda.Event``: always complete; ``elapsed_time`` is the wall time on this
+    machine between two records (ms, at least 0.001, so throughput arithmetic in
+    benchmarking scripts does not divide by zero)."""
 
-    def __init__(
-        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
-    ) -> None:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
+        self.at = time.perf_counter()
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self.at = time.perf_counter()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -78,7 +80,7 @@ class _Event:
         pass
 
     def elapsed_time(self, end_event: Any) -> float:
-        return 0.0
+        return max((end_event.at - self.at) * 1000.0, 0.001)
 
 
 class _Stream:
@@ -232,7 +234,7 @@ def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
         "reset_max_memory_allocated": reset_peaks,
         "reset_max_memory_cached": reset_peaks,
         "reset_accumulated_memory_stats": reset_accumulated,
-        "set_per_process_memory_fraction": _none,
+        "set_per_process_memory_fraction": lambda fraction, device=None: gpu.memory.set_fraction(fraction),
         "caching_allocator_enable": _none,
         "_record_memory_history": lambda enabled="all", *args, **kwargs: _record(gpu, enabled, kwargs),
         "_snapshot": lambda device=None, *args, **kwargs: make_snapshot(gpu),

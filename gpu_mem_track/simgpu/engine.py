@@ -75,15 +75,20 @@ def format_size(size: int) -> str:
     return f"{size / 1073741824.0:.2f} GiB"
 
 
-def oom_message(request: int, allocated: int, reserved: int, spec: GpuSpec) -> str:
+def oom_message(
+    request: int, allocated: int, reserved: int, spec: GpuSpec, allowed: int | None = None
+) -> str:
     """``torch.OutOfMemoryError``'s text for the simulated GPU (device 0; this process is
-    the only one, and holds its reserved bytes plus the CUDA context)."""
+    the only one, and holds its reserved bytes plus the CUDA context); ``allowed``: the
+    limit ``set_per_process_memory_fraction`` set, if any."""
     free = max(spec.capacity - reserved, 0)
+    limit = f"{format_size(allowed)} allowed; " if allowed is not None else ""
     return (
         f"CUDA out of memory. Tried to allocate {format_size(request)}. GPU 0 has a total capacity of "
         f"{format_size(spec.total_memory)} of which {format_size(free)} is free. "
         f"Including non-PyTorch memory, this process has {format_size(reserved + spec.context_bytes)} "
-        f"memory in use. Of the allocated memory {format_size(allocated)} is allocated by PyTorch, and "
+        f"memory in use. {limit}Of the allocated memory {format_size(allocated)} is allocated by PyTorch, "
+        "and "
         f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If reserved but "
         "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
         "avoid fragmentation.  See documentation for Memory Management  "
@@ -108,6 +113,15 @@ class GpuMemory:
         self.max_entries = sys.maxsize
         self.block_frames: dict[int, tuple[Frame, ...]] = {}
         self.start = time.perf_counter()
+        self.allowed: int | None = None
+
+    def set_fraction(self, fraction: float) -> None:
+        """``set_per_process_memory_fraction``: the allocator may reserve at most
+        ``fraction`` of the total memory (and never more than the capacity)."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self.allowed = int(fraction * self.spec.total_memory)
+        self.allocator.device.capacity = min(self.spec.capacity, self.allowed)
 
     def record(self, enabled: bool, max_entries: int = sys.maxsize) -> None:
         """Start (keeping what was recorded) or stop recording the trace."""
@@ -172,7 +186,7 @@ class GpuMemory:
 
     def _out_of_memory(self, exc: SimulatedOutOfMemory) -> torch.OutOfMemoryError:
         request = allocation_size(exc.size)
-        message = oom_message(request, exc.allocated, exc.reserved, self.spec)
+        message = oom_message(request, exc.allocated, exc.reserved, self.spec, self.allowed)
         filename, line = user_line()
         record = OutOfMemory(
             filename, line, request, exc.allocated, exc.reserved, self.spec.capacity, message
