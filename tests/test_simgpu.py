@@ -247,3 +247,11 @@ def test_a_model_built_on_the_cpu_is_virtual_until_moved_and_small_tensors_stay_
             isinstance(generator, torch.Generator)
             and torch.randn(2, device="cuda", generator=generator).is_cuda
         )
+
+
+def test_the_readme_table_shows_the_catalog():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for spec in GPUS.values():
+        assert f"| {spec.name} | {spec.device_name} | {spec.total_memory:,} B " in readme
