@@ -138,6 +138,19 @@ def test_runner_runs_model_and_cli_import_no_torch():
     assert torch_importers(names) == []
 
 
+def test_the_gpu_catalog_and_the_gpu_model_tables_import_no_torch():
+    """The runner and the ``gpus`` command list GPUs and read records without torch."""
+    names = [
+        "gpu_mem_track.simgpu",
+        "gpu_mem_track.simgpu.catalog",
+        "gpu_mem_track.simgpu.records",
+        "gpu_mem_track.gpumodel",
+        "gpu_mem_track.gpumodel.workspace",
+        "gpu_mem_track.gpumodel.differences",
+    ]
+    assert torch_importers(names) == []
+
+
 def test_estimator_imports_neither_tracker_nor_runner():
     assert offenders("estimator", ("gpu_mem_track.tracker", "gpu_mem_track.runner")) == {}
 
