@@ -163,3 +163,14 @@ def test_a_memory_fraction_limits_the_simulated_gpu_as_on_the_real_one():
         end.record()
         assert start.elapsed_time(end) > 0
     assert gpu.out_of_memory.request == 12 * 2**30
+
+
+def test_the_allocator_frees_its_cache_and_retries_before_running_out():
+    with simulated_gpu("1GiB:sm80") as gpu:
+        assert gpu.spec.capacity == 768 * 2**20
+        x = torch.empty(600 * 2**20, dtype=torch.uint8, device="cuda")
+        del x
+        assert torch.cuda.memory_reserved() == 600 * 2**20  # cached, not released
+        y = torch.empty(700 * 2**20, dtype=torch.uint8, device="cuda")
+        assert torch.cuda.memory_reserved() == 700 * 2**20 and gpu.out_of_memory is None
+        del y
