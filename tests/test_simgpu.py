@@ -133,6 +133,7 @@ def test_unknown_values_get_placeholders_recorded_per_line():
             value = loss.item()  # the line recorded
         line = sys._getframe().f_lineno - 1
         assert value == 0.0 and not bool(loss > 0)
+        assert bool(torch.isfinite(loss)) and not torch.isnan(w).any().item()  # no inf or NaN
     reads = {(p.line, p.op): p.count for p in gpu.placeholders if p.filename == HERE}
     assert reads[(line, "item")] == 3
     assert reads[(line + 2, "item")] == 1  # bool(loss > 0)

@@ -174,3 +174,11 @@ def test_the_allocator_frees_its_cache_and_retries_before_running_out():
         y = torch.empty(700 * 2**20, dtype=torch.uint8, device="cuda")
         assert torch.cuda.memory_reserved() == 700 * 2**20 and gpu.out_of_memory is None
         del y
+
+
+def test_an_lstm_runs_forward_and_backward_without_cudnn_warnings():
+    with simulated_gpu("t4"):
+        lstm = nn.LSTM(16, 32, batch_first=True).cuda()
+        out, _ = lstm(torch.randn(2, 5, 16, device="cuda"))
+        out.sum().backward()
+        assert out.shape == (2, 5, 32) and lstm.weight_ih_l0.grad.is_cuda

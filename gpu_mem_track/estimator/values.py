@@ -22,7 +22,9 @@ mask selects every element, ``masked_select`` and ``unique`` keep every element.
 recorded (placeholder ``"upper bound N"``) and told to ``on_bound``. GradScaler's
 ``_amp_foreach_non_finite_check_and_unscale_`` keeps ``found_inf`` known (zero: no inf or
 NaN was found, the GPU's normal case), so ``scaler.step`` steps and the scale grows as
-on the GPU.
+on the GPU. :meth:`KnownValues.assume` gives a tensor a value by fiat (the simulated
+GPU takes ``isfinite``/``isnan``/``isinf`` of unknown values as finite, for the same
+reason).
 
 The twins live on the CPU, outside the tracked device, and are never counted.
 """
@@ -127,6 +129,11 @@ class KnownValues(TorchDispatchMode):
         if func._schema.is_mutable and func is not _UNSCALE:  # found_inf stays known: no infs
             self._forget_written(func, args, kwargs)
         return out
+
+    def assume(self, tensor: torch.Tensor, value: Any) -> None:
+        """Take every element of ``tensor`` (a small meta tensor) to be ``value``."""
+        if _small(tensor):
+            self.twins[tensor] = torch.full(tensor.shape, value, dtype=tensor.dtype)
 
     def _bounded(self, func: Any, args: Any, kwargs: Any) -> Any:
         """A data-dependent op at its upper bound; see the module doc."""

@@ -202,6 +202,7 @@ def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
             patches.set(accelerator, name, value)
     patches.set(torch.backends.cudnn, "is_available", lambda: True)
     patches.set(torch.backends.cudnn, "version", lambda: 90100)
+    patches.set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)  # RNNs: the native path
     patches.set(torch.backends.cuda, "is_built", lambda: True)
 
 

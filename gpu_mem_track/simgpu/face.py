@@ -6,10 +6,13 @@ dtypes, storages, no data) and say they are on ``cuda:0``.
 answers ``.device``, ``.is_cuda``, ``.is_meta``, ``.is_cpu`` and ``get_device()`` for
 meta tensors as a CUDA tensor would, turns ``.cpu()``/``.numpy()``/``.tolist()``/
 ``print``/``repr`` into reads of a CPU copy (its value when known, else a placeholder:
-see :mod:`~gpu_mem_track.estimator.values`), makes ``pin_memory``/``record_stream`` on
-them no-ops, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's
-op lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
+see :mod:`~gpu_mem_track.estimator.values`), answers ``isfinite``/``isnan``/``isinf`` of
+unknown values as finite (:data:`FINITE_CHECKS`), makes ``record_stream`` on them a
+no-op, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's op
+lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
 and the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`).
+Large CPU tensors made while a module is built are virtual
+(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them.
 
 Real CPU tensors pass through untouched (the data pipeline stays real). The mode only
 sees calls made from Python at the torch API level; calls that a torch function makes
@@ -32,12 +35,21 @@ from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
 from .virtual import FACTORIES, VirtualCpu
 
-__all__ = ["CUDA0", "META", "CudaFace", "is_cuda_device"]
+__all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
 
 META = torch.device("meta")
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 _Handler = Callable[[Any, tuple, dict], Any]
+
+
+#: Checks for inf and NaN on simulated values: answered as finite (as GradScaler's
+#: found_inf is), so ``if not torch.isfinite(loss): skip`` goes the usual way.
+FINITE_CHECKS = {
+    **{f: True for f in (torch.isfinite, torch.Tensor.isfinite)},
+    **{f: False for f in (torch.isnan, torch.Tensor.isnan, torch.isinf, torch.Tensor.isinf)},
+    **{f: False for f in (torch.isposinf, torch.Tensor.isposinf, torch.isneginf, torch.Tensor.isneginf)},
+}
 
 
 def is_cuda_device(value: Any) -> bool:
@@ -57,8 +69,9 @@ def _meta(value: Any) -> bool:
 class CudaFace(TorchFunctionMode):
     """See the module doc. ``autocast`` holds the casts of the running autocast region."""
 
-    def __init__(self, virtual: VirtualCpu | None = None) -> None:
+    def __init__(self, virtual: VirtualCpu | None = None, assume: Callable[[Any, Any], None] | None = None):
         super().__init__()
+        self.assume = assume
         self.autocast = CudaAutocast()
         self.virtual = virtual if virtual is not None else VirtualCpu()
         gpu = self._on_gpu
@@ -81,6 +94,7 @@ class CudaFace(TorchFunctionMode):
             torch.Tensor.is_pinned: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
             torch.Tensor.record_stream: lambda f, a, k: None,
             F.scaled_dot_product_attention: self._attention,
+            **{check: self._finite for check in FINITE_CHECKS},
             F.multi_head_attention_forward: self._reentered,
         }
 
@@ -145,6 +159,12 @@ class CudaFace(TorchFunctionMode):
         if not _meta(tensor):
             return func(*args, **kwargs)
         return cuda_repr(tensor, tensor.detach().to("cpu"), on_gpu=self._on_gpu(tensor))
+
+    def _finite(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        if self.assume is not None and _meta(out) and _meta(args[0]):
+            self.assume(out, FINITE_CHECKS[func])
+        return out
 
     def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
         tensor, spec = args[0], args[1]

@@ -53,7 +53,7 @@ class SimulatedGpu:
         self.virtual = VirtualCpu()
         self.storages = Storages(self.memory, CublasWorkspace(workspace, {}), self.virtual)
         self.values = KnownValues(on_read=self._note_read, on_bound=self._note_bound)
-        self.face = CudaFace(self.virtual)
+        self.face = CudaFace(self.virtual, self.values.assume)
         self.face.capability = self.spec.capability
         self.out_of_memory: OutOfMemory | None = None
         self.skipped_saves = 0
