@@ -187,6 +187,15 @@ def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
         "can_device_access_peer": lambda device, peer: False,
     }.items():
         patches.set(torch.cuda, name, value)
+    _accelerator(patches)
+    patches.set(torch.backends.cudnn, "is_available", lambda: True)
+    patches.set(torch.backends.cudnn, "version", lambda: 90100)
+    patches.set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)  # RNNs: the native path
+    patches.set(torch.backends.cuda, "is_built", lambda: True)
+
+
+def _accelerator(patches: Patches) -> None:
+    """``torch.accelerator`` (the DataLoader's pin-memory thread and the optimizers ask it)."""
     accelerator = torch.accelerator
     for name, value in {
         "is_available": lambda: True,
@@ -200,10 +209,6 @@ def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
     }.items():
         if hasattr(accelerator, name):
             patches.set(accelerator, name, value)
-    patches.set(torch.backends.cudnn, "is_available", lambda: True)
-    patches.set(torch.backends.cudnn, "version", lambda: 90100)
-    patches.set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)  # RNNs: the native path
-    patches.set(torch.backends.cuda, "is_built", lambda: True)
 
 
 def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
