@@ -4,6 +4,7 @@ by the snapshot reader and the allocator replay, a pinned-memory DataLoader."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 
 import pytest
@@ -141,6 +142,10 @@ def test_a_dumped_snapshot_reads_back_and_replays_decision_for_decision(tmp_path
     assert live == allocated
     report = replay_snapshot(snapshot)
     assert report.all_match, report.mismatches
+    from torch.cuda import _memory_viz
+
+    data = pickle.loads(path.read_bytes())
+    assert "<html>" in _memory_viz.trace_plot(data) and "<html>" in _memory_viz.segment_plot(data)
 
 
 def test_a_pinned_memory_dataloader_keeps_real_cpu_batches():
