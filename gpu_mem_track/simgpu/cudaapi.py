@@ -214,6 +214,7 @@ def _accelerator(patches: Patches) -> None:
 def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
     allocator = gpu.allocator
     summary = torch.cuda.memory.memory_summary
+    allocated, reserved = allocator.stats.get("allocated_bytes"), allocator.stats.get("reserved_bytes")
 
     def capacity_left(device: Any = None) -> tuple[int, int]:
         return max(gpu.spec.capacity - allocator.reserved, 0), gpu.spec.total_memory
@@ -232,6 +233,11 @@ def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
 
     for name, value in {
         "memory_stats": lambda device=None: allocator.stats.as_dict(),
+        # the four a sampler reads at every line: straight from the statistics, no dict
+        "memory_allocated": lambda device=None: allocated.current,
+        "max_memory_allocated": lambda device=None: allocated.peak,
+        "memory_reserved": lambda device=None: reserved.current,
+        "max_memory_reserved": lambda device=None: reserved.peak,
         "memory_stats_as_nested_dict": lambda device=None: _nested(allocator.stats.as_dict()),
         "memory_summary": lambda device=None, abbreviated=False: summary(0, abbreviated),
         "mem_get_info": capacity_left,
