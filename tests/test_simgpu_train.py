@@ -187,3 +187,12 @@ def test_an_lstm_runs_forward_and_backward_without_cudnn_warnings():
         out, _ = lstm(torch.randn(2, 5, 16, device="cuda"))
         out.sum().backward()
         assert out.shape == (2, 5, 32) and lstm.weight_ih_l0.grad.is_cuda
+
+
+def test_a_long_loop_keeps_no_history_of_its_storages():
+    with simulated_gpu("t4") as gpu:
+        w = torch.randn(64, 64, device="cuda", requires_grad=True)
+        for _ in range(50):
+            (w @ w).sum().backward()
+        assert gpu.storages.events == [] and gpu.storages.sizes == []
+        assert gpu.storages.followed <= 8 and gpu.allocator.events == []

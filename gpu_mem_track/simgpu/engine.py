@@ -203,7 +203,7 @@ class Storages(Lifetimes):
     are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`)."""
 
     def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
-        super().__init__({"meta"}, memory, workspace)
+        super().__init__({"meta"}, memory, workspace, history=False)
         self.virtual = virtual
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
