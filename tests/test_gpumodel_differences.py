@@ -67,3 +67,21 @@ def timeline(device: str) -> list[int]:
 
 def test_meta_and_cpu_storage_timelines_agree_for_an_einsum_lm():
     assert timeline("meta") == timeline("cpu")
+
+
+def test_only_linear_shaped_einsums_are_run_as_linear_layers():
+    from gpu_mem_track.gpumodel.einsum import as_linear
+
+    x, w, q = torch.ones(2, 3, 4), torch.ones(5, 4), torch.ones(2, 3, 4)
+    assert as_linear("...i,oi->...o", (x, w))[0] is F.linear
+    assert as_linear("bsi, oi -> bso", ([x, w],))[0] is F.linear
+    assert as_linear("oi,bsi->bso", (w, x)) == (F.linear, (x, w))
+    assert as_linear("...i,io->...o", (x, torch.ones(4, 5)))[0] is torch.matmul
+    for equation, operands in [
+        ("bqd,bkd->bqk", (x, q)),  # attention scores: both operands batched
+        ("a,bca->bca", (torch.ones(4), x)),  # a norm's weight: elementwise
+        ("...i,oi->o...", (x, w)),  # output reordered
+        ("...i,oi,o->...", (x, w, torch.ones(5))),
+        ("ii,bsi->bsi", (torch.ones(4, 4), x)),
+    ]:
+        assert as_linear(equation, operands) is None, equation

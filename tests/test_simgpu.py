@@ -256,3 +256,21 @@ def test_the_readme_table_shows_the_catalog():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     for spec in GPUS.values():
         assert f"| {spec.name} | {spec.device_name} | {spec.total_memory:,} B " in readme
+
+
+def test_a_linear_shaped_einsum_leaves_no_layout_copy_in_backward():
+    def backward_peak(layer) -> tuple[int, torch.dtype]:
+        with simulated_gpu("h100-80gb"):
+            w = torch.randn(2048, 1024, device="cuda", requires_grad=True)
+            x = torch.randn(4, 32, 1024, device="cuda", requires_grad=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = layer(x, w)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            y.float().sum().backward()
+            return torch.cuda.max_memory_allocated() - base, y.dtype
+
+    linear = backward_peak(F.linear)
+    assert backward_peak(lambda x, w: torch.einsum("...i,oi->...o", x, w)) == linear
+    assert backward_peak(lambda x, w: torch.einsum("oi,bsi->bso", w, x)) == linear
+    assert linear[1] == torch.bfloat16

@@ -86,10 +86,24 @@ DIFFERENCES: tuple[Difference, ...] = (
         "tests/test_simgpu.py::test_data_dependent_shapes_take_their_upper_bound_recorded_per_line",
     ),
     Difference(
-        "einsum projections, forward and backward (the issue's known case)",
-        "meta and real CPU storage timelines agree byte for byte on an einsum LM",
-        "reported: the GPU held one logits-sized tensor fewer during backward than the meta estimate",
-        "not reproduced: not a meta-kernel artefact; to be located by replaying the recorded 2.7B step",
+        "linear-shaped einsum ('...i,oi->...o'), backward (the issue's known case)",
+        "the weight gradient comes transposed; accumulation copies it: one weight-sized temporary",
+        "the recorded 2.7B step has no such copy (reports/estimator_gpu_check.md)",
+        "modelled: run as F.linear / matmul (same forward allocation, gradient in the weight's layout)",
+        "tests/test_simgpu.py::test_a_linear_shaped_einsum_leaves_no_layout_copy_in_backward",
+    ),
+    Difference(
+        "meta kernels against CPU kernels on an einsum LM, forward and backward",
+        "identical storage timelines, byte for byte",
+        "-",
+        "none needed: the einsum difference above is CUDA's, not a meta artefact",
         "tests/test_gpumodel_differences.py::test_meta_and_cpu_storage_timelines_agree_for_an_einsum_lm",
+    ),
+    Difference(
+        "kernel scratch buffers (reductions, index sorting in a loss's backward)",
+        "none on meta",
+        "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step",
+        "not modelled: under 0.3% of that step's peak",
+        "tests/test_gpumodel_differences.py::test_every_difference_names_a_test_that_exists",
     ),
 )

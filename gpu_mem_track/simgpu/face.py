@@ -10,7 +10,9 @@ see :mod:`~gpu_mem_track.estimator.values`), answers ``isfinite``/``isnan``/``is
 unknown values as finite (:data:`FINITE_CHECKS`), makes ``record_stream`` on them a
 no-op, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's op
 lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
-and the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`).
+the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`) and
+linear-shaped einsums as linear layers, whose weight gradients come in the weight's
+layout as on the GPU (:mod:`~gpu_mem_track.gpumodel.einsum`).
 Large CPU tensors made while a module is built are virtual
 (:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them.
 
@@ -33,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
+from ..gpumodel.einsum import as_linear
 from .virtual import FACTORIES, VirtualCpu
 
 __all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
@@ -60,6 +63,11 @@ def is_cuda_device(value: Any) -> bool:
     if isinstance(value, torch.device):
         return value.type == "cuda"
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _operands(args: tuple) -> list:
+    """einsum's operands, given one by one or as one list."""
+    return list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
 
 
 def _meta(value: Any) -> bool:
@@ -94,6 +102,7 @@ class CudaFace(TorchFunctionMode):
             torch.Tensor.is_pinned: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
             torch.Tensor.record_stream: lambda f, a, k: None,
             F.scaled_dot_product_attention: self._attention,
+            torch.einsum: self._einsum,
             **{check: self._finite for check in FINITE_CHECKS},
             F.multi_head_attention_forward: self._reentered,
         }
@@ -107,9 +116,19 @@ class CudaFace(TorchFunctionMode):
             return self._make_virtual(func, args, kwargs)
         if "device" in kwargs and is_cuda_device(kwargs["device"]):
             kwargs = {**kwargs, "device": META}
+        return self._run(func, args, kwargs)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func`` as CUDA runs it: under CUDA autocast's casts when autocast is on."""
         if torch.is_autocast_enabled("cuda"):
             return self.autocast.call(func, args, kwargs, torch.get_autocast_dtype("cuda"))
         return func(*args, **kwargs)
+
+    def _einsum(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        plan = as_linear(args[0], args[1:]) if args and not kwargs else None
+        if plan is None or not any(_meta(t) for t in _operands(args[1:])):
+            return self._run(func, args, kwargs)
+        return self._run(plan[0], plan[1], {})
 
     def _on_gpu(self, tensor: torch.Tensor) -> bool:
         """A meta tensor is on the simulated GPU unless it is virtual CPU."""
