@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpu_mem_track.allocator.replay import replay_snapshot
 from gpu_mem_track.simgpu import simulated_gpu
-from gpu_mem_track.snapshots.load import load_snapshot
+from gpu_mem_track.snapshotfile.load import load_snapshot
 
 HERE = __file__
 

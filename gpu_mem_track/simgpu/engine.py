@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
 from ..estimator.lifetimes import Lifetimes
-from ..snapshots.records import Frame, TraceEntry
+from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
 from .virtual import VirtualCpu

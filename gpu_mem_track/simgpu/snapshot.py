@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..allocator import export_segments
-from ..snapshots.records import Snapshot
+from ..snapshotfile.records import Snapshot
 
 if TYPE_CHECKING:
     from .session import SimulatedGpu
