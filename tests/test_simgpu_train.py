@@ -246,3 +246,19 @@ def test_a_small_model_of_the_recorded_kind_steps_and_replays_with_plausible_fig
     assert 4 * params + workspaces <= after <= 4 * params + workspaces + logits_bytes + (4 << 20)
     assert after < peak < after + 16 * logits_bytes
     assert replay_snapshot(load_snapshot(tmp_path / "step.pickle")).all_match
+
+
+def test_a_line_sampler_reads_window_peaks_without_touching_torchs_peaks():
+    with simulated_gpu("t4") as gpu:
+        gpu.memory.mark()
+        x = torch.empty(2**20, device="cuda")  # 4 MiB
+        del x
+        y = torch.empty(2**18, device="cuda")  # 1 MiB
+        allocated_peak, reserved_peak = gpu.memory.mark()
+        assert (allocated_peak, reserved_peak) == (
+            4 << 20,
+            22 << 20,
+        )  # a 20 MiB segment, then a 2 MiB small one
+        assert gpu.memory.mark() == (1 << 20, 22 << 20)  # the new window starts from what is live
+        assert torch.cuda.max_memory_allocated() == 4 << 20
+        del y
