@@ -350,7 +350,7 @@ served from its cache.
 The forward pass under autocast (`transformer-2.7b-ctx128-forward-amp.pickle.gz`) is not
 compared: its model's matmuls are einsums, which autocast casts inside the dispatcher (on the
 batched matmuls einsum calls), below the Python-level functions that the estimator's
-simulated autocast wraps (`estimator/amp.py`).
+simulated autocast wraps (`gpumodel/autocast.py`).
 """
 
 

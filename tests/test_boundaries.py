@@ -140,6 +140,19 @@ def test_runner_runs_model_and_cli_import_no_torch():
     assert torch_importers(names) == []
 
 
+def test_the_gpu_catalog_and_the_gpu_model_tables_import_no_torch():
+    """The runner and the ``gpus`` command list GPUs and read records without torch."""
+    names = [
+        "gpu_mem_track.simgpu",
+        "gpu_mem_track.simgpu.catalog",
+        "gpu_mem_track.simgpu.records",
+        "gpu_mem_track.gpumodel",
+        "gpu_mem_track.gpumodel.workspace",
+        "gpu_mem_track.gpumodel.differences",
+    ]
+    assert torch_importers(names) == []
+
+
 def test_estimator_imports_neither_tracker_nor_runner():
     assert offenders("estimator", ("gpu_mem_track.tracker", "gpu_mem_track.runner")) == {}
 
@@ -224,8 +237,8 @@ def test_every_exported_name_is_one_the_readme_shows():
 
 @pytest.mark.slow
 def test_the_torch_check_names_the_module_that_imported_torch():
-    names = ["gpu_mem_track.units", "gpu_mem_track.estimator.amp", "gpu_mem_track.tracker.census"]
-    assert torch_importers(names) == ["gpu_mem_track.estimator.amp"]
+    names = ["gpu_mem_track.units", "gpu_mem_track.gpumodel.autocast", "gpu_mem_track.tracker.census"]
+    assert torch_importers(names) == ["gpu_mem_track.gpumodel.autocast"]
 
 
 def test_the_type_checking_block_imports_every_exported_name():

@@ -28,7 +28,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
-from .amp import SimulatedAutocast
+from ..gpumodel.autocast import SimulatedAutocast
 from .distributed import estimate_ranks, make_plan
 from .lifetimes import Lifetimes
 from .memory import CudaModel, ExactMemory
@@ -92,7 +92,7 @@ def estimate(
     callable ``params -> Optimizer``. ``dtype`` casts the model's floating parameters,
     buffers and inputs (``"bf16"``, ``"fp16"``, ...). ``amp`` (``True`` for float16, or a
     dtype) simulates CUDA autocast around forward and loss (see
-    :mod:`~gpu_mem_track.estimator.amp` for what is modelled). ``training=False`` runs one
+    :mod:`~gpu_mem_track.gpumodel.autocast` for what is modelled). ``training=False`` runs one
     forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the target:
     ``"cuda"`` (the caching allocator's model, foreach optimizers, Adam's ``step`` on the
     host) or ``"cpu"`` (exact sizes, no allocator). ``loss_fn(output)`` defaults to the

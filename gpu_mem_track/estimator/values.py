@@ -13,7 +13,18 @@ from parameters, activations or large tensors) returns a placeholder: ``item()``
 0 (``False`` for bool), a copy to the CPU gives zeros. An op that writes unknown values
 into a tensor drops its twin (not the twins of other views of the same storage). Every
 read is recorded as a
-:class:`~gpu_mem_track.estimator.records.ValueRead` for the estimate's notes.
+:class:`~gpu_mem_track.estimator.records.ValueRead` for the estimate's notes, and told to
+``on_read`` when given.
+
+Data-dependent shapes of tensors without twins take their upper bound (every element
+selected, see :data:`BOUNDED`): ``nonzero``/``argwhere`` give ``numel`` rows, a boolean
+mask selects every element, ``masked_select`` and ``unique`` keep every element. Each is
+recorded (placeholder ``"upper bound N"``) and told to ``on_bound``. GradScaler's
+``_amp_foreach_non_finite_check_and_unscale_`` keeps ``found_inf`` known (zero: no inf or
+NaN was found, the GPU's normal case), so ``scaler.step`` steps and the scale grows as
+on the GPU. :meth:`KnownValues.assume` gives a tensor a value by fiat (the simulated
+GPU takes ``isfinite``/``isnan``/``isinf`` of unknown values as finite, for the same
+reason).
 
 The twins live on the CPU, outside the tracked device, and are never counted.
 """
@@ -29,9 +40,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .lifetimes import tensor_leaves
 from .records import ValueRead
 
-__all__ = ["LIMIT", "KnownValues"]
+__all__ = ["BOUNDED", "LIMIT", "KnownValues"]
 
 #: Largest storage (bytes) given a real twin: masks and position ids of usual batches
 #: fit; larger tensors would cost real memory and time.
@@ -40,6 +52,10 @@ LIMIT = 8 << 20
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 _COPY = torch.ops.aten._to_copy.default
 _META = torch.device("meta")
+_UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+
+#: Data-dependent ops given an upper bound on tensors without a known value.
+BOUNDED = ("nonzero", "argwhere", "index", "masked_select", "_unique2", "unique_dim", "unique_consecutive")
 
 
 class KnownValues(TorchDispatchMode):
@@ -50,9 +66,16 @@ class KnownValues(TorchDispatchMode):
     twins' own ops run with no mode active and are never counted.
     """
 
-    def __init__(self, where: Callable[[], str] = lambda: "") -> None:
+    def __init__(
+        self,
+        where: Callable[[], str] = lambda: "",
+        on_read: Callable[[str, str], None] | None = None,
+        on_bound: Callable[[str, int], None] | None = None,
+    ) -> None:
         super().__init__()
         self.where = where
+        self.on_read = on_read
+        self.on_bound = on_bound
         self.twins: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._reads: Counter[tuple[str, str, str]] = Counter()
 
@@ -69,7 +92,7 @@ class KnownValues(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        metas = [t for t in tree_flatten((args, kwargs))[0] if _is_meta(t)]
+        metas = [t for t in tensor_leaves((args, kwargs)) if t.is_meta]
         if func is _SCALAR and metas:
             return self._scalar(args[0])
         if not all(t in self.twins for t in metas):
@@ -81,8 +104,17 @@ class KnownValues(TorchDispatchMode):
                 return self._data_dependent(func, args, kwargs)
             raise
         if _small(out):
-            self._twin(out, self._real(func, args, kwargs))
+            try:
+                real = self._real(func, args, kwargs)
+            except (RuntimeError, NotImplementedError):
+                return out  # no CPU kernel (CUDA-only ops such as flash attention): no twin
+            self._twin(out, real)
         return out
+
+    def _note(self, op: str, placeholder: str) -> None:
+        self._reads[(op, self.where(), placeholder)] += 1
+        if self.on_read is not None:
+            self.on_read(op, placeholder)
 
     def _unknown(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op on a tensor without a value (the usual case): meta runs it alone."""
@@ -91,18 +123,36 @@ class KnownValues(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):
             if func is _COPY and (kwargs.get("device") or _META) != _META:
                 return self._placeholder_copy(args[0], kwargs)
+            if func.overloadpacket.__name__ in BOUNDED:
+                return self._bounded(func, args, kwargs)
             raise
-        if func._schema.is_mutable:
+        if func._schema.is_mutable and func is not _UNSCALE:  # found_inf stays known: no infs
             self._forget_written(func, args, kwargs)
+        return out
+
+    def assume(self, tensor: torch.Tensor, value: Any) -> None:
+        """Take every element of ``tensor`` (a small meta tensor) to be ``value``."""
+        if _small(tensor):
+            self.twins[tensor] = torch.full(tensor.shape, value, dtype=tensor.dtype)
+
+    def _bounded(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A data-dependent op at its upper bound; see the module doc."""
+        name = func.overloadpacket.__name__
+        out, bound = upper_bound(name, args, kwargs)
+        if out is None:
+            raise NotImplementedError(f"{name} on a tensor without known values has no upper bound here")
+        self._reads[(name, self.where(), f"upper bound {bound}")] += 1
+        if self.on_bound is not None:
+            self.on_bound(name, bound)
         return out
 
     def _scalar(self, tensor: torch.Tensor) -> Any:
         twin = self.twins.get(tensor)
         if twin is not None:
-            self._reads[("item", self.where(), "")] += 1
+            self._note("item", "")
             return twin.item()
         value = False if tensor.dtype == torch.bool else 0.0 if tensor.is_floating_point() else 0
-        self._reads[("item", self.where(), repr(value))] += 1
+        self._note("item", repr(value))
         return value
 
     def _data_dependent(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -110,7 +160,7 @@ class KnownValues(TorchDispatchMode):
         real = self._real(func, args, kwargs)
         device = kwargs.get("device") or _META
         name = f"copy to {device}" if func is _COPY else func.overloadpacket.__name__
-        self._reads[(name, self.where(), "")] += 1
+        self._note(name, "")
         if device != _META:
             return real  # a copy off the meta device (.tolist(), .cpu()): the values are the answer
         out = tree_map(lambda r: r.to(_META) if isinstance(r, torch.Tensor) else r, real)
@@ -118,7 +168,7 @@ class KnownValues(TorchDispatchMode):
         return out
 
     def _placeholder_copy(self, tensor: torch.Tensor, kwargs: Any) -> torch.Tensor:
-        self._reads[("copy to " + str(kwargs["device"]), self.where(), "zeros")] += 1
+        self._note("copy to " + str(kwargs["device"]), "zeros")
         dtype = kwargs.get("dtype") or tensor.dtype
         return torch.zeros(tensor.shape, dtype=dtype, device=kwargs["device"])
 
@@ -149,5 +199,36 @@ def _is_meta(value: Any) -> bool:
 
 
 def _small(out: Any) -> bool:
-    metas = [t for t in tree_flatten(out)[0] if _is_meta(t)]
+    metas = [t for t in tensor_leaves(out) if t.is_meta]
     return bool(metas) and all(t.untyped_storage().nbytes() <= LIMIT for t in metas)
+
+
+def upper_bound(name: str, args: Any, kwargs: Any) -> tuple[Any, int]:
+    """The output of the data-dependent op ``name`` with every element selected, and
+    the bound taken (rows or elements); (None, 0) when it has none here."""
+    first = args[0]
+    if name in ("nonzero", "argwhere"):
+        n = first.numel()
+        return first.new_empty((n, first.dim()), dtype=torch.long), n
+    if name == "masked_select":
+        n = torch.broadcast_shapes(first.shape, args[1].shape).numel()
+        return first.new_empty((n,)), n
+    if name == "index":
+        masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+        if not masks:
+            return None, 0
+        indices = []
+        for index in args[1]:
+            if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+                rows = torch.ops.aten.nonzero_static(index, size=index.numel())
+                indices.extend(rows.unbind(1))
+            else:
+                indices.append(index)
+        return torch.ops.aten.index.Tensor(first, indices), sum(m.numel() for m in masks)
+    if name in ("_unique2", "unique_dim", "unique_consecutive"):
+        n = first.numel()
+        values = first.new_empty((n,)) if name != "unique_dim" else first.new_empty(first.shape)
+        inverse = first.new_empty(first.shape, dtype=torch.long)
+        counts = first.new_empty((n,), dtype=torch.long)
+        return (values, inverse, counts), n
+    return None, 0

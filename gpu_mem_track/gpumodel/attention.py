@@ -1,0 +1,97 @@
+"""The ``scaled_dot_product_attention`` backend CUDA picks, run on meta tensors.
+
+On meta (and CPU) tensors ``F.scaled_dot_product_attention`` runs the math path, which
+keeps a sequence x sequence attention matrix (and its softmax) for backward. On CUDA,
+PyTorch picks a fused kernel when it can (``sdp_utils.cpp``), in this order:
+
+- flash attention: compute capability 8.0+, float16/bfloat16, no ``attn_mask``,
+  4-d inputs with one head dimension <= 256 that is a multiple of 8; it saves the
+  output and a float32 log-sum-exp of (batch, heads, query length);
+- memory-efficient attention: capability 5.0+, float32/float16/bfloat16, an
+  ``attn_mask`` allowed, head dimension a multiple of 8 (4 for float32); it saves the
+  output and a float32 log-sum-exp of (batch, heads, query length rounded up to 32);
+- else the math path.
+
+A backend disabled by ``torch.backends.cuda.enable_*_sdp(False)`` or left out of
+``torch.nn.attention.sdpa_kernel`` is skipped. cuDNN attention is not modelled (it is
+after these in the default order). ``enable_gqa`` repeats the key and value heads first
+(a copy the fused kernels may avoid). Dropout's random state is a few bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["cuda_attention", "pick_backend"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def pick_backend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, has_mask: bool, capability: tuple[int, int]
+) -> str:
+    """``"flash"``, ``"efficient"`` or ``"math"``: the backend CUDA would run."""
+    shaped = query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+    head = query.shape[-1]
+    same = key.shape[-1] == head and value.shape[-1] == head and query.dtype == key.dtype == value.dtype
+    if (
+        shaped
+        and same
+        and torch.backends.cuda.flash_sdp_enabled()
+        and capability >= (8, 0)
+        and query.dtype in _HALF
+        and not has_mask
+        and head <= 256
+        and head % 8 == 0
+    ):
+        return "flash"
+    align = 4 if query.dtype == torch.float32 else 8
+    if (
+        shaped
+        and same
+        and torch.backends.cuda.mem_efficient_sdp_enabled()
+        and capability >= (5, 0)
+        and query.dtype in (torch.float32, *_HALF)
+        and head % align == 0
+    ):
+        return "efficient"
+    return "math"
+
+
+def cuda_attention(func: Any, args: tuple, kwargs: dict, capability: tuple[int, int]) -> Any:
+    """``F.scaled_dot_product_attention(*args, **kwargs)`` (``func``) as CUDA would run it."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    given = dict(zip(names, args))
+    given.update(kwargs)
+    query, key, value = given["query"], given["key"], given["value"]
+    mask = given.get("attn_mask")
+    if given.get("enable_gqa") and query.dim() == 4 and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    backend = pick_backend(query, key, value, mask is not None, capability)
+    dropout, causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
+    if backend == "flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout, causal, False, scale=scale
+        )[0]
+    if backend == "efficient":
+        bias = _bias(mask, query, key)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, grad, dropout, causal, scale=scale
+        )[0]
+    return func(*args, **kwargs)
+
+
+def _bias(mask: Any, query: torch.Tensor, key: torch.Tensor) -> Any:
+    """A boolean mask as the additive float bias the efficient kernel takes, broadcast
+    to (batch, heads, query length, key length) as PyTorch does before the call."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, -math.inf)
+    shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    return mask.expand(shape)

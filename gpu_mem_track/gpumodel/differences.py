@@ -1,0 +1,109 @@
+"""Where memory on the CPU or meta device differs from memory on CUDA, and what the
+simulated GPU and the estimator do about it: a data table, each row checked by the test
+it names (``tests/test_gpumodel_differences.py`` checks that every named test exists).
+
+Found by running the same programs on the meta device, on real CPU tensors and in the
+simulation, and by replaying recorded GPU snapshots (``../shared/fixtures/snapshots``)
+against the simulation's own snapshot. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["DIFFERENCES", "Difference"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One behaviour: what the CPU or meta device does, what CUDA does, how it is handled
+    (``modelled``, ``not reproduced``, ``approximated``) with a sentence, and the test
+    (``file::function``) that holds it."""
+
+    behaviour: str
+    cpu_or_meta: str
+    cuda: str
+    handling: str
+    test: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Difference:
+        return cls(**{k: str(data[k]) for k in ("behaviour", "cpu_or_meta", "cuda", "handling", "test")})
+
+
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        "torch.autocast('cuda') in user code",
+        "no effect on meta tensors; CPU autocast keeps layer_norm in the low precision",
+        "CUDA's lists: matmul/conv/linear/einsum/sdpa low precision; norms, softmax, losses float32",
+        "modelled: gpumodel.autocast casts at the torch-function level while CUDA autocast is on",
+        "tests/test_simgpu.py::test_autocast_uses_cuda_lists_inside_user_code",
+    ),
+    Difference(
+        "scaled_dot_product_attention",
+        "math path: keeps a (batch, heads, T, T) matrix and its softmax for backward",
+        "flash (sm80+, half precision) or memory-efficient attention: output and log-sum-exp only",
+        "modelled: gpumodel.attention runs the fused op CUDA would pick; sdpa_kernel respected",
+        "tests/test_simgpu.py::test_attention_keeps_no_sequence_square_matrix_on_ampere_unless_math_is_forced",
+    ),
+    Difference(
+        "cuBLAS workspace",
+        "none",
+        "one per (handle, stream) at its first GEMM, never freed: 8,519,680 B, 32 MiB on sm90+",
+        "modelled: gpumodel.workspace, forward and backward handles; CUBLAS_WORKSPACE_CONFIG read",
+        "tests/test_simgpu.py::test_cublas_workspace_per_gpu_and_from_the_environment",
+    ),
+    Difference(
+        "caching allocator",
+        "exact storage sizes",
+        "512 B blocks, 2 MiB / 20 MiB / rounded segments, unsplit remainders, cache",
+        "modelled: gpu_mem_track.allocator (replayed decision for decision on recorded traces)",
+        "tests/test_simgpu.py::test_pytorch_own_allocator_oracles_hold",
+    ),
+    Difference(
+        "optimizer implementation",
+        "fused=True refused off CUDA; foreach off by default",
+        "foreach by default, fused kernels when asked",
+        "modelled: simulated tensors say cuda, so torch.optim picks CUDA's paths",
+        "tests/test_simgpu_train.py::test_an_amp_training_loop_runs_with_fused_adamw_and_cuda_memory_figures",
+    ),
+    Difference(
+        "GradScaler",
+        "disabled without CUDA (a warning)",
+        "scales the loss, unscales with a found_inf flag, skips steps on inf",
+        "modelled: enabled; found_inf stays a known zero (no inf), so steps and scale growth run",
+        "tests/test_simgpu_train.py::test_an_amp_training_loop_runs_with_fused_adamw_and_cuda_memory_figures",
+    ),
+    Difference(
+        "data-dependent shapes (nonzero, boolean masks, unique)",
+        "meta cannot run them",
+        "the real count",
+        "approximated: small known tensors run for real; others take the upper bound (all selected)",
+        "tests/test_simgpu.py::test_data_dependent_shapes_take_their_upper_bound_recorded_per_line",
+    ),
+    Difference(
+        "linear-shaped einsum ('...i,oi->...o'), backward (the issue's known case)",
+        "the weight gradient comes transposed; accumulation copies it: one weight-sized temporary",
+        "the recorded 2.7B step has no such copy (reports/estimator_gpu_check.md)",
+        "modelled: run as F.linear / matmul (same forward allocation, gradient in the weight's layout)",
+        "tests/test_simgpu.py::test_a_linear_shaped_einsum_leaves_no_layout_copy_in_backward",
+    ),
+    Difference(
+        "meta kernels against CPU kernels on an einsum LM, forward and backward",
+        "identical storage timelines, byte for byte",
+        "-",
+        "none needed: the einsum difference above is CUDA's, not a meta artefact",
+        "tests/test_gpumodel_differences.py::test_meta_and_cpu_storage_timelines_agree_for_an_einsum_lm",
+    ),
+    Difference(
+        "kernel scratch buffers (reductions, index sorting in a loss's backward)",
+        "none on meta",
+        "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step",
+        "not modelled: under 0.3% of that step's peak",
+        "tests/test_gpumodel_differences.py::test_every_difference_names_a_test_that_exists",
+    ),
+)

@@ -1,0 +1,182 @@
+"""Named GPUs the simulated device can be: memory as torch reports it, compute capability,
+cuBLAS workspace default, and the CUDA context the simulation assumes. Torch-free.
+
+``total_memory`` is what ``torch.cuda.get_device_properties(0).total_memory`` reports
+(bytes), which is less than the vendor's nominal size: the driver keeps some for itself.
+Figures come from published ``get_device_properties`` printouts (torch prints
+``total_memory`` in MiB, so these are exact to the MiB, and vary by a few MiB across
+drivers) or, where none was found, from the nominal size less the usual driver reserve
+(said so in ``source``). ``context_bytes`` is the CUDA context and the kernels loaded
+lazily at first use (CUDA 11.7+ with lazy loading: typically 300-600 MiB, more on
+larger GPUs); it is an assumption, not a measurement, and the simulated allocator's
+capacity is ``total_memory - context_bytes``. The cuBLAS workspace is PyTorch's default
+per (handle, stream): 32 MiB on compute capability 9.0 and later, else ``:4096:2:16:8``
+(8,519,680 B); ``CUBLAS_WORKSPACE_CONFIG`` overrides it at run time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import UsageError
+from ..gpumodel.workspace import DEFAULT_WORKSPACE, HOPPER_WORKSPACE
+
+__all__ = ["GPUS", "GpuSpec", "parse_gpu", "workspace_default"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def workspace_default(capability: tuple[int, int]) -> int:
+    """PyTorch's default cuBLAS workspace (bytes) for a compute capability."""
+    return HOPPER_WORKSPACE if capability >= (9, 0) else DEFAULT_WORKSPACE
+
+
+def context_default(total_memory: int, capability: tuple[int, int]) -> int:
+    """The CUDA context assumed when none is given: 300 MiB before Ampere, 400 MiB on
+    Ampere/Ada, 500 MiB on Hopper and newer (more kernels, larger modules)."""
+    if capability >= (9, 0):
+        return 500 * MiB
+    return 400 * MiB if capability >= (8, 0) else 300 * MiB
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model: ``name`` (the catalog's), ``device_name`` (what
+    ``torch.cuda.get_device_name`` says), ``total_memory`` (bytes, as torch reports it),
+    ``capability`` (major, minor), ``cublas_workspace`` (bytes per cuBLAS handle and
+    stream), ``context_bytes`` (CUDA context assumed), ``multiprocessors`` (SMs) and
+    ``source`` (where the memory figure comes from)."""
+
+    name: str
+    total_memory: int
+    capability: tuple[int, int]
+    cublas_workspace: int
+    context_bytes: int
+    multiprocessors: int = 0
+    source: str = ""
+    device_name: str = ""
+
+    @property
+    def capacity(self) -> int:
+        """Bytes the caching allocator may reserve: ``total_memory - context_bytes``."""
+        return max(self.total_memory - self.context_bytes, 0)
+
+    @property
+    def arch(self) -> str:
+        """``"sm86"`` style architecture name."""
+        return f"sm{self.capability[0]}{self.capability[1]}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["capability"] = list(self.capability)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuSpec:
+        major, minor = data["capability"]
+        return cls(
+            name=str(data["name"]),
+            total_memory=int(data["total_memory"]),
+            capability=(int(major), int(minor)),
+            cublas_workspace=int(data["cublas_workspace"]),
+            context_bytes=int(data["context_bytes"]),
+            multiprocessors=int(data.get("multiprocessors", 0)),
+            source=str(data.get("source", "")),
+            device_name=str(data.get("device_name", "")),
+        )
+
+
+_PRINTOUT = "published torch.cuda.get_device_properties printout"
+_OOM_TEXT = "published OOM messages' 'total capacity of 79.15 GiB'"
+_NOMINAL = "estimate: vendor datasheet size less the driver's usual reserve (no printout found)"
+
+
+def _gpu(
+    name: str, device_name: str, mib: int, capability: tuple[int, int], sms: int, source: str
+) -> GpuSpec:
+    total = mib * MiB
+    return GpuSpec(
+        name=name,
+        total_memory=total,
+        capability=capability,
+        cublas_workspace=workspace_default(capability),
+        context_bytes=context_default(total, capability),
+        multiprocessors=sms,
+        source=source,
+        device_name=device_name,
+    )
+
+
+#: The catalog, keyed by lower-case name.
+GPUS: dict[str, GpuSpec] = {
+    spec.name.lower(): spec
+    for spec in (
+        _gpu("V100-16GB", "Tesla V100-SXM2-16GB", 16160, (7, 0), 80, f"{_PRINTOUT} (16160 MiB)"),
+        _gpu("V100-32GB", "Tesla V100-SXM2-32GB", 32510, (7, 0), 80, _NOMINAL),
+        _gpu("T4", "Tesla T4", 15102, (7, 5), 40, f"{_PRINTOUT} (15102 MiB; 14930-15109 seen)"),
+        _gpu("A10G", "NVIDIA A10G", 22587, (8, 6), 80, f"{_PRINTOUT} (22587 MiB)"),
+        _gpu("L4", "NVIDIA L4", 22478, (8, 9), 58, _NOMINAL),
+        _gpu("L40S", "NVIDIA L40S", 45589, (8, 9), 142, f"{_PRINTOUT} (45589 MiB)"),
+        _gpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 40536, (8, 0), 108, f"{_PRINTOUT} (40536 MiB)"),
+        _gpu(
+            "A100-80GB",
+            "NVIDIA A100-SXM4-80GB",
+            81050,
+            (8, 0),
+            108,
+            _OOM_TEXT,
+        ),
+        _gpu(
+            "H100-80GB",
+            "NVIDIA H100 80GB HBM3",
+            81090,
+            (9, 0),
+            132,
+            f"{_PRINTOUT} (81090 MiB; 81082-90)",
+        ),
+        _gpu("H200", "NVIDIA H200", 143156, (9, 0), 132, f"{_PRINTOUT} (143156 MiB)"),
+        _gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 24268, (8, 6), 82, f"{_PRINTOUT} (24268 MiB)"),
+        _gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 24563, (8, 9), 128, f"{_PRINTOUT} (24563 MiB)"),
+    )
+}
+
+_CUSTOM = re.compile(r"^\s*([0-9.]+\s*[a-zA-Z]*)\s*:\s*sm_?([0-9])([0-9])\s*$")
+
+
+def parse_gpu(text: str | GpuSpec) -> GpuSpec:
+    """A catalog name (case-insensitive; ``_`` and spaces read as ``-``) or
+    ``SIZE:smXY`` (``"24GiB:sm86"``: that much memory as torch reports it, compute
+    capability X.Y); a ``GpuSpec`` is returned as is. ``UsageError`` lists the names."""
+    if isinstance(text, GpuSpec):
+        return text
+    key = re.sub(r"[\s_]+", "-", str(text).strip().lower())
+    if key in GPUS:
+        return GPUS[key]
+    custom = _CUSTOM.match(str(text))
+    if custom:
+        return _custom(custom.group(1), (int(custom.group(2)), int(custom.group(3))), str(text))
+    names = ", ".join(spec.name for spec in GPUS.values())
+    raise UsageError(f"unknown GPU {text!r}: choose one of {names}, or give SIZE:smXY such as 24GiB:sm86")
+
+
+def _custom(size: str, capability: tuple[int, int], text: str) -> GpuSpec:
+    from ..units import parse_bytes
+
+    try:
+        total = parse_bytes(size)
+    except ValueError as exc:
+        raise UsageError(f"GPU {text!r}: {exc}") from None
+    if total <= 0:
+        raise UsageError(f"GPU {text!r}: the memory must be positive")
+    return GpuSpec(
+        name=text.strip(),
+        total_memory=total,
+        capability=capability,
+        cublas_workspace=workspace_default(capability),
+        context_bytes=min(context_default(total, capability), total // 4),
+        source="given on the command line",
+        device_name=f"Simulated GPU ({text.strip()})",
+    )

@@ -1,0 +1,235 @@
+"""The dispatch side of the simulated GPU: every storage of a simulated tensor is a block
+of the caching-allocator model, sized to the GPU's capacity.
+
+:class:`GpuMemory` is the device memory the storage tracker
+(:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) takes storages from: a
+``malloc`` on :class:`~gpu_mem_track.allocator.Allocator` with capacity
+``total_memory - context_bytes``. When even the allocator's retry (free the cached
+segments) cannot serve a request it raises ``torch.OutOfMemoryError`` with PyTorch's
+message (``c10/cuda/CUDACachingAllocator.cpp``; the size asked for is the segment the
+allocator needed, as there) and records it. While history is recorded
+(``torch.cuda.memory._record_memory_history``), every allocator action becomes a trace
+entry with the Python stack and time, as a real snapshot has; otherwise the allocator's
+event log is dropped as it grows, so a long script keeps no history.
+
+:class:`Storages` is the tracker run with torch functions off inside it, so the
+tracker's own property reads see meta tensors as meta (the face says ``cuda``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
+from ..estimator.lifetimes import Lifetimes
+from ..snapshotfile.records import Frame, TraceEntry
+from .catalog import GpuSpec
+from .records import OutOfMemory
+from .virtual import VirtualCpu
+
+__all__ = ["GpuMemory", "Storages", "format_size", "oom_message", "user_line"]
+
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+_OUR_DIR = str(Path(__file__).resolve().parents[1])
+_SKIPPED = (_TORCH_DIR, _OUR_DIR, "<frozen ")
+
+
+def user_line(skipped: tuple[str, ...] = _SKIPPED) -> tuple[str, int]:
+    """(filename, line) of the innermost frame outside torch and this package."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skipped):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return "", 0
+
+
+def python_frames(limit: int = 64) -> tuple[Frame, ...]:
+    """The Python stack, innermost first (as a snapshot's frames), without this package's."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None and len(frames) < limit:
+        name = frame.f_code.co_filename
+        if not name.startswith(_OUR_DIR):
+            frames.append(Frame(name, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+def format_size(size: int) -> str:
+    """A size as PyTorch's allocator messages print it (``format_size`` in c10)."""
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= 1048576:
+        return f"{size / 1024.0:.2f} KiB"
+    if size <= 1073741824:
+        return f"{size / 1048576.0:.2f} MiB"
+    return f"{size / 1073741824.0:.2f} GiB"
+
+
+def oom_message(
+    request: int, allocated: int, reserved: int, spec: GpuSpec, allowed: int | None = None
+) -> str:
+    """``torch.OutOfMemoryError``'s text for the simulated GPU (device 0; this process is
+    the only one, and holds its reserved bytes plus the CUDA context); ``allowed``: the
+    limit ``set_per_process_memory_fraction`` set, if any."""
+    free = max(spec.capacity - reserved, 0)
+    limit = f"{format_size(allowed)} allowed; " if allowed is not None else ""
+    return (
+        f"CUDA out of memory. Tried to allocate {format_size(request)}. GPU 0 has a total capacity of "
+        f"{format_size(spec.total_memory)} of which {format_size(free)} is free. "
+        f"Including non-PyTorch memory, this process has {format_size(reserved + spec.context_bytes)} "
+        f"memory in use. {limit}Of the allocated memory {format_size(allocated)} is allocated by PyTorch, "
+        "and "
+        f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
+        "avoid fragmentation.  See documentation for Memory Management  "
+        "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+    )
+
+
+class GpuMemory:
+    """Storages as blocks of the caching-allocator model of ``spec`` (see the module
+    doc). ``on_oom`` hears each out-of-memory record before the error is raised."""
+
+    def __init__(
+        self,
+        spec: GpuSpec,
+        settings: AllocatorSettings | None = None,
+        on_oom: Callable[[OutOfMemory], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.allocator = Allocator(settings, capacity=spec.capacity)
+        self.on_oom = on_oom
+        self.history: list[TraceEntry] | None = None
+        self.max_entries = sys.maxsize
+        self.block_frames: dict[int, tuple[Frame, ...]] = {}
+        self.start = time.perf_counter()
+        self.allowed: int | None = None
+        self.window_allocated = self.window_reserved = 0
+
+    def mark(self) -> tuple[int, int]:
+        """Start a new window: returns the (allocated, reserved) peaks of the window that
+        ends, and restarts both from the current bytes. A line sampler reads a line's
+        peaks so, leaving torch's own peak statistics (``max_memory_allocated``) alone."""
+        peaks = (self.window_allocated, self.window_reserved)
+        self.window_allocated, self.window_reserved = self.allocator.allocated, self.allocator.reserved
+        return peaks
+
+    def set_fraction(self, fraction: float) -> None:
+        """``set_per_process_memory_fraction``: the allocator may reserve at most
+        ``fraction`` of the total memory (and never more than the capacity)."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self.allowed = int(fraction * self.spec.total_memory)
+        self.allocator.device.capacity = min(self.spec.capacity, self.allowed)
+
+    def record(self, enabled: bool, max_entries: int = sys.maxsize) -> None:
+        """Start (keeping what was recorded) or stop recording the trace."""
+        if enabled and self.history is None:
+            self.history = []
+        elif not enabled:
+            self.history = None
+            self.block_frames.clear()
+        self.max_entries = max_entries
+
+    def take(self, nbytes: int) -> tuple[int, int]:
+        """``malloc(nbytes)``: the block's address and the bytes it counts."""
+        allocator = self.allocator
+        before, seen = allocator.allocated, len(allocator.events)
+        try:
+            address = allocator.malloc(nbytes)
+        except SimulatedOutOfMemory as exc:
+            self._trace(seen, exc)
+            raise self._out_of_memory(exc) from None
+        self._trace(seen)
+        if self.history is not None and address:
+            self.block_frames[address] = self._frames_of_last()
+        if allocator.allocated > self.window_allocated:
+            self.window_allocated = allocator.allocated
+        if allocator.reserved > self.window_reserved:
+            self.window_reserved = allocator.reserved
+        return address, allocator.allocated - before
+
+    def give_back(self, handle: int) -> None:
+        """``free`` the block at ``handle`` (nothing for 0 bytes)."""
+        if handle:
+            seen = len(self.allocator.events)
+            self.allocator.free(handle)
+            self.block_frames.pop(handle, None)
+            self._trace(seen)
+
+    @property
+    def reserved(self) -> int:
+        return self.allocator.reserved
+
+    def largest_free_block(self) -> int:
+        return self.allocator.largest_free_block()
+
+    def _frames_of_last(self) -> tuple[Frame, ...]:
+        history = self.history
+        return history[-1].frames if history else ()
+
+    def _trace(self, seen: int, oom: SimulatedOutOfMemory | None = None) -> None:
+        events = self.allocator.events
+        if self.history is None:
+            events.clear()
+            return
+        frames = python_frames()
+        now = int((time.perf_counter() - self.start) * 1e6)
+        for event in events[seen:]:
+            addr = (
+                max(self.spec.capacity - self.allocator.reserved, 0)
+                if event.action == "oom"
+                else event.address
+            )
+            free = addr if event.action == "oom" else None
+            self.history.append(TraceEntry(event.action, addr, event.size, event.stream, now, frames, free))
+        events.clear()
+        if len(self.history) > self.max_entries:
+            del self.history[: len(self.history) - self.max_entries]
+
+    def _out_of_memory(self, exc: SimulatedOutOfMemory) -> torch.OutOfMemoryError:
+        request = allocation_size(exc.size)
+        message = oom_message(request, exc.allocated, exc.reserved, self.spec, self.allowed)
+        filename, line = user_line()
+        record = OutOfMemory(
+            filename, line, request, exc.allocated, exc.reserved, self.spec.capacity, message
+        )
+        if self.on_oom is not None:
+            self.on_oom(record)
+        return torch.OutOfMemoryError(message)
+
+
+class Storages(Lifetimes):
+    """:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` on the meta device with
+    torch functions off while it works (see the module doc). Outputs of ops made as
+    virtual CPU tensors (``virtual.making``) or computed from virtual CPU tensors only
+    are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`)."""
+
+    def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
+        super().__init__({"meta"}, memory, workspace, history=False)
+        self.virtual = virtual
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with torch._C.DisableTorchFunction():
+            virtual = self.virtual
+            if virtual.making or (virtual and self._from_virtual(args, kwargs)):
+                out = func(*args, **(kwargs or {}))
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor) and leaf.is_meta:
+                        virtual.add(leaf)
+                return out
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _from_virtual(self, args: Any, kwargs: Any) -> bool:
+        metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]
+        return bool(metas) and all(self.virtual.holds(t) for t in metas)

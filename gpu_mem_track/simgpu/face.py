@@ -1,0 +1,242 @@
+"""The face simulated tensors show to Python: they live on the ``meta`` device (shapes,
+dtypes, storages, no data) and say they are on ``cuda:0``.
+
+:class:`CudaFace` is a torch-function mode. It rewrites CUDA device arguments to
+``meta`` (``device="cuda"``, ``device=0``, ``.cuda()``, ``.to("cuda")``, ``.to(0)``),
+answers ``.device``, ``.is_cuda``, ``.is_meta``, ``.is_cpu`` and ``get_device()`` for
+meta tensors as a CUDA tensor would, turns ``.cpu()``/``.numpy()``/``.tolist()``/
+``print``/``repr`` into reads of a CPU copy (its value when known, else a placeholder:
+see :mod:`~gpu_mem_track.estimator.values`), answers ``isfinite``/``isnan``/``isinf`` of
+unknown values as finite (:data:`FINITE_CHECKS`), makes ``record_stream`` on them a
+no-op, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's op
+lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
+the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`) and
+linear-shaped einsums as linear layers, whose weight gradients come in the weight's
+layout as on the GPU (:mod:`~gpu_mem_track.gpumodel.einsum`).
+Large CPU tensors made while a module is built are virtual
+(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them.
+
+Real CPU tensors pass through untouched (the data pipeline stays real). The mode only
+sees calls made from Python at the torch API level; calls that a torch function makes
+internally are not seen (autograd's and the optimizers' aten ops are seen by the
+dispatch side, :class:`~gpu_mem_track.simgpu.engine.Storages`), except inside
+``F.multi_head_attention_forward``, which runs with the mode re-entered so its attention
+call is seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+
+from ..gpumodel.attention import cuda_attention
+from ..gpumodel.autocast import CudaAutocast
+from ..gpumodel.einsum import as_linear
+from .virtual import FACTORIES, VirtualCpu, default_device
+
+__all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
+
+META = torch.device("meta")
+CUDA0 = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+_Handler = Callable[[Any, tuple, dict], Any]
+
+
+#: Checks for inf and NaN on simulated values: answered as finite (as GradScaler's
+#: found_inf is), so ``if not torch.isfinite(loss): skip`` goes the usual way.
+FINITE_CHECKS = {
+    **{f: True for f in (torch.isfinite, torch.Tensor.isfinite)},
+    **{f: False for f in (torch.isnan, torch.Tensor.isnan, torch.isinf, torch.Tensor.isinf)},
+    **{f: False for f in (torch.isposinf, torch.Tensor.isposinf, torch.isneginf, torch.Tensor.isneginf)},
+}
+
+
+def is_cuda_device(value: Any) -> bool:
+    """Whether a device argument names CUDA (``"cuda"``, ``"cuda:0"``, a cuda
+    ``torch.device``, or an int ordinal)."""
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _operands(args: tuple) -> list:
+    """einsum's operands, given one by one or as one list."""
+    return list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+
+
+def _meta(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_meta
+
+
+class CudaFace(TorchFunctionMode):
+    """See the module doc. ``autocast`` holds the casts of the running autocast region."""
+
+    def __init__(self, virtual: VirtualCpu | None = None, assume: Callable[[Any, Any], None] | None = None):
+        super().__init__()
+        self.assume = assume
+        self.constructors = _device_constructors()
+        self.autocast = CudaAutocast()
+        self.virtual = virtual if virtual is not None else VirtualCpu()
+        gpu = self._on_gpu
+        self.handlers: dict[Any, _Handler] = {
+            torch.Tensor.device.__get__: self._device,
+            torch.Tensor.is_cuda.__get__: lambda f, a, k: gpu(a[0]) if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.is_meta.__get__: lambda f, a, k: False,
+            torch.Tensor.is_cpu.__get__: lambda f, a, k: not gpu(a[0]) if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.get_device: lambda f, a, k: (0 if gpu(a[0]) else -1) if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.to: self._to,
+            torch.Tensor.cuda: self._cuda,
+            torch.Tensor.cpu: lambda f, a, k: a[0].to("cpu") if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.numpy: self._via_cpu,
+            torch.Tensor.tolist: self._via_cpu,
+            torch.Tensor.__repr__: self._repr,
+            torch.Tensor.__format__: self._format,
+            torch.Tensor.pin_memory: lambda f, a, k: (
+                a[0] if _meta(a[0]) or a[0].device.type == "cpu" else f(*a, **k)
+            ),
+            torch.Tensor.is_pinned: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.record_stream: lambda f, a, k: None,
+            F.scaled_dot_product_attention: self._attention,
+            torch.einsum: self._einsum,
+            **{check: self._finite for check in FINITE_CHECKS},
+            F.multi_head_attention_forward: self._reentered,
+        }
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        handler = self.handlers.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs)
+        if func in self.constructors and kwargs.get("device") is None and is_cuda_device(default_device()):
+            kwargs = {**kwargs, "device": META}  # torch.set_default_device("cuda"), applied below us
+        if func in FACTORIES and self.virtual.wanted(func, args, kwargs):
+            return self._make_virtual(func, args, kwargs)
+        if "device" in kwargs and is_cuda_device(kwargs["device"]):
+            kwargs = {**kwargs, "device": META}
+        return self._run(func, args, kwargs)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func`` as CUDA runs it: under CUDA autocast's casts when autocast is on."""
+        if torch.is_autocast_enabled("cuda"):
+            return self.autocast.call(func, args, kwargs, torch.get_autocast_dtype("cuda"))
+        return func(*args, **kwargs)
+
+    def _einsum(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        plan = as_linear(args[0], args[1:]) if args and not kwargs else None
+        if plan is None or not any(_meta(t) for t in _operands(args[1:])):
+            return self._run(func, args, kwargs)
+        return self._run(plan[0], plan[1], {})
+
+    def _on_gpu(self, tensor: torch.Tensor) -> bool:
+        """A meta tensor is on the simulated GPU unless it is virtual CPU."""
+        return not self.virtual.holds(tensor)
+
+    def _device(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        device = func(*args, **kwargs)
+        if device.type != "meta":
+            return device
+        return CUDA0 if self._on_gpu(args[0]) else CPU
+
+    def _make_virtual(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        self.virtual.making = True
+        try:
+            out = func(*args, **{**kwargs, "device": META})
+        finally:
+            self.virtual.making = False
+        self.virtual.add(out)
+        return out
+
+    def _to(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        moved = [META if is_cuda_device(a) and not isinstance(a, torch.dtype) else a for a in args[1:]]
+        to_gpu = "device" in kwargs and is_cuda_device(kwargs["device"])
+        if to_gpu:
+            kwargs = {**kwargs, "device": META}
+        source = args[0]
+        if (to_gpu or META in moved) and _meta(source) and self.virtual.holds(source):
+            dtype = kwargs.get("dtype") or next(
+                (a for a in moved if isinstance(a, torch.dtype)), source.dtype
+            )
+            return _fresh(source, dtype)
+        return func(source, *moved, **kwargs)
+
+    def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        source = args[0]
+        if _meta(source) and self.virtual.holds(source):
+            return _fresh(source, source.dtype)
+        memory_format = kwargs.get("memory_format", torch.preserve_format)
+        return source.to(META, memory_format=memory_format)
+
+    def _via_cpu(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        first = args[0]
+        return func(first.to("cpu") if _meta(first) else first, *args[1:], **kwargs)
+
+    def _repr(self, func: Any, args: tuple, kwargs: dict) -> str:
+        tensor = args[0]
+        if not _meta(tensor):
+            return func(*args, **kwargs)
+        return cuda_repr(tensor, tensor.detach().to("cpu"), on_gpu=self._on_gpu(tensor))
+
+    def _finite(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        if self.assume is not None and _meta(out) and _meta(args[0]):
+            self.assume(out, FINITE_CHECKS[func])
+        return out
+
+    def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
+        tensor, spec = args[0], args[1]
+        if not _meta(tensor):
+            return func(*args, **kwargs)
+        if tensor.dim() == 0:
+            return tensor.detach().item().__format__(spec)
+        return format(self._repr(torch.Tensor.__repr__, (tensor,), {}), spec)
+
+    def _attention(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if torch.is_autocast_enabled("cuda"):
+            args, kwargs = self.autocast.cast_for(func, args, kwargs, torch.get_autocast_dtype("cuda"))
+        if not _meta(args[0]):
+            return func(*args, **kwargs)
+        return cuda_attention(func, args, kwargs, self.capability)
+
+    def _reentered(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        with self:
+            return func(*args, **kwargs)
+
+    #: The simulated GPU's compute capability (for the attention backend); set by the engine.
+    capability: tuple[int, int] = (8, 0)
+
+
+def _fresh(source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A simulated GPU copy of the virtual CPU tensor ``source`` (values copied when known)."""
+    with torch.no_grad():
+        out = torch.empty_strided(source.shape, source.stride(), dtype=dtype, device=META)
+        out.copy_(source)
+    return out.requires_grad_(True) if source.requires_grad and source.is_leaf else out
+
+
+def cuda_repr(tensor: torch.Tensor, cpu: torch.Tensor, on_gpu: bool = True) -> str:
+    """``repr`` of a simulated tensor as torch prints a CUDA one (a CPU one when not
+    ``on_gpu``), values from ``cpu``."""
+    from torch import _tensor_str
+
+    prefix = "tensor("
+    indent = len(prefix)
+    suffixes = ["device='cuda:0'"] if on_gpu else []
+    if cpu.numel() == 0 and cpu.dim() != 1:
+        suffixes.append(f"size={tuple(cpu.shape)}")
+    default = torch.get_default_dtype()
+    if cpu.dtype not in (default, torch.int64, torch.bool) or (cpu.numel() == 0 and cpu.dtype != default):
+        suffixes.append(f"dtype={cpu.dtype}")
+    if tensor.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(tensor.grad_fn).__name__}>")
+    elif tensor.requires_grad:
+        suffixes.append("requires_grad=True")
+    with torch.no_grad():
+        body = _tensor_str._tensor_str(cpu, indent) if cpu.numel() or cpu.dim() != 1 else "[]"
+    return _tensor_str._add_suffixes(prefix + body, suffixes, indent, force_newline=False)

@@ -1,0 +1,87 @@
+"""What a simulated GPU session records besides memory: value reads that got a
+placeholder, data-dependent shapes given an upper bound, and the out-of-memory error.
+Plain frozen records; torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Bound", "OutOfMemory", "Placeholder"]
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """A value read from a simulated tensor whose value is unknown: ``op`` (``item``,
+    ``copy to cpu``, ...) at ``filename``:``line`` (the first frame outside torch and
+    this package) got a placeholder (0, ``False`` or zeros) ``count`` times. Control
+    flow that depends on it may have gone another way than on the GPU."""
+
+    filename: str
+    line: int
+    op: str
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Placeholder:
+        return cls(str(data["filename"]), int(data["line"]), str(data["op"]), int(data.get("count", 1)))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A data-dependent shape (``nonzero``, a boolean mask, ``unique``, ...) taken at its
+    upper bound (every element selected): ``op`` at ``filename``:``line``, ``bound`` the
+    number of elements (rows for ``nonzero``) assumed, ``count`` the times it happened."""
+
+    filename: str
+    line: int
+    op: str
+    bound: int
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Bound:
+        return cls(
+            str(data["filename"]),
+            int(data["line"]),
+            str(data["op"]),
+            int(data["bound"]),
+            int(data.get("count", 1)),
+        )
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """The simulated GPU ran out at ``filename``:``line``: ``request`` bytes asked for
+    (the segment the allocator needed, as torch's message says), with ``allocated`` and
+    ``reserved`` bytes held at that moment, of ``capacity`` (total memory less the CUDA
+    context); ``message`` is the ``torch.OutOfMemoryError`` text raised."""
+
+    filename: str
+    line: int
+    request: int
+    allocated: int
+    reserved: int
+    capacity: int
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutOfMemory:
+        return cls(
+            str(data["filename"]),
+            int(data["line"]),
+            int(data["request"]),
+            int(data["allocated"]),
+            int(data["reserved"]),
+            int(data["capacity"]),
+            str(data["message"]),
+        )
