@@ -153,6 +153,19 @@ def test_a_launch_whose_ranks_peak_alike_says_so_not_rank_0_over_rank_0(tmp_path
     assert run["launch"]["spread_text"] == "1.000 (every rank's peak is equal)"
 
 
+def test_a_launch_with_a_killed_rank_renders_what_that_rank_left(tmp_path):
+    for rank in (0, 1):
+        runner_folder(tmp_path / "job", f"rank{rank}", two_lines(), timeline_rows([1, 4, 2]), peak=5 * MIB)
+    (tmp_path / "job" / "rank1" / "lines.csv").unlink()  # killed: only its timeline is left
+    page = write_report([tmp_path / "job"], tmp_path / "launch.html")
+    assert page.is_file()
+    data = collect([tmp_path / "job"])
+    json.dumps(data, allow_nan=False)  # the page's data: no NaN or inf for the browser to choke on
+    (run,) = data["runs"]
+    rank1 = run["ranks"][1]
+    assert rank1["lines"] and all(line["seconds"] is None for line in rank1["lines"])
+
+
 def test_long_timelines_are_cut_keeping_every_bucket_s_highest_value(tmp_path):
     values = [(i * 7919) % 1000 for i in range(5000)]
     values[3333] = 5000
