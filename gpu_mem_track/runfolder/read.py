@@ -15,10 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import BadInput
 from .files import read_meta
 from .rebuild import LineTotals
 from .records import RunInfo, TimelineRow
+from .transients import PeakPlacer
 
 __all__ = [
     "DEFAULT_POINTS",
@@ -66,18 +67,23 @@ class LabelPoint:
 @contextmanager
 def reading(path: Path) -> Iterator[None]:
     """Turn what reading the report at ``path`` may raise (a bad row, bad text, an OS
-    error) into a one-line ``UsageError`` naming the file."""
+    error) into a one-line ``errors.BadInput`` naming the file (a ``BadInput`` that says
+    the file is not a regular one, or is missing, passes unchanged)."""
     try:
         yield
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not a text report ({exc.reason})") from exc
+        raise BadInput(f"{path} is not a text report ({exc.reason})") from None
+    except BadInput as exc:
+        if ", line " not in str(exc):
+            raise
+        raise BadInput(f"not a valid report: {exc}") from None
     except (ValueError, KeyError, csv.Error) as exc:
         text = str(exc)  # the readers' messages name the file and line already
-        raise UsageError(
+        raise BadInput(
             f"not a valid report: {text}" if str(path) in text else f"{path} is not a valid report: {text}"
-        ) from exc
+        ) from None
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def downsample(samples: Iterable[Sample], points: int = DEFAULT_POINTS) -> list[Sample]:
@@ -121,14 +127,11 @@ def _merge(pair: list[list]) -> list:
 
 
 def read_info(path: Path) -> RunInfo | None:
-    """``meta.json`` at ``path`` (None when there is none); ``UsageError`` when it is not
-    a valid run description."""
-    if not path.is_file():
+    """``meta.json`` at ``path`` (None when there is none); ``errors.BadInput`` (one line)
+    when it is not a valid run description (``files.read_meta``)."""
+    if not path.exists():
         return None
-    try:
-        return read_meta(path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"{path} is not a valid run description ({exc})") from exc
+    return read_meta(path)
 
 
 def guess_source(samples: tuple[Sample, ...] | None) -> str:
@@ -140,16 +143,22 @@ def guess_source(samples: tuple[Sample, ...] | None) -> str:
 
 
 def read_series(
-    rows: Iterator[TimelineRow], points: int, totals: LineTotals | None = None
+    rows: Iterator[TimelineRow],
+    points: int,
+    totals: LineTotals | None = None,
+    raised: dict[int, int] | None = None,
 ) -> tuple[tuple[LabelPoint, ...], tuple[Sample, ...], int]:
     """The ``track()`` labels, the memory series cut to at most ``2 * points`` samples
     (``downsample``) and the number of rows read, from a timeline's ``rows``; each row
-    also goes to ``totals`` when given (lines rebuilt from the timeline)."""
+    also goes to ``totals`` when given (lines rebuilt from the timeline). A line's
+    transient peak is drawn just before its end value where it happened (``transients``;
+    ``raised``: ``transients.raised_peaks`` of the same rows, read beforehand)."""
     labels: list[LabelPoint] = []
     counted = [0]
+    placer = PeakPlacer(raised)
 
     def samples() -> Iterator[Sample]:
-        for row in rows:
+        for index, row in enumerate(rows):
             counted[0] += 1
             if totals is not None:
                 totals.add(row)
@@ -157,11 +166,12 @@ def read_series(
                 labels.append(
                     LabelPoint(row.label, row.elapsed, row.memory, row.file, row.function, row.line)
                 )
+            transient = placer.place(index, row)
             if row.memory is None:
                 continue
-            if row.peak is not None and row.peak > row.memory:
-                # The transient peak inside this event, drawn just before its end value.
-                yield Sample(row.elapsed, row.peak, allocated=row.peak if row.allocated is not None else None)
+            if transient is not None:  # drawn just before the row's end value
+                allocated = transient if row.allocated is not None else None
+                yield Sample(row.elapsed, transient, allocated=allocated)
             yield Sample(row.elapsed, row.memory, row.allocated, row.reserved, row.driver, row.rss)
 
     kept = downsample(samples(), points)
