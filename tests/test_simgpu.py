@@ -79,7 +79,8 @@ def test_torch_cuda_answers_from_the_simulation_and_nothing_is_left_after():
 def test_an_exception_inside_still_restores_everything():
     available = torch.cuda.is_available
     with pytest.raises(ZeroDivisionError), simulated_gpu("t4"):
-        torch.zeros(3, device="cuda")
+        torch.set_default_device("cuda")
+        assert torch.zeros(3).is_cuda
         raise ZeroDivisionError
     assert torch.cuda.is_available is available
     assert torch._C._len_torch_function_stack() == 0 and torch._C._len_torch_dispatch_stack() == 0

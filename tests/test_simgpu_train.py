@@ -196,3 +196,69 @@ def test_a_long_loop_keeps_no_history_of_its_storages():
             (w @ w).sum().backward()
         assert gpu.storages.events == [] and gpu.storages.sizes == []
         assert gpu.storages.followed <= 8 and gpu.allocator.events == []
+
+
+class EinsumLM(nn.Module):
+    """A small model in the recorded 2.7B model's style: bias-free einsum projections,
+    RMS norm, hand-written attention softmax, SwiGLU, float32."""
+
+    def __init__(self, vocab: int = 1000, d: int = 128, layers: int = 2, ff: int = 512) -> None:
+        super().__init__()
+        self.emb = nn.Parameter(torch.randn(vocab, d))
+        self.qkvo = nn.ParameterList(nn.Parameter(torch.randn(4, d, d)) for _ in range(layers))
+        self.ff = nn.ParameterList(nn.Parameter(torch.randn(3, ff, d)) for _ in range(layers))
+        self.head = nn.Parameter(torch.randn(vocab, d))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb[ids]
+        t = ids.shape[1]
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=ids.device))
+        for w, f in zip(self.qkvo, self.ff):
+            h = x / torch.sqrt(torch.mean(x**2, dim=-1, keepdim=True) + 1e-5)
+            q, k, v = (torch.einsum("...i,oi->...o", h, w[i]) for i in range(3))
+            s = torch.einsum("bqd,bkd->bqk", q, k).masked_fill(~mask, float("-inf"))
+            e = torch.exp(s - s.amax(-1, keepdim=True))
+            x = x + torch.einsum(
+                "...i,oi->...o", torch.einsum("bqk,bkd->bqd", e / e.sum(-1, keepdim=True), v), w[3]
+            )
+            a, b = torch.einsum("...i,oi->...o", x, f[0]), torch.einsum("...i,oi->...o", x, f[2])
+            x = x + torch.einsum("...i,io->...o", a * torch.sigmoid(a) * b, f[1])
+        return torch.einsum("...i,oi->...o", x, self.head)
+
+
+def test_a_small_model_of_the_recorded_kind_steps_and_replays_with_plausible_figures(tmp_path):
+    with simulated_gpu("h100-80gb"):
+        model = EinsumLM().cuda()
+        ids = torch.randint(0, 1000, (4, 64)).cuda()
+        params = sum(p.numel() * 4 for p in model.parameters())
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        torch.cuda.empty_cache()
+        logits = model(ids)
+        loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+        loss.backward()
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+        optimizer.step()
+        torch.cuda.memory._dump_snapshot(str(tmp_path / "step.pickle"))
+        peak, after = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+    # parameters, gradients and the two AdamW states live at the end, with the logits
+    workspaces = 2 * 32 * 2**20
+    logits_bytes = 4 * 64 * 1000 * 4
+    assert 4 * params + workspaces <= after <= 4 * params + workspaces + logits_bytes + (4 << 20)
+    assert after < peak < after + 16 * logits_bytes
+    assert replay_snapshot(load_snapshot(tmp_path / "step.pickle")).all_match
+
+
+def test_a_line_sampler_reads_window_peaks_without_touching_torchs_peaks():
+    with simulated_gpu("t4") as gpu:
+        gpu.memory.mark()
+        x = torch.empty(2**20, device="cuda")  # 4 MiB
+        del x
+        y = torch.empty(2**18, device="cuda")  # 1 MiB
+        allocated_peak, reserved_peak = gpu.memory.mark()
+        assert (allocated_peak, reserved_peak) == (
+            4 << 20,
+            22 << 20,
+        )  # a 20 MiB segment, then a 2 MiB small one
+        assert gpu.memory.mark() == (1 << 20, 22 << 20)  # the new window starts from what is live
+        assert torch.cuda.max_memory_allocated() == 4 << 20
+        del y

@@ -114,6 +114,15 @@ class GpuMemory:
         self.block_frames: dict[int, tuple[Frame, ...]] = {}
         self.start = time.perf_counter()
         self.allowed: int | None = None
+        self.window_allocated = self.window_reserved = 0
+
+    def mark(self) -> tuple[int, int]:
+        """Start a new window: returns the (allocated, reserved) peaks of the window that
+        ends, and restarts both from the current bytes. A line sampler reads a line's
+        peaks so, leaving torch's own peak statistics (``max_memory_allocated``) alone."""
+        peaks = (self.window_allocated, self.window_reserved)
+        self.window_allocated, self.window_reserved = self.allocator.allocated, self.allocator.reserved
+        return peaks
 
     def set_fraction(self, fraction: float) -> None:
         """``set_per_process_memory_fraction``: the allocator may reserve at most
@@ -144,6 +153,10 @@ class GpuMemory:
         self._trace(seen)
         if self.history is not None and address:
             self.block_frames[address] = self._frames_of_last()
+        if allocator.allocated > self.window_allocated:
+            self.window_allocated = allocator.allocated
+        if allocator.reserved > self.window_reserved:
+            self.window_reserved = allocator.reserved
         return address, allocator.allocated - before
 
     def give_back(self, handle: int) -> None:

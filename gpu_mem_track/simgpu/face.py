@@ -32,11 +32,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 
 from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
 from ..gpumodel.einsum import as_linear
-from .virtual import FACTORIES, VirtualCpu
+from .virtual import FACTORIES, VirtualCpu, default_device
 
 __all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
 
@@ -80,6 +81,7 @@ class CudaFace(TorchFunctionMode):
     def __init__(self, virtual: VirtualCpu | None = None, assume: Callable[[Any, Any], None] | None = None):
         super().__init__()
         self.assume = assume
+        self.constructors = _device_constructors()
         self.autocast = CudaAutocast()
         self.virtual = virtual if virtual is not None else VirtualCpu()
         gpu = self._on_gpu
@@ -112,6 +114,8 @@ class CudaFace(TorchFunctionMode):
         handler = self.handlers.get(func)
         if handler is not None:
             return handler(func, args, kwargs)
+        if func in self.constructors and kwargs.get("device") is None and is_cuda_device(default_device()):
+            kwargs = {**kwargs, "device": META}  # torch.set_default_device("cuda"), applied below us
         if func in FACTORIES and self.virtual.wanted(func, args, kwargs):
             return self._make_virtual(func, args, kwargs)
         if "device" in kwargs and is_cuda_device(kwargs["device"]):

@@ -6,7 +6,8 @@ small known tensors, :class:`~gpu_mem_track.estimator.values.KnownValues`, under
 storage tracker, :class:`~gpu_mem_track.simgpu.engine.Storages`) and the torch-function
 face (:class:`~gpu_mem_track.simgpu.face.CudaFace`), and replaces the ``torch.cuda``
 API (:mod:`~gpu_mem_track.simgpu.cudaapi`). Exiting undoes all of it, also after an
-exception; simulated tensors still alive afterwards are plain meta tensors.
+exception, and puts back the default device (``torch.set_default_device``) the session
+began with; simulated tensors still alive afterwards are plain meta tensors.
 
 The modes are per thread: code run on other threads (the DataLoader's pin-memory
 thread aside, which only pins) does not see the simulation. DataLoader worker
@@ -32,7 +33,7 @@ from .engine import GpuMemory, Storages, user_line
 from .face import CudaFace
 from .patches import Patches
 from .records import Bound, OutOfMemory, Placeholder
-from .virtual import VirtualCpu
+from .virtual import VirtualCpu, default_device
 
 __all__ = ["SimulatedGpu", "simulated_gpu"]
 
@@ -85,6 +86,7 @@ class SimulatedGpu:
             stack.enter_context(self.storages)
             stack.callback(self.storages.close)
             stack.enter_context(self.face)
+            stack.callback(_restore_default_device, default_device())
         except BaseException:
             stack.close()
             raise
@@ -125,6 +127,13 @@ class SimulatedGpu:
 
     def _note_oom(self, record: OutOfMemory) -> None:
         self.out_of_memory = record
+
+
+def _restore_default_device(device: Any) -> None:
+    """Put back the default device the session began with (a ``torch.set_default_device
+    ("cuda")`` made inside must not outlive the simulated GPU)."""
+    if default_device() != device:
+        torch.set_default_device(device)
 
 
 def _environ() -> dict[str, str]:

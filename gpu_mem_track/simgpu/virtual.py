@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["DEPTH", "FACTORIES", "THRESHOLD", "VirtualCpu"]
+__all__ = ["DEPTH", "FACTORIES", "THRESHOLD", "VirtualCpu", "default_device"]
 
 #: Bytes from which a CPU factory call in a module's construction is virtual.
 THRESHOLD = 1 << 20
@@ -76,12 +76,20 @@ class VirtualCpu:
         """Whether this factory call (device CPU or unset) should make a virtual tensor."""
         if func not in FACTORIES or kwargs.get("device") not in (None, "cpu", torch.device("cpu")):
             return False
-        if torch.get_default_device().type != "cpu":
+        default = default_device()
+        if default is not None and torch.device(default).type != "cpu":
             return False
         dtype = kwargs.get("dtype") or torch.get_default_dtype()
         if not dtype.is_floating_point and _nbytes(func, args, kwargs) < THRESHOLD:
             return False
         return _building_a_module()
+
+
+def default_device() -> Any:
+    """The device ``torch.set_default_device`` set (None: none), read without making a
+    tensor (``torch.get_default_device`` makes one, which would recurse here)."""
+    context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+    return None if context is None else context.device
 
 
 def _nbytes(func: Any, args: tuple, kwargs: dict) -> int:
