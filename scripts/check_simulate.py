@@ -41,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_mem_track.allocator.replay import replay  # noqa: E402
 from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
-from gpu_mem_track.snapshots.replay import replay  # noqa: E402
 from gpu_mem_track.units import format_bytes  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -331,3 +331,50 @@ def test_saved_activations_are_placed_at_the_users_line_not_inside_the_package()
     where = namespace["op"]()  # this line calls the package's frame
     line = sys._getframe().f_lineno - 1
     assert where == f"test_simulate_run.py:{line}"
+
+
+def test_a_simulated_runs_meta_json_reads_back_and_a_damaged_one_is_one_line(tmp_path):
+    from dataclasses import replace
+
+    from gpu_mem_track.errors import BadInput
+    from gpu_mem_track.runfolder.files import write_meta
+    from gpu_mem_track.runfolder.records import RunInfo, SimulationInfo, StopInfo
+
+    oom = {
+        "filename": "t.py",
+        "line": 4,
+        "request": 2,
+        "allocated": 3,
+        "reserved": 4,
+        "capacity": 5,
+        "message": "m",
+    }
+    info = RunInfo(
+        "r", "t.py", ("t.py",), "cuda:0", "cuda allocator", "sys.settrace", 1.0, "3.11", "2", "0.1"
+    )
+    info = replace(
+        info,
+        reserved_peak=2**21,
+        simulation=SimulationInfo(
+            gpu=GPUS["t4"].to_dict(),
+            placeholders=({"filename": "t.py", "line": 3, "op": "item", "count": 2},),
+            bounds=({"filename": "t.py", "line": 5, "op": "nonzero", "bound": 10, "count": 1},),
+            skipped_saves=1,
+            out_of_memory=oom,
+        ),
+        stopped=StopInfo("steady", "t.py", 2, 4, 1.5, "t.py:2"),
+    )
+    path = tmp_path / "meta.json"
+    write_meta(path, info)
+    assert read_meta(path) == info
+    data = json.loads(path.read_text())
+    del data["simulation"]["out_of_memory"]["request"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match="'simulation.out_of_memory' lacks 'request' as int"):
+        read_meta(path)
+    data = json.loads(path.read_text())
+    data["simulation"]["out_of_memory"] = None
+    data["stopped"]["iterations"] = "four"
+    path.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match="'iterations'"):
+        read_meta(path)
