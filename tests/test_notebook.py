@@ -162,7 +162,7 @@ def test_the_peak_compares_high_water_marks_and_never_resets_them(gpu):
 def test_memtrack_on_cuda_measures_the_allocator(shell, gpu):
     shell.user_ns.update(model=torch.nn.Linear(64, 32).cuda(), x=torch.randn(16, 64, device="cuda"))
     base = torch.cuda.memory_allocated()
-    result = shell.run_line_magic("memtrack", "--device cuda:0 y = model(x)")
+    result = shell.run_line_magic("memtrack", "-o --device cuda:0 y = model(x)")
     assert (result.device, result.source) == ("cuda:0", "cuda allocator")
     assert result.before == base and result.after == torch.cuda.memory_allocated()
     (created,) = result.changes
