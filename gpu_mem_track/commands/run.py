@@ -88,7 +88,8 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         help="run the script unchanged on a simulated GPU: a name listed by the gpus command "
         "(case-insensitive, e.g. A100-40GB) or SIZE:smXY (e.g. 24GiB:sm86). CUDA tensors get shapes, "
         "no data, and memory from the caching-allocator model of that GPU; the script stops once its "
-        "loop's memory is steady (see --run-to-end)",
+        "loop's memory is steady (see --run-to-end). Under torchrun each rank runs on its own "
+        "simulated GPU, in torch's fake process group (collectives move no data)",
     )
     run.add_argument(
         "--max-iterations",
