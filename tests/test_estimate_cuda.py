@@ -68,8 +68,6 @@ def measured_step_peak(factory, specs: list[InputSpec], device: torch.device) ->
 DISAGREE_ON_SIMULATED = {
     "transformer": "estimated 15,783,424 B, simulated 14,228,992 B (+10.9%): the simulated A100 "
     "picks a fused attention; under sdpa_kernel(MATH) it gives 15,783,424 B, the estimate exactly",
-    "mlp": "estimated 10,919,424 B, simulated 11,640,320 B (-6.2%): the simulation holds 720,896 B "
-    "more from the second step's start on (what the first step left), the step's own rise is equal",
 }
 
 
@@ -80,8 +78,11 @@ def test_estimate_within_5_percent_of_max_memory_allocated(name, shape, gpu, req
         request.applymarker(pytest.mark.xfail(strict=True, reason=DISAGREE_ON_SIMULATED[name]))
     device = torch.device("cuda")
     measured = measured_peak(name, shape, device)
-    # The warmed cuBLAS workspaces are in the measured baseline: leave them out here.
-    estimated = estimate(getattr(examples, name), shape, device="cuda", cublas_workspace=0).peak
+    # The warmed cuBLAS workspaces are in the measured baseline: leave them out here, after
+    # the estimate (estimating without them moved blocks: the mlp's first-layer weight then
+    # missed the 20 MiB workspace segment's remainder, handed whole with 704 KiB of slack).
+    est = estimate(getattr(examples, name), shape, device="cuda")
+    estimated = est.peak - est.cublas_workspace
     assert abs(estimated / measured - 1) <= 0.05, (
         f"{name}: estimated {estimated:,} B, measured {measured:,} B"
     )
@@ -99,7 +100,8 @@ def test_hugging_face_estimate_within_5_percent_with_math_attention(name, gpu):
     device = torch.device("cuda")
     with sdpa_kernel(SDPBackend.MATH):  # the attention the estimator simulates
         measured = measured_step_peak(getattr(hf, name), specs, device)
-    estimated = estimate(getattr(hf, name), specs, device="cuda", cublas_workspace=0).peak
+    est = estimate(getattr(hf, name), specs, device="cuda")
+    estimated = est.peak - est.cublas_workspace  # as above
     assert abs(estimated / measured - 1) <= 0.05, (
         f"{name}: estimated {estimated:,} B, measured {measured:,} B"
     )
