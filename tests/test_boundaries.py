@@ -21,9 +21,11 @@ PACKAGE = ROOT / "gpu_mem_track"
 #: The data model and the small shared modules: plain records and text, never torch.
 MODEL_MODULES = (
     "gpu_mem_track.categories",
+    "gpu_mem_track.csvrows",
     "gpu_mem_track.devices",
     "gpu_mem_track.dtypes",
     "gpu_mem_track.errors",
+    "gpu_mem_track.inputs",
     "gpu_mem_track.outputs",
     "gpu_mem_track.units",
     "gpu_mem_track.tracker.records",

@@ -198,3 +198,30 @@ def test_the_core_package_never_imports_a_framework():
             else:
                 continue
             assert not found & frameworks, f"{path} imports {found & frameworks}"
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows for ``text``: a carriage return goes back to the start
+    of the line and overwrites."""
+    shown = []
+    for raw in text.split("\n"):
+        line = ""
+        for part in raw.split("\r"):
+            line = part + line[len(part) :]
+        shown.append(line.rstrip())
+    return shown
+
+
+def test_stamps_start_on_a_fresh_line_beside_a_tqdm_bar(tmp_path):
+    tqdm = pytest.importorskip("tqdm")
+    terminal = io.StringIO()  # the bar and the stamps share one terminal
+    run = session(tmp_path, verbosity=1, stream=terminal)
+    bar = tqdm.tqdm(total=10, file=terminal, ascii=True, mininterval=0, desc="train")
+    bar.update(3)
+    try:
+        train(run, steps=1)
+    finally:
+        bar.close()
+    stamps = [line for line in screen(terminal.getvalue()) if "[train start]" in line]
+    assert stamps and all(line.startswith("At ") for line in stamps), stamps
+    assert any(line.startswith("train:") for line in screen(terminal.getvalue()))

@@ -110,6 +110,23 @@ def test_the_ranks_table_renders_exactly(tmp_path):
     assert summary.spread == 1.5
 
 
+@pytest.mark.parametrize(
+    ("peaks", "said"),
+    [
+        ((2 << 30, 2 << 30), "= 1.000 (all 2 ranks peaked at 2.00 GiB)"),
+        ((3 << 30, 2 << 30, 3 << 30), "= 1.500 (rank 0, 2 / rank 1)"),
+        ((3 << 30, None), "= 1.000 (one rank with a peak: rank 0)"),
+    ],
+)
+def test_the_spread_names_tied_ranks_and_never_a_rank_against_itself(peaks, said):
+    from gpu_mem_track.runfolder.ranktable import LaunchSummary, RankSummary
+
+    ranks = tuple(RankSummary(k, "ok", f"cuda:{k}", p, "t.py:9", "", None, 0) for k, p in enumerate(peaks))
+    text = render_ranks(LaunchSummary("t-1", "t.py", len(peaks), ranks))
+    assert f"Spread: largest peak / smallest {said}\n" in text
+    assert "(rank 0 / rank 0)" not in text
+
+
 def test_sigterm_in_a_launch_ends_the_script_and_keeps_its_reports(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import Command
+from . import Command, notes
 
 __all__ = ["COMMAND"]
 
@@ -44,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.points is not None and args.points < 1:
         raise UsageError(f"--points must be at least 1, not {args.points}")
-    written = write_report(args.runs, args.output, args.points)
+    said: list[str] = []
+    written = write_report(args.runs, args.output, args.points, said)
+    notes(said)
     print(f"Wrote {written}", file=sys.stderr)
     return 0
 

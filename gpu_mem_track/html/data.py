@@ -21,6 +21,7 @@ of each run's memory source.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ def collect(paths: Sequence[str | Path], points: int = DEFAULT_POINTS) -> dict[s
         "version": __version__,
         "runs": [run for run, _ in loaded],
         "comparison": None,
-        "notes": [],
+        "notes": [note for _, run in loaded for note in run.notes],
     }
     if len(loaded) == 2:
         try:
@@ -99,7 +100,7 @@ def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
         "labels": [
             [p.elapsed, p.memory, p.label, _where(p.file, p.line, p.function)] for p in run.labels or ()
         ],
-        "lines": [record.to_dict() for record in run.lines or ()],
+        "lines": [_known(record.to_dict()) for record in run.lines or ()],
         "censuses": _censuses(source),
         "ranks": [_rank(rank, folder, points) for rank, folder in ranks],
     }
@@ -119,6 +120,12 @@ def _snapshot(path: Path, points: int) -> tuple[dict[str, Any], Run]:
         data, run = _load(folder, points)
     data["path"] = str(path)
     return data, run
+
+
+def _known(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with NaN or infinite figures as None (unknown): lines rebuilt from a
+    killed run's timeline have no ``seconds``, and JSON has no NaN."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
 
 def _is_run(path: Path) -> bool:

@@ -41,13 +41,19 @@ def render_page(data: dict[str, Any]) -> str:
     )
 
 
-def write_report(paths: Sequence[str | Path], out: str | Path, points: int | None = None) -> Path:
+def write_report(
+    paths: Sequence[str | Path], out: str | Path, points: int | None = None, notes: list[str] | None = None
+) -> Path:
     """Collect ``paths`` (see ``data.collect``) and write the page to ``out``; returns the
-    path written. ``UsageError`` for an input that cannot be read or an output that
-    cannot be written."""
+    path written; ``notes``, when given, receives the page's notes (what was missing or
+    cut, one line each). ``UsageError`` for an input that cannot be read or an output
+    that cannot be written."""
     from .data import DEFAULT_POINTS, collect
 
-    text = render_page(collect(paths, points or DEFAULT_POINTS))
+    data = collect(paths, points or DEFAULT_POINTS)
+    text = render_page(data)
+    if notes is not None:
+        notes.extend(data["notes"])
     target = Path(out)
     try:
         partial = target.with_name(target.name + ".partial")

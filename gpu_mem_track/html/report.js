@@ -254,7 +254,7 @@
         var v = r[c[0]], text = v;
         if (c[2] === "bytes") text = (c[0] === "peak" && !r.peak_exact ? ">=" : "") + bytes(v, c[0] === "increment");
         if (c[0] === "file") text = v.split("/").pop();
-        if (c[0] === "seconds") text = v.toFixed(4);
+        if (c[0] === "seconds") text = v === null ? "-" : v.toFixed(4);
         var td = tr.appendChild(el("td", { "class": c[2] === "text" ? c[0] : "num", title: c[0] === "file" ? v : "" }, text));
         td.setAttribute("data-value", v);
       });

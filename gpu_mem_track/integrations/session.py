@@ -33,6 +33,7 @@ from ..errors import UsageError
 from ..outputs import claim_folder, default_run_name, safe_name
 from ..ranks import rank_folder, rank_info
 from ..tracker.listeners import listening, redirected_folder
+from .progress import BesideProgressBars
 
 __all__ = [
     "FILE_NAME",
@@ -131,7 +132,8 @@ class TrainingSession:
         skip: folders whose frames are the framework's: a stamp records the first calling
             frame outside them (the user's ``trainer.train()`` / ``fit()`` line).
         **tracker_options: passed to ``MemTracker`` (``census``, ``probe``, ``detail``,
-            ``stream``, ``reader``, ``source``, ``clock``).
+            ``stream``, ``reader``, ``source``, ``clock``); ``stream`` (default stdout)
+            is written beside ``tqdm`` progress bars, each stamp on a fresh line.
 
     After train start, ``tracker`` is the ``MemTracker`` and ``folder`` the run folder
     (None without files).
@@ -161,7 +163,9 @@ class TrainingSession:
         self.tracker: Any = None
         self.folder: Path | None = None
         self._skip = tuple(skip)
-        self._options = tracker_options
+        # Stamps start on a fresh line even while a tqdm bar is drawn (``progress``).
+        stream = tracker_options.get("stream")
+        self._options = {**tracker_options, "stream": BesideProgressBars(stream)}
         self._pending: list[str] = []
         self._last_step = 0
         self._recording: contextlib.ExitStack | None = None

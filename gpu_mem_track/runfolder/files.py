@@ -28,7 +28,9 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from ..csvrows import CompleteRows, cut_note
+from .. import inputs
+from ..csvrows import CompleteRows, cell_text, cut_note, open_csv
+from ..errors import BadInput
 from .records import LineRecord, RunInfo, TimelineRow
 
 __all__ = [
@@ -61,12 +63,22 @@ _OPTIONAL = frozenset({"rank"})
 TIMELINE_REQUIRED = tuple(c for c in TIMELINE_COLUMNS if c not in _OPTIONAL)
 #: How a cell of each column reads back, by the field's declared type; text otherwise.
 _PARSE: dict[str, Any] = {
-    f.name: {"int": int, "int | None": int, "float": float, "bool": lambda text: text == "True"}.get(
-        str(f.type), str
-    )
+    f.name: {
+        "int": inputs.parse_int,
+        "int | None": inputs.parse_int,
+        "float": inputs.parse_float,
+        "bool": lambda text: _BOOLS[text],
+    }.get(str(f.type), str)
     for f in fields(LineRecord) + fields(TimelineRow)
 }
+_BOOLS = {"True": True, "False": False}
 _TEXT = {name for name, parse in _PARSE.items() if parse is str}
+
+
+def _needed(record: type) -> frozenset[str]:
+    """The columns of ``record`` that must hold a value in every row: a number or a flag
+    without a default (text may be empty)."""
+    return frozenset(f.name for f in fields(record) if f.default is MISSING and f.name not in _TEXT)
 
 
 class RunFolder:
@@ -132,8 +144,13 @@ class TimelineWriter:
 def csv_line(values: Sequence[Any]) -> str:
     """``values`` as one CSV line with its newline (None as an empty cell)."""
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(values)
+    csv.writer(buffer, lineterminator="\n").writerow(_cells(values))
     return buffer.getvalue()
+
+
+def _cells(values: Sequence[Any]) -> list[Any]:
+    """Text cut to what a reader reads back (``csvrows.cell_text``)."""
+    return [cell_text(v) if isinstance(v, str) else v for v in values]
 
 
 def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
@@ -142,7 +159,7 @@ def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
         writer = csv.writer(handle)
         writer.writerow(LINE_COLUMNS)
         for record in sorted(records, key=lambda r: (r.file, r.line)):
-            writer.writerow([getattr(record, name) for name in LINE_COLUMNS])
+            writer.writerow(_cells([getattr(record, name) for name in LINE_COLUMNS]))
 
 
 def read_lines(path: Path, notes: list[str] | None = None) -> list[LineRecord]:
@@ -150,14 +167,14 @@ def read_lines(path: Path, notes: list[str] | None = None) -> list[LineRecord]:
     A last row cut mid-write is left out (``notes``, when given, receives one line)."""
     return [
         LineRecord.from_dict(row)
-        for row in _typed_rows(path, LINE_REQUIRED, notes, LINE_COLUMNS[len(LINE_REQUIRED) :])
+        for row in _typed_rows(path, LINE_REQUIRED, notes, LINE_COLUMNS[len(LINE_REQUIRED) :], LineRecord)
     ]
 
 
 def read_timeline(path: Path, notes: list[str] | None = None) -> Iterator[TimelineRow]:
     """The rows of a ``timeline.csv``, one at a time (``ValueError`` if it is not one).
     A last row cut mid-write is left out (``notes``, when given, receives one line)."""
-    for row in _typed_rows(path, TIMELINE_COLUMNS, notes):
+    for row in _typed_rows(path, TIMELINE_COLUMNS, notes, (), TimelineRow):
         yield TimelineRow.from_dict(row)
 
 
@@ -174,40 +191,53 @@ def replace_text(path: Path, text: str) -> None:
 
 
 def read_meta(path: Path) -> RunInfo:
-    """The ``RunInfo`` of a ``meta.json``; ``ValueError`` if it is not one."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    """The ``RunInfo`` of a ``meta.json``; ``errors.BadInput`` (one line) if it is not one:
+    not a regular file, over ``inputs.MAX_JSON_BYTES``, nested too deep, not JSON, or a
+    field of the wrong type (``inputs.typed_fields``)."""
+    what = "a gpu_mem_track run description"
+    data = inputs.load_json(path, what)
     if not isinstance(data, dict) or data.get("format") != "gpu_mem_track run":
-        raise ValueError(f"{path} is not a gpu_mem_track run description")
-    return RunInfo.from_dict(data)
+        raise BadInput(f"{path} is not {what}")
+    return RunInfo(**inputs.typed_fields(RunInfo, data, str(path)))
 
 
 def _typed_rows(
-    path: Path, columns: Sequence[str], notes: list[str] | None = None, optional: Sequence[str] = ()
+    path: Path,
+    columns: Sequence[str],
+    notes: list[str] | None,
+    optional: Sequence[str],
+    record: type,
 ) -> Iterator[dict[str, Any]]:
     """Typed rows with ``columns`` (required, but for ``_OPTIONAL`` ones older files lack)
-    and those of ``optional`` the file has."""
-    with path.open(encoding="utf-8", newline="") as handle:
-        complete = CompleteRows(handle)
+    and those of ``optional`` the file has. ``BadInput`` naming the file and the line of
+    a row with a value that does not parse or a needed value missing (``_needed``)."""
+    needed = _needed(record)
+    with open_csv(path) as handle:
+        complete = CompleteRows(handle, path)
         reader = csv.DictReader(complete)
         header = reader.fieldnames or ()
         missing = [c for c in columns if c not in header and c not in _OPTIONAL]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
         present = [c for c in (*columns, *optional) if c in header]
-        for number, row in enumerate(reader, start=2):
+        start = 2
+        for row in reader:
             try:
-                yield {name: _value(name, row[name]) for name in present}
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{path}, line {number}: {exc}") from exc
+                yield {name: _value(name, row[name], needed) for name in present}
+            except (TypeError, ValueError, KeyError) as exc:
+                raise BadInput(f"{path}, line {start}: {exc}") from None
+            start = reader.line_num + 1
     note = cut_note(path, complete)
     if note is not None and notes is not None:
         notes.append(note)
 
 
-def _value(name: str, text: str | None) -> Any:
+def _value(name: str, text: str | None, needed: frozenset[str]) -> Any:
     if text is None or text == "":
+        if name in needed:
+            raise ValueError(f"no value for {name!r}")
         return "" if name in _TEXT else None
-    return _PARSE[name](text)
+    try:
+        return _PARSE[name](text)
+    except KeyError:
+        raise ValueError(f"{name!r} is neither True nor False: {text[:40]!r}") from None

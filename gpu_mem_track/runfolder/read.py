@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import BadInput
 from .files import read_meta
 from .rebuild import LineTotals
 from .records import RunInfo, TimelineRow
@@ -66,18 +66,23 @@ class LabelPoint:
 @contextmanager
 def reading(path: Path) -> Iterator[None]:
     """Turn what reading the report at ``path`` may raise (a bad row, bad text, an OS
-    error) into a one-line ``UsageError`` naming the file."""
+    error) into a one-line ``errors.BadInput`` naming the file (a ``BadInput`` that says
+    the file is not a regular one, or is missing, passes unchanged)."""
     try:
         yield
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not a text report ({exc.reason})") from exc
+        raise BadInput(f"{path} is not a text report ({exc.reason})") from None
+    except BadInput as exc:
+        if ", line " not in str(exc):
+            raise
+        raise BadInput(f"not a valid report: {exc}") from None
     except (ValueError, KeyError, csv.Error) as exc:
         text = str(exc)  # the readers' messages name the file and line already
-        raise UsageError(
+        raise BadInput(
             f"not a valid report: {text}" if str(path) in text else f"{path} is not a valid report: {text}"
-        ) from exc
+        ) from None
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def downsample(samples: Iterable[Sample], points: int = DEFAULT_POINTS) -> list[Sample]:
@@ -121,14 +126,11 @@ def _merge(pair: list[list]) -> list:
 
 
 def read_info(path: Path) -> RunInfo | None:
-    """``meta.json`` at ``path`` (None when there is none); ``UsageError`` when it is not
-    a valid run description."""
-    if not path.is_file():
+    """``meta.json`` at ``path`` (None when there is none); ``errors.BadInput`` (one line)
+    when it is not a valid run description (``files.read_meta``)."""
+    if not path.exists():
         return None
-    try:
-        return read_meta(path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"{path} is not a valid run description ({exc})") from exc
+    return read_meta(path)
 
 
 def guess_source(samples: tuple[Sample, ...] | None) -> str:

@@ -104,11 +104,8 @@ def render_ranks(summary: Any) -> str:
             f"{r.rank:>4}  {r.status:<8}  {r.device or '-':<7}  {_bytes_or_dash(r.peak):>11}  "
             f"{_bytes_or_dash(r.end_memory):>11}  {_short(r.peak_at) or '-'}{phase}"
         )
-    spread = summary.spread
-    if spread is not None:
-        peaks = [r for r in summary.ranks if r.peak]
-        high, low = max(peaks, key=lambda r: r.peak), min(peaks, key=lambda r: r.peak)
-        out.append(f"Spread: largest peak / smallest = {spread:.3f} (rank {high.rank} / rank {low.rank})")
+    if summary.spread is not None:
+        out.append(_spread(summary))
     broken = [str(r.rank) for r in summary.ranks if r.status in ("no end", "missing")]
     if broken:
         out.append(
@@ -197,10 +194,25 @@ def _snapshot_text(merge: SnapshotMerge) -> str:
     return "\n".join(out)
 
 
+def _spread(summary: Any) -> str:
+    """The spread line: largest peak over smallest, naming the ranks at each end (every
+    rank tied at the largest or the smallest), or saying that all peaked alike."""
+    peaks = [r for r in summary.ranks if r.peak]
+    high, low = max(r.peak for r in peaks), min(r.peak for r in peaks)
+    head = f"Spread: largest peak / smallest = {summary.spread:.3f}"
+    if len(peaks) == 1:
+        return f"{head} (one rank with a peak: rank {peaks[0].rank})"
+    if high == low:
+        return f"{head} (all {len(peaks)} ranks peaked at {format_bytes(high)})"
+    tops = ", ".join(str(r.rank) for r in peaks if r.peak == high)
+    bottoms = ", ".join(str(r.rank) for r in peaks if r.peak == low)
+    return f"{head} (rank {tops} / rank {bottoms})"
+
+
 def _ending(info: RunInfo) -> str:
     script = _short(info.script)
     if info.exit_code is None:
-        return f"{script} still running"
+        return f"{script} did not end (killed, or still running)"
     seconds = f" after {info.ended - info.started:.1f} s" if info.ended is not None else ""
     return f"{script} exited with {info.exit_code}{seconds}"
 
@@ -237,7 +249,7 @@ def _rank(info: RunInfo) -> str:
 
 def _peak(info: RunInfo) -> str:
     if info.peak is None:
-        return "peak unknown"
+        return "peak unknown (no memory reading recorded)"
     at = f" at {_short(info.peak_at)}" if info.peak_at else ""
     phase = f" (after {info.peak_phase!r})" if info.peak_phase else ""
     return f"peak {format_bytes(info.peak)}{at}{phase}"

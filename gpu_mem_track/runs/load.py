@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..csvrows import CompleteRows, cut_note
+from ..csvrows import open_csv
 from ..errors import UsageError
 from ..ranks import is_launch_folder
 from ..runfolder.files import LINE_REQUIRED, TIMELINE_REQUIRED, RunFolder, read_lines, read_timeline
@@ -38,7 +38,7 @@ from ..runfolder.read import (
 )
 from ..runfolder.rebuild import LineTotals, rebuilt_note
 from ..runfolder.records import LineRecord, RunInfo
-from ..tracker.csvlog import REQUIRED_COLUMNS, stamps_from_rows
+from ..tracker.csvlog import REQUIRED_COLUMNS, iter_stamps
 from ..tracker.records import Stamp
 from ..units import counted
 
@@ -115,7 +115,7 @@ def detect(path: str | Path) -> Source:
     path = Path(path)
     if path.is_dir():
         folder = RunFolder(path)
-        if any(p.is_file() for p in (folder.meta, folder.lines, folder.timeline)):
+        if any(p.exists() for p in (folder.meta, folder.lines, folder.timeline)):
             return Source(path, "folder")
         if is_launch_folder(path):
             raise UsageError(
@@ -162,7 +162,7 @@ def load_run(
 
 def _header(path: Path) -> list[str]:
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        with open_csv(path) as handle:
             return next(csv.reader(handle), [])
     except UnicodeDecodeError:
         return []
@@ -179,8 +179,9 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
     lines_path = folder.lines if source.kind == "folder" else source.path
     timeline_path = folder.timeline if source.kind == "folder" else source.path
     # An empty lines.csv: the run was stopped while it was being written.
-    lines_file = source.kind in ("folder", "lines") and lines_path.is_file() and lines_path.stat().st_size > 0
-    timeline_file = source.kind in ("folder", "timeline") and timeline_path.is_file()
+    # (Not a regular file: the guarded reader says so.)
+    lines_file = source.kind in ("folder", "lines") and _has_rows(lines_path)
+    timeline_file = source.kind in ("folder", "timeline") and timeline_path.exists()
     records = labels = samples = None
     if lines and lines_file:
         records = tuple(read_lines(lines_path, notes))
@@ -200,6 +201,10 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
     return Run(name, source.path, "runner", device, memory_source, peak, *parts)
 
 
+def _has_rows(path: Path) -> bool:
+    return path.exists() and (not path.is_file() or path.stat().st_size > 0)
+
+
 def _identity(
     source: Source, info: RunInfo | None, samples: tuple[Sample, ...] | None
 ) -> tuple[str, str, str]:
@@ -217,19 +222,12 @@ def _load_tracker(path: Path, points: int) -> Run:
     notes: list[str] = []
 
     def samples() -> Iterator[Sample]:
-        with path.open(encoding="utf-8", newline="") as handle:
-            rows = CompleteRows(handle)
-            reader = csv.DictReader(rows)
-            try:
-                for stamp in stamps_from_rows(reader):
-                    counted[0] += 1
-                    sample, label = _tracker_point(stamp)
-                    devices.add(stamp.ledger.device)
-                    labels.append(label)
-                    yield sample
-            except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                raise ValueError(f"line {reader.line_num}: not a valid report row ({exc})") from exc
-        notes.extend(note for note in [cut_note(path, rows)] if note is not None)
+        for stamp in iter_stamps(path, notes):
+            counted[0] += 1
+            sample, label = _tracker_point(stamp)
+            devices.add(stamp.ledger.device)
+            labels.append(label)
+            yield sample
 
     kept = tuple(downsample(samples(), points))
     device = min(devices) if devices else ""  # one tracker, one device

@@ -4,8 +4,15 @@ A snapshot is a pickle of plain dicts, lists, strings, numbers, booleans and Non
 often gzip-compressed (told by its magic bytes, whatever the file is called). It is
 read with an unpickler that refuses every global, so a file asking to import anything
 is rejected before anything runs. Every problem (empty, truncated, not a pickle, the
-wrong shape, a missing key) raises ``UsageError`` with one line naming the file and
+wrong shape, a missing key) raises ``errors.BadInput`` (a ``UsageError``) with one line naming the file and
 the problem. Unknown keys are ignored; optional ones may be missing.
+
+Bounded (see ``inputs``): only regular files are read, at most ``MAX_BYTES`` of them,
+and gunzipped to at most ``MAX_BYTES``; every size, address and stream must lie in
+``[0, 2**64)``, every time in ``[0, 2**53)`` microseconds, line numbers and devices in
+``[0, 2**31)``, and the settings nest at most ``inputs.MAX_DEPTH`` deep with integers of
+at most 64 bits. Names that are not valid UTF-8 (bytes, lone surrogates) are kept with
+their bad bytes written as ``\\xNN`` escapes. Every failure is ``errors.BadInput``.
 
 Shapes accepted: the dict torch writes (``segments``, ``device_traces``,
 ``allocator_settings``; the last two may be absent), and a bare list of segments
@@ -16,22 +23,28 @@ sizes of the blocks before it (blocks tile their segment in order); a block with
 
 from __future__ import annotations
 
-import gzip
 import io
+import math
 import pickle
-import zlib
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from ..errors import UsageError
+from .. import inputs
+from ..errors import BadInput
 from .records import Block, Frame, Segment, Snapshot, TraceEntry
 
-__all__ = ["load_snapshot", "loads_snapshot", "snapshot_from_data", "unpickle_plain"]
+__all__ = ["MAX_BYTES", "load_snapshot", "loads_snapshot", "snapshot_from_data", "unpickle_plain"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = b"PK\x03\x04"
 _FRAME_KEYS = itemgetter("filename", "line", "name")
+#: Largest snapshot read, on disk and after gunzip (bytes); torch's own with a million
+#: trace entries pickle to a few hundred MiB.
+MAX_BYTES = 4 * 2**30
+_U64 = 2**64
+_TIME = 2**53  # microseconds: the year 2255, and exact as a float
+_SMALL = 2**31
 
 
 class _Shape(Exception):
@@ -52,44 +65,41 @@ class _PlainUnpickler(pickle.Unpickler):
         raise _RefusedGlobal("a persistent object")
 
 
-def unpickle_plain(data: bytes, name: str = "snapshot") -> Any:
-    """Unpickle ``data`` (gunzipped first if it starts with the gzip magic) allowing
-    only plain values; ``name`` labels the ``UsageError`` raised on any failure."""
+def unpickle_plain(data: bytes, name: str = "snapshot", limit: int | None = None) -> Any:
+    """Unpickle ``data`` (gunzipped first, to at most ``limit`` bytes, default
+    ``MAX_BYTES``, if it starts with the gzip magic) allowing only plain values; ``name``
+    labels the ``BadInput`` raised on any failure."""
     if not data:
-        raise UsageError(f"{name}: empty file, not a memory snapshot")
+        raise BadInput(f"{name}: empty file, not a memory snapshot")
     if data[:2] == _GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise UsageError(f"{name}: truncated or corrupt gzip data ({exc})") from None
+        data = inputs.gunzip(data, MAX_BYTES if limit is None else limit, name)
         if not data:
-            raise UsageError(f"{name}: empty after gunzip, not a memory snapshot")
+            raise BadInput(f"{name}: empty after gunzip, not a memory snapshot")
     if data[:4] == _ZIP_MAGIC:
-        raise UsageError(f"{name}: a zip archive (torch.save output?), not a memory snapshot")
+        raise BadInput(f"{name}: a zip archive (torch.save output?), not a memory snapshot")
     try:
         return _PlainUnpickler(io.BytesIO(data)).load()
     except _RefusedGlobal as exc:
-        raise UsageError(f"{name}: not a memory snapshot: it asks for {exc}; refused, nothing run") from None
+        raise BadInput(f"{name}: not a memory snapshot: it asks for {exc}; refused, nothing run") from None
     except EOFError:
-        raise UsageError(f"{name}: truncated pickle (ran out of data)") from None
+        raise BadInput(f"{name}: truncated pickle (ran out of data)") from None
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if "truncated" in text:
-            raise UsageError(f"{name}: truncated pickle ({text})") from None
-        raise UsageError(f"{name}: not a pickle ({text})") from None
+            raise BadInput(f"{name}: truncated pickle ({text})") from None
+        raise BadInput(f"{name}: not a pickle ({text})") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
-        raise UsageError(f"{name}: not a pickle ({type(exc).__name__}: {exc})") from None
+        raise BadInput(f"{name}: not a pickle ({type(exc).__name__}: {_line(exc)})") from None
+
+
+def _line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 def load_snapshot(path: str | Path) -> Snapshot:
-    """Read the snapshot at ``path`` (plain or gzip-compressed pickle)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        raise UsageError(f"{path}: a directory, not a memory snapshot") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    """Read the snapshot at ``path`` (plain or gzip-compressed pickle); ``BadInput``
+    (one line) for anything but a regular file holding one, within ``MAX_BYTES``."""
+    data = inputs.read_bytes(path, MAX_BYTES, "a memory snapshot")
     return loads_snapshot(data, str(path))
 
 
@@ -113,11 +123,95 @@ def snapshot_from_data(data: Any, source: str = "snapshot") -> Snapshot:
     settings = data.get("allocator_settings") or {}
     if not isinstance(settings, dict):
         _bad(source, "'allocator_settings' is not a dict")
-    return Snapshot(segments, device_traces, dict(settings), source)
+    return Snapshot(segments, device_traces, _settings(settings, source), source)
 
 
 def _bad(source: str, problem: str) -> NoReturn:
-    raise UsageError(f"{source}: not a memory snapshot: {problem}")
+    raise BadInput(f"{source}: not a memory snapshot: {problem}")
+
+
+def _settings(settings: dict[Any, Any], source: str) -> dict[str, Any]:
+    """The allocator settings, plain and bounded (``_plain``), with the values the
+    allocator model reads (``allocator.settings.settings_from_snapshot``) of the types it
+    reads them as, so a bad one fails here, in one line, not in the replay."""
+    try:
+        plain = _plain(settings, 0)
+        for key, kinds in _SETTING_TYPES.items():
+            if plain.get(key) is not None and not isinstance(plain[key], kinds):
+                raise ValueError(f"{key!r} is a {type(plain[key]).__name__}")
+        divisions = plain.get("roundup_power2_divisions")
+        pairs = divisions.items() if isinstance(divisions, dict) else enumerate(divisions or ())
+        for at, value in pairs:
+            if isinstance(divisions, dict) and not 0 < inputs.parse_int(str(at)) < _U64:
+                raise ValueError(f"roundup_power2_divisions has the key {at!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _SMALL:
+                raise ValueError(f"roundup_power2_divisions has the value {value!r}")
+        threshold = plain.get("garbage_collection_threshold")
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"garbage_collection_threshold is {threshold}")
+    except ValueError as exc:
+        _bad(source, f"'allocator_settings' is malformed ({_line(exc)})")
+    return plain
+
+
+#: The types of the settings the allocator model reads (``settings_from_snapshot``).
+_SETTING_TYPES: dict[str, Any] = {
+    "PYTORCH_CUDA_ALLOC_CONF": str,
+    "last_allocator_settings": str,
+    "max_split_size": int,
+    "roundup_power2_divisions": (dict, list),
+    "expandable_segments": (bool, int),
+    "garbage_collection_threshold": (int, float),
+}
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """``value`` with text made writable (``inputs.text``), integers bounded to 64 bits,
+    floats finite, nesting at most ``inputs.MAX_DEPTH`` deep; ``ValueError`` otherwise."""
+    if depth > inputs.MAX_DEPTH:
+        raise ValueError(f"nested deeper than {inputs.MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -_U64 < value < _U64:
+            raise ValueError("an integer over 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"a non-finite number ({value})")
+        return value
+    if isinstance(value, (str, bytes)):
+        return inputs.text(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {inputs.text(key): _plain(item, depth + 1) for key, item in value.items()}
+    raise ValueError(f"a {type(value).__name__}")
+
+
+def _int(value: Any, high: int = _U64) -> int:
+    """A count, size, address or time from the pickle: an int (or a whole float) in
+    ``[0, high)``; ``ValueError`` otherwise (a huge or negative one, text, NaN)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise ValueError(f"{_kind(value)} where an integer belongs")
+    if not 0 <= value < high:
+        raise ValueError("an integer out of range" if value >= 0 else f"a negative integer ({value})")
+    return int(value)
+
+
+def _signed(value: Any) -> int:
+    """A stream (may be negative in some torch builds) within 64 bits."""
+    if isinstance(value, int) and -_U64 < value < _U64:
+        return int(value)
+    raise ValueError(f"{_kind(value)} where a stream number belongs")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "an integer over 64 bits"
+    return f"a {type(value).__name__}"
 
 
 def _list(value: Any, source: str, where: str = "device_traces") -> list[Any]:
@@ -188,11 +282,12 @@ class _Reader:
         frame = self._frames.get(key)
         if frame is None:
             filename, line, name = key
-            frame = self._frames[key] = Frame(str(filename), int(line or 0), str(name))
+            frame = Frame(inputs.text(filename), _int(line or 0, _SMALL), inputs.text(name))
+            self._frames[key] = frame
         return frame
 
     def segment(self, data: dict[str, Any]) -> Segment:
-        address = int(data["address"])
+        address = _int(data["address"])
         blocks = []
         at = address
         for i, b in enumerate(data["blocks"]):
@@ -205,22 +300,22 @@ class _Reader:
         allocated = sum(b.size for b in blocks if b.state == "active_allocated")
         pool = data.get("segment_pool_id") or (0, 0)
         return Segment(
-            device=int(data.get("device", 0)),
+            device=_int(data.get("device", 0), _SMALL),
             address=address,
-            total_size=int(data["total_size"]),
-            allocated_size=int(data.get("allocated_size", allocated)),
-            active_size=int(data.get("active_size", allocated)),
-            requested_size=int(data.get("requested_size", sum(b.requested_size for b in blocks))),
-            stream=int(data.get("stream") or 0),
-            segment_type=str(data.get("segment_type", "large")),
-            segment_pool_id=(int(pool[0]), int(pool[1])),
+            total_size=_int(data["total_size"]),
+            allocated_size=_int(data.get("allocated_size", allocated)),
+            active_size=_int(data.get("active_size", allocated)),
+            requested_size=_int(data.get("requested_size", sum(b.requested_size for b in blocks))),
+            stream=_signed(data.get("stream") or 0),
+            segment_type=inputs.text(data.get("segment_type", "large")),
+            segment_pool_id=(_signed(pool[0]), _signed(pool[1])),
             is_expandable=bool(data.get("is_expandable", False)),
             frames=self.frames(data.get("frames")),
             blocks=tuple(blocks),
         )
 
     def block(self, data: dict[str, Any], address: int) -> Block:
-        size = int(data["size"])
+        size = _int(data["size"])
         frames = data.get("frames")
         requested = data.get("requested_size")
         history = data.get("history")
@@ -228,21 +323,21 @@ class _Reader:
             frames = history[0].get("frames")
             requested = history[0].get("real_size", requested)
         return Block(
-            int(data.get("address", address)),
+            _int(data.get("address", address)),
             size,
-            int(size if requested is None else requested),
-            str(data["state"]),
+            _int(size if requested is None else requested),
+            inputs.text(data["state"]),
             self.frames(frames),
         )
 
     def entry(self, data: dict[str, Any]) -> TraceEntry:
         free = data.get("device_free")
         return TraceEntry(
-            str(data["action"]),
-            int(data.get("addr") or 0),
-            int(data.get("size") or 0),
-            int(data.get("stream") or 0),
-            int(data.get("time_us") or 0),
+            inputs.text(data["action"]),
+            _int(data.get("addr") or 0),
+            _int(data.get("size") or 0),
+            _signed(data.get("stream") or 0),
+            _int(data.get("time_us") or 0, _TIME),
             self.frames(data.get("frames")),
-            None if free is None else int(free),
+            None if free is None else _int(free),
         )

@@ -131,7 +131,9 @@ def _write_timeline(path: Path, analysis: SnapshotAnalysis, replayed: Replay, at
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(TIMELINE_COLUMNS)
-        writer.writerows(_timeline_rows(analysis, replayed, attributor))
+        width = len(TIMELINE_COLUMNS)  # the rank column: empty (no distributed launch)
+        rows = _timeline_rows(analysis, replayed, attributor)
+        writer.writerows(row + [None] * (width - len(row)) for row in rows)
 
 
 def _timeline_rows(

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from ..categories import CATEGORIES
-from ..csvrows import CompleteRows, cut_note
+from ..csvrows import CompleteRows, cell_text, cut_note, open_csv
+from ..errors import BadInput
+from ..inputs import parse_float, parse_int
 from ..units import shape_text
 from .records import Categories, GroupChange, Ledger, Skipped, Stamp
 
@@ -40,6 +42,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "append_stamp",
     "read_frame",
+    "iter_stamps",
     "read_stamps",
     "stamp_rows",
     "stamps_from_rows",
@@ -70,7 +73,7 @@ def stamp_rows(stamp: Stamp, rank: int | None = None) -> list[dict[str, Any]]:
         "file": stamp.file,
         "line": stamp.line,
         "function": stamp.function,
-        "label": stamp.label,
+        "label": cell_text(stamp.label),
         "device": stamp.ledger.device,
         "rank": rank,
     }
@@ -94,7 +97,7 @@ def stamp_rows(stamp: Stamp, rank: int | None = None) -> list[dict[str, Any]]:
                 "bytes_delta": change.bytes_delta,
                 "count": change.count,
                 "bytes": change.nbytes,
-                "names": ";".join(change.names),
+                "names": cell_text(";".join(change.names)),
             }
         )
     return [{column: _cell(row.get(column)) for column in COLUMNS} for row in rows]
@@ -116,27 +119,37 @@ def append_stamp(path: Path, stamp: Stamp, rank: int | None = None) -> None:
 
 
 def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:
-    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``).
+    """Stamps back from a CSV written by ``append_stamp`` (inverse of ``stamp_rows``);
+    see ``iter_stamps``."""
+    return list(iter_stamps(path, notes))
+
+
+def iter_stamps(path: Path, notes: list[str] | None = None) -> Iterator[Stamp]:
+    """The stamps of a CSV written by ``append_stamp``, one at a time: the one guarded
+    reader of this format (``csvrows.open_csv``: a regular file, UTF-8 with or without a
+    byte-order mark; ASCII integers, finite times).
 
     A last row cut mid-write (a killed process) is left out; ``notes``, when given,
-    receives one line saying so. Raises ``ValueError`` (a message naming the file, and
-    the line for a bad row) when it is not such a report.
+    receives one line saying so. Raises ``ValueError`` (``errors.BadInput`` for the
+    file's shape; a message naming the file, and the line for a bad row) when it is not
+    such a report.
     """
-    with Path(path).open(newline="", encoding="utf-8") as handle:
-        rows = CompleteRows(handle)
+    with open_csv(path) as handle:
+        rows = CompleteRows(handle, path)
         reader = csv.DictReader(rows)
         header = reader.fieldnames or []
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
             raise ValueError(f"{path} is not a gpu_mem_track CSV report ({_lacks(header, missing)})")
         try:
-            stamps = list(stamps_from_rows(reader))
+            yield from stamps_from_rows(reader)
+        except BadInput:
+            raise
         except (TypeError, AttributeError, KeyError, ValueError, csv.Error) as exc:
             raise ValueError(f"{path}, line {reader.line_num}: not a valid report row ({exc})") from exc
     note = cut_note(path, rows)
     if note is not None and notes is not None:
         notes.append(note)
-    return stamps
 
 
 def _lacks(fields: list[str], missing: list[str]) -> str:
@@ -171,8 +184,8 @@ def read_frame(source: Path | list[dict[str, Any]], notes: list[str] | None = No
 
     buffer = io.StringIO()
     if isinstance(source, Path):
-        with source.open(newline="", encoding="utf-8") as handle:
-            rows = CompleteRows(handle)
+        with open_csv(source) as handle:
+            rows = CompleteRows(handle, source)
             buffer.writelines(rows)
         note = cut_note(source, rows)
         if note is not None and notes is not None:
@@ -211,27 +224,27 @@ def _stamp(parts: dict[str, Any]) -> Stamp:
     row = parts["totals"]
     ledger = Ledger(
         device=row["device"],
-        tensors=int(row["tensors"]),
+        tensors=parse_int(row["tensors"]),
         driver_source=row["driver_source"] or None,
         **{name: _int(row[name]) for name in _LEDGER if name not in ("tensors", "driver_source")},
         categories=_categories(row),
     )
     skipped = tuple(
-        Skipped(reason, int(count), int(nominal))
+        Skipped(reason, parse_int(count), parse_int(nominal))
         for reason, count, nominal in (item.rsplit(":", 2) for item in row["skipped"].split(";") if item)
     )
     return Stamp(
-        seq=int(row["seq"]),
-        time=float(row["time"]),
-        elapsed=float(row["elapsed"]),
+        seq=parse_int(row["seq"]),
+        time=parse_float(row["time"]),
+        elapsed=parse_float(row["elapsed"]),
         file=row["file"],
-        line=int(row["line"]),
+        line=parse_int(row["line"]),
         function=row["function"],
         label=row["label"],
         ledger=ledger,
         changes=tuple(parts["changes"]),
         skipped=skipped,
-        views=int(row["views"] or 0),
+        views=_int(row["views"]) or 0,
     )
 
 
@@ -241,10 +254,10 @@ def _change(row: dict[str, str]) -> GroupChange:
         shape=_shape_from(row["shape"]),
         dtype=row["dtype"],
         device=row["device"],
-        count_delta=int(row["count_delta"]),
-        bytes_delta=int(row["bytes_delta"]),
-        count=int(row["count"]),
-        nbytes=int(row["bytes"]),
+        count_delta=parse_int(row["count_delta"]),
+        bytes_delta=parse_int(row["bytes_delta"]),
+        count=parse_int(row["count"]),
+        nbytes=parse_int(row["bytes"]),
         names=tuple(row["names"].split(";")) if row["names"] else (),
     )
 
@@ -254,15 +267,15 @@ def _categories(row: dict[str, str]) -> Categories | None:
     cells = [row.get(column) or "" for column in CATEGORY_COLUMNS]
     if not all(cells):
         return None
-    return Categories(**{name: int(cell) for name, cell in zip(CATEGORIES, cells)})
+    return Categories(**{name: parse_int(cell) for name, cell in zip(CATEGORIES, cells)})
 
 
 def _shape_from(text: str) -> tuple[int, ...]:
-    return () if text == "scalar" else tuple(int(n) for n in text.split("x"))
+    return () if text == "scalar" else tuple(parse_int(n) for n in text.split("x"))
 
 
 def _int(text: str) -> int | None:
-    return int(text) if text not in ("", None) else None
+    return parse_int(text) if text not in ("", None) else None
 
 
 def _cell(value: Any) -> Any:
