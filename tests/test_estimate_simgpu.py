@@ -4,7 +4,11 @@ answers inside the step."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
+import snapshotfiles as sf
 import torch
 from torch import nn
 
@@ -125,3 +129,20 @@ def test_batch_size_on_a_named_gpu_fits_its_capacity():
     assert estimate(block, (found.batch, 256), gpu="64MiB:sm80").peak == found.peak
     above = next(p for p in found.probes if p.batch == found.batch + 1)
     assert above.peak is None or above.peak > found.budget
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sf.FIXTURES is None, reason="../shared/fixtures/snapshots not present")
+def test_the_recorded_autocast_forward_given_as_written_is_estimated_as_the_gpu_ran_it():
+    """The recorded mixed-precision forward of a 2.7B-parameter model, its step written with
+    ``torch.autocast("cuda")`` inside (scripts/check_estimator_gpu.py): within 1.5% of the
+    recording. With autocast disabled inside the step (before the estimator ran on the
+    simulated GPU) it was 18.8% under."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "check_estimator_gpu.py"
+    spec = importlib.util.spec_from_file_location("check_estimator_gpu", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    recorded = check.recorded(sf.FIXTURES / check.FORWARD_AMP)
+    estimated = check.estimated_amp()
+    for key in ("peak_allocated", "peak_reserved"):
+        assert abs(estimated[key] / recorded[key] - 1) < 0.015, key
