@@ -133,12 +133,13 @@ def test_batch_size_on_a_named_gpu_fits_its_capacity():
 
 @pytest.mark.slow
 @pytest.mark.skipif(sf.FIXTURES is None, reason="../shared/fixtures/snapshots not present")
-def test_the_recorded_autocast_forward_given_as_written_is_estimated_as_the_gpu_ran_it():
+def test_the_recorded_autocast_forward_given_as_written_is_estimated_as_the_gpu_ran_it(monkeypatch):
     """The recorded mixed-precision forward of a 2.7B-parameter model, its step written with
     ``torch.autocast("cuda")`` inside (scripts/check_estimator_gpu.py): within 1.5% of the
     recording. With autocast disabled inside the step (before the estimator ran on the
     simulated GPU) it was 18.8% under."""
     path = Path(__file__).resolve().parents[1] / "scripts" / "check_estimator_gpu.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # the script imports its fixtures.py
     spec = importlib.util.spec_from_file_location("check_estimator_gpu", path)
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
