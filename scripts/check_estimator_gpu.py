@@ -406,8 +406,8 @@ served from its cache.
 
 AMP_EXPLANATION = """\
 The step runs on the simulated GPU, so the `torch.autocast("cuda")` written inside it casts
-with CUDA's lists (the einsums' operands to bfloat16 once per weight, cached for the region;
-the norms' `vector_norm` in float32). Before the estimator ran on the simulated GPU, autocast
+with CUDA's lists (einsum's operands in bfloat16, each weight cast once and cached for the
+region, as autocast's weight cache does). Before the estimator ran on the simulated GPU, autocast
 was disabled inside a step (no CUDA here: "CUDA is not available ... Disabling autocast") and
 the forward ran in float32: 19,497,371,648 B allocated, 18.8% under the recording. The
 remaining difference has not been aligned request by request yet.
