@@ -263,8 +263,9 @@ def find_max_batch_size(
     returns the peak bytes, None when out of memory), for example to measure on the CPU.
     ``budget`` defaults to the capacity of the GPU ``gpu`` names (a catalog GPU, with
     estimated peaks; a probe that runs out of it does not fit), else the CUDA device's
-    free memory (``torch.cuda.mem_get_info``); without either it must be given. With measured peaks the batch above the answer is not
-    run (it would exceed the budget): the fitted slope must predict it does not fit.
+    free memory (``torch.cuda.mem_get_info``); without either it must be given. With
+    measured peaks the batch above the answer is not run (it would exceed the budget):
+    the fitted slope must predict it does not fit.
     ``optimizer``, ``dtype``, ``amp``, ``training`` and ``loss_fn`` are as for :func:`estimate`;
     the options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
     ``distributed`` (a :class:`~gpu_mem_track.estimator.options.DistOptions`) estimates
