@@ -147,3 +147,17 @@ def test_the_recorded_autocast_forward_given_as_written_is_estimated_as_the_gpu_
     estimated = check.estimated_amp()
     for key in ("peak_allocated", "peak_reserved"):
         assert abs(estimated[key] / recorded[key] - 1) < 0.015, key
+
+
+def encoder() -> nn.Module:
+    return nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+
+
+def test_multihead_attention_runs_the_attention_the_gpu_picks():
+    """nn.MultiheadAttention calls ``F.multi_head_attention_forward``, which the simulated
+    GPU runs with its face on (it recursed without end before): its attention takes the
+    memory-efficient kernel (float32 on sm80), which keeps no 4 x 512 x 512 matrix per
+    sample for backward, where the CPU's math path keeps the scores' softmax."""
+    gpu = estimate(encoder, (2, 512, 64))
+    cpu = estimate(encoder, (2, 512, 64), device="cpu")
+    assert gpu.activation_elements + 2 * 4 * 512 * 512 <= cpu.activation_elements

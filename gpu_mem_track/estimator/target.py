@@ -150,6 +150,7 @@ def open_target(options: StepOptions, sim: str, user_code: bool = False) -> Targ
     spec = target_spec(options.gpu)
     workspace = workspace_size(spec, options.cublas_workspace)
     gpu = SimulatedGpu(spec, options.alloc_conf)
+    gpu.storages.history = True  # the estimate reads every birth and death (roles, phases)
     gpu.storages.workspace = CublasWorkspace(workspace, {})
     gpu.values.where = gpu.storages.module
     return Target(gpu.storages, gpu.values, gpu, user_code)

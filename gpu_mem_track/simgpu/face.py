@@ -205,8 +205,21 @@ class CudaFace(TorchFunctionMode):
         return cuda_attention(func, args, kwargs, self.capability)
 
     def _reentered(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        with self:
-            return func(*args, **kwargs)
+        """Run ``func`` (a function of ``torch.nn.functional``) with this mode on, so the
+        calls it makes are seen. Its own first ``has_torch_function`` check answers False
+        once: with the mode on it would hand the call back to this mode, without end."""
+        original = F.has_torch_function
+
+        def once(*tensors: Any) -> bool:
+            F.has_torch_function = original
+            return False
+
+        F.has_torch_function = once
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            F.has_torch_function = original
 
     #: The simulated GPU's compute capability (for the attention backend); set by the engine.
     capability: tuple[int, int] = (8, 0)
