@@ -379,28 +379,23 @@ def render(meta: dict, rec: dict, est: dict) -> str:
 EXPLANATION = """\
 ## Where the remaining difference comes from
 
-Found by aligning the recorded allocation requests (the trace's `alloc` sizes) with the
-simulated ones (`Allocator.events`): the forward pass matches allocation for allocation
-(the step's first 2,059 requests, apart from the forward cuBLAS workspace, which the
-recording made before its trace started), and so does the optimizer step. The backward pass
-differs in two ways. On the meta device the gradients of the three feed-forward weights (and
-of one attention weight) per layer come out of einsum's batched matmul transposed, so autograd
-copies each into the parameter's layout (one more 100 MiB or 25 MiB temporary per weight); the
-recorded GPU step has no such copy. And GPU kernels allocate scratch buffers that meta
-kernels do not (reduction staging such as 10 MiB + 16 B per layer, 4 KiB index-sorting
-buffers in the loss's backward).
+The step runs on the simulated GPU, whose rules the estimator shares with `run --simulate`.
+One of them removed most of the earlier difference: on the meta device the gradients of
+linear-shaped einsums (`ab,...b->...a`) come out of einsum's batched matmul transposed, and
+autograd copied each into its weight's layout (one more 100 MiB or 25 MiB temporary per
+weight); the recorded GPU step has no such copy, and the simulated GPU runs these einsums as
+`linear`/`matmul` (`gpu_mem_track/gpumodel/einsum.py`), as their GPU kernels do. Without
+those temporaries the allocator's cache matches the GPU's: at the peak {tailed_blocks_at_peak}
+blocks allocated in the step asked 25 MiB and hold 26 MiB in both (the 1 MiB tail of a fresh
+26 MiB segment is too small to split off).
 
-Those extra 100 MiB temporaries, once freed, are cached blocks from which the simulated
-allocator carves the 25 MiB gradients exactly, while on the GPU each 25 MiB gradient got a
-fresh 26 MiB segment whose 1 MiB tail is too small to split off, so the block counts 26 MiB.
-At the recorded peak {tailed_blocks_at_peak} blocks allocated in the step asked 25 MiB and hold
-26 MiB (128 gradients and 5 optimizer states); the simulation has 2 such blocks (the 128
-weights count 26 MiB in both). That is 131 x 1 MiB = 137,363,456 B less allocated in the
-estimate, offset by one 102,400,000 B tensor (the embedding or output weight's gradient or
-state) that the simulation hands out as a whole 98 MiB block and the GPU split exactly
-(+360,448 B): 137,003,008 B, the whole allocated difference. Reserved memory is 79.7 MB lower
-for the same reason: the GPU allocated 26 MiB segments for gradients that the simulation
-served from its cache.
+The allocated peak is 360,448 B over: 102,760,448 - 102,400,000, what a 102,400,000 B tensor
+(an embedding or output weight's gradient or state) holds when handed out whole as a 98 MiB
+block. Of the step's 102,400,000 B requests before the peak the recording split the first
+one exactly where the simulation handed it out whole (read from both replays). The reserved
+peak is 32 MiB over; that segment has not been aligned yet. GPU kernels also allocate
+scratch buffers that meta kernels do not (reduction staging such as 10 MiB + 16 B per
+layer, 4 KiB index-sorting buffers in the loss's backward), which are not simulated.
 """
 
 
