@@ -114,7 +114,7 @@ def wide() -> nn.Module:
 def test_a_step_that_outgrows_the_named_gpu_does_not_fit(in_process):
     """128 MiB of float32 weights, gradients and Adam's two states need 512 MiB: more than
     a 512 MiB GPU's capacity (its memory less a 128 MiB context)."""
-    with pytest.raises(DoesNotFit, match=r"^the step does not fit on 512MiB:sm80: it would run out") as caught:
+    with pytest.raises(DoesNotFit, match=r"^the step does not fit on 512MiB:sm80: it would run") as caught:
         estimate(wide, (8, 4096), gpu="512MiB:sm80")
     assert caught.value.record.capacity == 384 * 2**20
     assert estimate(wide, (8, 4096), gpu="1GiB:sm80").peak > 512 * 2**20
