@@ -4,6 +4,7 @@ answers inside the step."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -161,3 +162,17 @@ def test_multihead_attention_runs_the_attention_the_gpu_picks():
     gpu = estimate(encoder, (2, 512, 64))
     cpu = estimate(encoder, (2, 512, 64), device="cpu")
     assert gpu.activation_elements + 2 * 4 * 512 * 512 <= cpu.activation_elements
+
+
+def test_gradient_checkpointing_recomputes_on_the_simulated_gpu():
+    """Backward runs with the face on, so a checkpointed block recomputed in backward takes
+    the same attention kernel as its forward did (it took the math path, and
+    torch.utils.checkpoint refused the different number of saved tensors)."""
+    pytest.importorskip("transformers")
+    from gpu_mem_track.estimator.specs import InputSpec
+    from gpu_mem_track.examples import hf
+
+    inputs = [InputSpec((8, 128), torch.int64), InputSpec((8, 128), torch.int64, "labels")]
+    plain = estimate(hf.tiny_gpt2, inputs)
+    checkpointed = estimate(functools.partial(hf.tiny_gpt2, checkpointing=True), inputs)
+    assert checkpointed.activation_bytes < plain.activation_bytes

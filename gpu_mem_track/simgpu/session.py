@@ -30,7 +30,7 @@ from ..gpumodel.workspace import CublasWorkspace, workspace_bytes
 from .catalog import GpuSpec, parse_gpu
 from .cudaapi import install
 from .engine import GpuMemory, Storages, user_line
-from .face import CudaFace
+from .face import CudaFace, checkpoint_metadata
 from .patches import Patches
 from .records import Bound, OutOfMemory, Placeholder
 from .virtual import VirtualCpu, default_device
@@ -85,6 +85,7 @@ class SimulatedGpu:
             stack.enter_context(self.values)
             stack.enter_context(self.storages)
             stack.callback(self.storages.close)
+            stack.enter_context(checkpoint_metadata())
             stack.enter_context(self.face)
             stack.callback(_restore_default_device, default_device())
         except BaseException:
