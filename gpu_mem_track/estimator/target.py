@@ -134,6 +134,7 @@ class Target:
                 yield
 
     def close(self) -> None:
+        """Stop following storages (see ``Lifetimes.close``)."""
         self.tracker.close()
 
 
