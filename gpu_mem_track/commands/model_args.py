@@ -57,7 +57,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> Non
         nargs="?",
         action=_AmpAction,
         metavar="fp16|bf16",
-        help="simulate autocast, in float16 unless bf16 is given (may come before the factory)",
+        help="run forward and loss under torch.autocast('cuda'), in float16 unless bf16 is given "
+        "(CUDA target; may come before the factory)",
     )
     parser.add_argument(
         "--loss",
