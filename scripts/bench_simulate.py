@@ -256,6 +256,11 @@ def markdown(meta: dict, data: dict, s: dict) -> str:
             f"{oom.get('request', 0):,} B requested with {oom.get('allocated', 0):,} B allocated; exit code "
             f"{g67['exit_code']} |",
             "",
+            "The 6.7B model's float32 weights are 25.6 GiB; under float16 autocast the forward pass also "
+            "keeps a float16 copy of each weight it used (up to 12.8 GiB more) beside the "
+            "activations, so a 40 GB GPU runs out in the first forward pass, before GradScaler and the "
+            "fused AdamW step are reached: the line above is where.",
+            "",
             "## A training step: simulated run against `estimate`",
             "",
             "| | seconds | peak allocated |",
