@@ -4,19 +4,29 @@ PYTHON ?= python3
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-slow test-all test-gpu bench lint format clean
+.PHONY: install install-torch install-package demo test test-slow test-all test-gpu bench lint format clean
 
 # Looks packages up without importing them (importing torch alone takes seconds).
-install:
+# install-torch: torch, when none is importable. install-package: the package from this
+# folder (editable) with its own requirements. install: that, plus the test extras.
+install-torch:
 	@$(PYTHON) -c "import importlib.util as u; assert u.find_spec('torch')" 2>/dev/null \
 		|| $(PYTHON) -m pip install "$(TORCH_PIN)"
-	@(cd / && $(PYTHON) -c "import importlib.util as u; \
-		assert all(u.find_spec(m) for m in ('pandas', 'tabulate', 'pytest', 'ruff', 'matplotlib', \
-		'IPython', 'ipykernel', 'nbclient', 'nbformat', 'transformers', 'accelerate', 'lightning')); \
-		assert u.find_spec('gpu_mem_track').origin.startswith('$(CURDIR)/')") 2>/dev/null \
-		|| $(PYTHON) -m pip install -e ".[dev]"
 
-demo: install
+install-package: install-torch
+	@(cd / && $(PYTHON) -c "import importlib.util as u; \
+		assert all(u.find_spec(m) for m in ('pandas', 'tabulate')); \
+		assert u.find_spec('gpu_mem_track').origin.startswith('$(CURDIR)/')") 2>/dev/null \
+		|| $(PYTHON) -m pip install -e .
+
+install: install-package
+	@(cd / && $(PYTHON) -c "import importlib.util as u; \
+		assert all(u.find_spec(m) for m in ('pytest', 'ruff', 'matplotlib', \
+		'IPython', 'ipykernel', 'nbclient', 'nbformat', 'transformers', 'accelerate', 'lightning'))") \
+		2>/dev/null || $(PYTHON) -m pip install -e ".[dev]"
+
+# The demo needs torch and the package only: no test tools, no trainers.
+demo: install-package
 	$(PYTHON) scripts/vgg_demo.py
 
 # The quick suite: tests marked slow (subprocesses that import torch, the VGG demo) are

@@ -20,6 +20,7 @@ from gpu_mem_track.runs.compare import compare_files
 from gpu_mem_track.runs.load import load_run
 from gpu_mem_track.tracker.csvlog import append_stamp
 from gpu_mem_track.tracker.records import GroupChange, Ledger, Stamp
+from gpu_mem_track.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,12 +126,44 @@ def test_without_rank_folders_there_are_no_ranks(tmp_path):
     assert rank_folders(folder) == [] and collect([folder])["runs"][0]["ranks"] == []
 
 
-def test_a_folder_of_rank_folders_only_is_read_from_its_first_rank(tmp_path):
+def test_a_launch_folder_shows_every_rank_not_rank_0_as_the_launch(tmp_path):
     root = tmp_path / "job"
-    for rank in (0, 1):
-        runner_folder(root, f"rank{rank}", two_lines(), timeline_rows([rank + 1]))
+    for rank, peak in ((0, 3), (1, 7)):
+        folder = runner_folder(root, f"rank{rank}", two_lines(), timeline_rows([rank + 1]), peak=peak * MIB)
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        meta.update(rank=rank, world_size=3, exit_code=rank)  # rank 1 failed, rank 2 never started
+        (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     (run,) = collect([root])["runs"]
-    assert run["name"] == "job" and len(run["lines"]) == 2 and len(run["ranks"]) == 2
+    assert (run["name"], run["kind"], run["peak"], run["peak_rank"]) == ("job", "launch", 7 * MIB, 1)
+    assert run["lines"] == [] and run["points"] == []  # nothing shown as the launch's own
+    assert [(r["rank"], r["status"], r["peak"], r["difference"]) for r in run["ranks"]] == [
+        (0, "ok", 3 * MIB, 0),
+        (1, "exit 1", 7 * MIB, 4 * MIB),
+        (2, "missing", None, None),
+    ]
+    assert [len(r["lines"]) for r in run["ranks"]] == [2, 2, 0] and run["ranks"][1]["points"]
+    assert run["ranks"][0]["peak_at"] == "train.py:1" and run["status"] == "exit 1, missing, ok"
+    assert run["launch"]["spread_text"] == "2.333 (rank 1 / rank 0)"
+
+
+def test_a_launch_whose_ranks_peak_alike_says_so_not_rank_0_over_rank_0(tmp_path):
+    for rank in (0, 1):
+        runner_folder(tmp_path / "job", f"rank{rank}", two_lines(), timeline_rows([1]), peak=5 * MIB)
+    (run,) = collect([tmp_path / "job"])["runs"]
+    assert run["launch"]["spread_text"] == "1.000 (every rank's peak is equal)"
+
+
+def test_a_launch_with_a_killed_rank_renders_what_that_rank_left(tmp_path):
+    for rank in (0, 1):
+        runner_folder(tmp_path / "job", f"rank{rank}", two_lines(), timeline_rows([1, 4, 2]), peak=5 * MIB)
+    (tmp_path / "job" / "rank1" / "lines.csv").unlink()  # killed: only its timeline is left
+    page = write_report([tmp_path / "job"], tmp_path / "launch.html")
+    assert page.is_file()
+    data = collect([tmp_path / "job"])
+    json.dumps(data, allow_nan=False)  # the page's data: no NaN or inf for the browser to choke on
+    (run,) = data["runs"]
+    rank1 = run["ranks"][1]
+    assert rank1["lines"] and all(line["seconds"] is None for line in rank1["lines"])
 
 
 def test_long_timelines_are_cut_keeping_every_bucket_s_highest_value(tmp_path):
@@ -173,7 +206,24 @@ def test_a_memory_snapshot_is_analysed_as_the_snapshot_command_does(tmp_path):
     (run,) = collect([snap])["runs"]
     folder, analysis = report_folder(load_checked(snap), tmp_path / "out")
     assert run["path"] == str(snap) and run["peak"] == analysis.peak.allocated
-    assert run["lines"] == [r.to_dict() for r in load_run(folder).lines]
+    assert run["kind"] == "snapshot"
+    own = ("phase", "live_at_peak", "first", "last")
+    assert [{k: v for k, v in r.items() if k not in own} for r in run["lines"]] == [
+        r.to_dict() for r in load_run(folder).lines
+    ]
+    usage = {(u.file, u.line): u for u in analysis.lines}
+    for record in run["lines"]:
+        assert record["phase"] == usage[record["file"], record["line"]].category
+        assert record["live_at_peak"] == usage[record["file"], record["line"]].live_at_peak
+    timed = [r for r in run["lines"] if r["first"] is not None]
+    assert timed and any(r["last"] > 0 for r in timed)  # times from the trace, not all 0
+    assert all(0 <= r["first"] <= r["last"] for r in timed)
+    assert run["reserved"] and max(p[1] for p in run["reserved"]) == analysis.max_reserved
+    rows = dict(run["snapshot"]["rows"])
+    assert rows["peak allocated"].startswith(format_bytes(analysis.peak.allocated))
+    assert rows["cache at the peak"].startswith(format_bytes(analysis.cache_at_peak))
+    assert rows["largest free block"].startswith(format_bytes(analysis.largest_free))
+    assert [p[0] for p in run["snapshot"]["phases"]] == [c.name for c in analysis.categories]
     assert not list(Path(tempfile.gettempdir()).glob("gpu_mem_track-html-*"))  # nothing left behind
 
 
@@ -265,18 +315,66 @@ def test_the_page_runs_without_errors_and_its_table_sorts_in_chromium(tmp_path):
     a = runner_folder(tmp_path, "a", lines, timeline_rows([1, 4, 2, 8, 3]))
     b = runner_folder(tmp_path, "b", lines[:5], timeline_rows([2, 3, 5]))
     append_stamp(a / "census.csv", stamp("line 12 grew", (change("v2", 4 * MIB),)))
-    runner_folder(a, "rank1", timeline=timeline_rows([1, 2]))
+    runner_folder(a, "rank1", lines[:2], timeline=timeline_rows([1, 2]))
     page = write_report([a, b], tmp_path / "report.html")
     dom, log = dump_dom(page, "#selftest")
     body = body_attributes(dom)
     assert body.get("data-status") == "ready", body
     assert "data-errors" not in body, body["data-errors"]
     assert "CONSOLE" not in log and "Uncaught" not in log
-    assert body["data-selftest"] == "sort-desc:ok sort-asc:ok zoom:ok hover:ok"
+    assert body["data-selftest"] == "sort-desc:ok sort-asc:ok peak:ok zoom:ok span:ok hover:ok"
     peaks = [int(v) for v in body["data-sorted-peaks"].split(",")]
     assert peaks == sorted(r.peak for r in lines)  # ascending after the second click
     for section in ("gmt-timeline", "gmt-line-section", "gmt-comparison", "gmt-ranks", "gmt-censuses"):
         assert f'id="{section}"' in dom
+    # the ranks before the timeline, the comparison before the long line table
+    assert dom.index('id="gmt-ranks"') < dom.index('id="gmt-timeline"') < dom.index('id="gmt-comparison"')
+    assert dom.index('id="gmt-comparison"') < dom.index('id="gmt-line-section"')
+    # round tick values, and each run's peak labelled on the chart
+    ticks = re.findall(r'<text[^>]*class="axis"[^>]*>([^<]*)</text>', dom)
+    assert "0 MiB" in ticks and "2 MiB" in ticks and "0.0 s" in ticks
+    assert re.findall(r'class="peak-label"[^>]*>(peak [^<]*)<', dom) == [
+        "peak 8.00 MiB",
+        "peak 2.00 MiB",
+        "peak 5.00 MiB",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
+def test_a_launch_page_keys_every_rank_and_a_stamp_is_labelled(tmp_path):
+    root = tmp_path / "job"
+    rows = timeline_rows([1, 4, 2])
+    rows.insert(2, {"elapsed": 0.15, "event": "track", "label": "after forward", "memory": 1 * MIB})
+    for rank, peak in ((0, 4), (1, 9)):
+        runner_folder(root, f"rank{rank}", two_lines(), rows, peak=peak * MIB)
+    dom, _ = dump_dom(write_report([root], tmp_path / "launch.html"), "#selftest")
+    body = body_attributes(dom)
+    assert (body.get("data-status"), body.get("data-errors")) == ("ready", None)
+    assert "span:ok" in body["data-selftest"]
+    runs = re.search(r'id="gmt-runs".*?</table>', dom, re.S).group(0)
+    assert "9.00 MiB (rank 1)" in runs and "launch of 2 ranks" in runs
+    ranks = re.search(r'id="gmt-rank-table".*?</table>', dom, re.S).group(0)
+    assert "<th>points</th>" not in ranks and "<th>status</th>" in ranks and "+5.00 MiB" in ranks
+    assert "Spread: largest peak / smallest = 2.250 (rank 1 / rank 0)" in dom
+    key = re.search(r'<div class="key">.*?</div>', dom, re.S).group(0)
+    assert "rank 0" in key and "rank 1" in key
+    assert re.search(r'class="stamp"[^>]*>after forward<', dom)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
+def test_a_snapshot_page_shows_the_allocator_summary_and_the_trace_s_times(tmp_path):
+    from snapshotfiles import write
+    from test_snapshot_report import training_data
+
+    snap = write(tmp_path / "step.pickle.gz", training_data(), compress=True)
+    dom, _ = dump_dom(write_report([snap], tmp_path / "snap.html"), "#selftest")
+    body = body_attributes(dom)
+    assert (body.get("data-status"), body.get("data-errors")) == ("ready", None)
+    assert "<td>snapshot</td>" in dom and "cache at the peak" in dom and "<th>phase</th>" in dom
+    assert ">first s</th>" in dom and "dashed: reserved" in dom
+    assert dom.count('class="series reserved"') == 1
 
 
 @pytest.mark.slow

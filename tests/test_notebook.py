@@ -38,7 +38,7 @@ def shell():
 
 
 def test_memtrack_names_the_tensor_a_statement_created_and_its_bytes(shell):
-    result = shell.run_line_magic("memtrack", "y = model(x)")
+    result = shell.run_line_magic("memtrack", "-o y = model(x)")
     assert isinstance(result, StatementMemory) and result.device == "cpu" and result.source == "tensors"
     assert result.increment == 16 * 32 * 4  # the census's bytes: exactly y
     (created,) = result.changes
@@ -58,9 +58,24 @@ def test_memtrack_names_the_tensor_a_statement_created_and_its_bytes(shell):
 
 def test_memtrack_sees_a_freed_tensor(shell):
     shell.run_cell("a = torch.zeros(256, 1024)")
-    result = shell.run_line_magic("memtrack", "del a")
+    result = shell.run_line_magic("memtrack", "-o del a")
     assert result.increment == -MIB
     assert [(c.names, c.bytes_delta) for c in result.changes] == [(("a",), -MIB)]
+
+
+def test_memtrack_shows_its_result_wherever_it_stands_and_returns_it_with_o(shell, capsys):
+    shell.run_cell("%memtrack y = model(x)\nafter = 1")  # not the cell's last line
+    out = capsys.readouterr().out
+    assert out.startswith("%memtrack on cpu: tensors +2.00 KiB") and "Out[" not in out
+    assert shell.run_line_magic("memtrack", "z = y * 2") is None  # shown, not returned twice
+    assert capsys.readouterr().out.startswith("%memtrack on cpu: tensors +2.00 KiB")
+    kept = shell.run_line_magic("memtrack", "--device cpu -o w = y + 1")
+    assert isinstance(kept, StatementMemory) and kept.statement == "w = y + 1"
+    assert capsys.readouterr().out.startswith("%memtrack on cpu: tensors +2.00 KiB")
+    shell.run_cell("r = %memtrack -o v = -y")
+    assert shell.user_ns["r"].increment == 16 * 32 * 4 and tuple(shell.user_ns["v"].shape) == (16, 32)
+    for name in ("after", "z", "w", "r", "v"):
+        shell.user_ns.pop(name, None)
 
 
 def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
@@ -74,7 +89,8 @@ def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
         assert capsys.readouterr().err == 2 * "gpu_mem_track: --device cuda:0: CUDA is not available here\n"
     assert shell.run_line_magic("memtrack", "--bogus b = 1") is None  # not our SyntaxError traceback
     assert capsys.readouterr().err == (
-        "gpu_mem_track: %memtrack: unknown option '--bogus' (usage: %memtrack [--device DEV] STATEMENT)\n"
+        "gpu_mem_track: %memtrack: unknown option '--bogus' "
+        "(usage: %memtrack [-o] [--device DEV] STATEMENT)\n"
     )
     assert shell.run_cell_magic("memtrack", "--top x", "b = 1") is None
     assert capsys.readouterr().err == "gpu_mem_track: %%memtrack: argument --top: invalid int value: 'x'\n"
@@ -153,7 +169,7 @@ def test_a_notebook_runs_the_magics_through_a_real_kernel(tmp_path, monkeypatch)
         "import torch\nfrom gpu_mem_track import MemTracker\n"
         "model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))\n"
         "x = torch.randn(32, 64)",
-        "%memtrack hidden = model[0](x)",
+        "%memtrack hidden = model[0](x)\nafter = 1",
         "%%memtrack --census-threshold 1 --top 3\nout = model(x)\nbig = torch.ones(2048, 1024)\n"
         "loss = out.sum()\nloss.backward()",
         "tracker = MemTracker(device='cpu', out_dir=None, verbosity=0, probe=False)\n"
@@ -167,7 +183,8 @@ def test_a_notebook_runs_the_magics_through_a_real_kernel(tmp_path, monkeypatch)
     client.execute()
     outputs = [cell.outputs for cell in notebook.cells]
     assert not [o for cell in outputs for o in cell if o.output_type == "error"]
-    statement, lines, stamp = (_result(outputs[i]) for i in (2, 3, 4))
+    (statement,) = [o.data for o in outputs[2] if o.output_type == "display_data"]
+    lines, stamp = (_result(outputs[i]) for i in (3, 4))
     assert statement["text/plain"].startswith("%memtrack on cpu: tensors +16.00 KiB")
     assert "%memtrack hidden = model[0](x)" in statement["text/html"] and ">hidden<" in statement["text/html"]
     assert "32x128" in statement["text/html"]

@@ -91,6 +91,24 @@ def test_figure_holds_curves_peak_and_deduplicated_labels(tmp_path):
     assert len(axes.lines) == 6 + 2 + 2 * 20  # curves, peak markers, a vertical line per label and run
 
 
+def test_curves_are_steps_and_a_cpu_tracker_s_rss_has_its_own_axis(tmp_path):
+    from gpu_mem_track.runs.plot import drawn_path, timeline_figure
+
+    csv = tracker_csv(tmp_path / "cpu.csv", [("a", 1.0, 2 * MIB), ("b", 2.0, 24 * MIB)], device="cpu")
+    figure = timeline_figure([load_run(csv)])
+    tensors_axes, rss_axes = figure.axes
+    (tensors,) = tensors_axes.lines[:1]
+    # a reading holds until the next: 2 MiB from 1 s to 2 s, then up to 24 MiB (no ramp)
+    assert tensors.get_drawstyle() == "steps-post"
+    assert drawn_path(tensors).tolist() == [[1.0, 2.0], [2.0, 2.0], [2.0, 24.0]]
+    assert tensors_axes.get_ylim()[1] < 60  # the tensors' axis is not stretched to the RSS
+    (rss,) = rss_axes.lines
+    assert rss.get_ydata().tolist() == [102.0, 124.0]
+    assert rss_axes.get_ylabel() == "process RSS (MiB, dash-dot)"
+    legend = [text.get_text() for text in tensors_axes.get_legend().get_texts()]
+    assert legend == ["cpu: tensors", "cpu: RSS (right axis)"]
+
+
 def stamps(*labels: str) -> list[LabelPoint]:
     return [LabelPoint(label, float(i), 0, "f.py", "main", 1) for i, label in enumerate(labels)]
 
@@ -158,7 +176,7 @@ def test_labels_do_not_overlap_and_peaks_cover_no_curve(tmp_path):
     import numpy as np
 
     from gpu_mem_track.runs.layout import occupancy, overlaps
-    from gpu_mem_track.runs.plot import timeline_figure
+    from gpu_mem_track.runs.plot import drawn_path, timeline_figure
 
     crowded = training(steps=4)
     crowded += [
@@ -184,7 +202,7 @@ def test_labels_do_not_overlap_and_peaks_cover_no_curve(tmp_path):
     frame = axes.get_window_extent(renderer).extents
     curves = [line for line in axes.lines if len(line.get_xydata()) > 2]  # not the stamps or markers
     segments = np.vstack(
-        [np.hstack([p[:-1], p[1:]]) for p in (c.get_transform().transform(c.get_xydata()) for c in curves)]
+        [np.hstack([p[:-1], p[1:]]) for p in (c.get_transform().transform(drawn_path(c)) for c in curves)]
     )
     grid = occupancy(segments, tuple(frame), cell=1)
     for box in [peak.get_bbox_patch().get_window_extent(renderer).extents for peak in peaks]:

@@ -1,22 +1,33 @@
 """What the HTML report shows, collected from the inputs as plain JSON-ready data.
 
 ``collect(paths)`` reads each input (a runner folder, one of its CSVs, a MemTracker CSV,
-or a folder of the same layout such as a ``snapshot`` command's) and returns a dict the
-page embeds (``page.render_page``). Per run:
+a launch folder of ``rank<k>/`` run folders, or a folder of the same layout such as a
+``snapshot`` command's) and returns a dict the page embeds (``page.render_page``). Per run:
 
+- ``kind``: ``"runner"``, ``"tracker"``, ``"snapshot"`` (a memory snapshot's analysis) or
+  ``"launch"`` (no figures of its own: ``peak`` is its highest rank's, ``peak_rank`` that
+  rank; ``launch`` holds the script, world size and the spread of the peaks);
+- ``status``: ``"ok"``, ``"exit N"``, ``"no end"`` from ``meta.json`` (``""``: unknown);
 - ``points``: the memory timeline ``[elapsed seconds, bytes, where]``, cut to at most
   ``2 * points`` by ``runfolder.read.downsample`` (each bucket keeps its lowest and highest
-  value, so no peak is lost); a line's transient peak is drawn just before its end value;
+  value, so no peak is lost); a line's transient peak is drawn just before its end value,
+  unless the lines it called drew it already (``runfolder.transients``);
+- ``reserved``: the allocator's reserved bytes ``[elapsed, bytes]`` where recorded;
 - ``labels``: the ``track()`` stamps ``[elapsed, bytes or None, label, where]``;
-- ``lines``: the per-line records (``runfolder.records.LineRecord`` as dicts);
+- ``lines``: the per-line records (``runfolder.records.LineRecord`` as dicts; with a
+  snapshot analysis also ``phase``, ``live_at_peak`` and, for a snapshot, ``first`` and
+  ``last``: seconds in the trace, see ``html.snapshot``);
 - ``censuses``: the stamps of ``census.csv`` and ``tracker.csv`` (a MemTracker CSV's own
   stamps), each with its group changes, at most ``MAX_CENSUSES``;
-- ``ranks``: one entry per ``rank<k>/`` subfolder that is a run (none when absent).
+- ``ranks``: one entry per rank of a launch (``ranks.csv``'s figures: status, peak, where,
+  at the end, ``difference`` from rank 0's; and its timeline, labels and lines), none
+  without ``rank<k>/`` subfolders;
+- ``snapshot``: the allocator summary of a snapshot analysis (``html.snapshot``), or None.
 
 With exactly two inputs, ``comparison`` holds ``runs.compare``'s rows (by line when both
-runs have per-line records, else by label). A raw memory snapshot (``.pickle``, ``.pkl``,
-gzip-compressed or not) is analysed as the ``snapshot`` command does. All sizes are bytes
-of each run's memory source.
+runs have per-line records, else by label; a launch is compared by its first rank). A
+raw memory snapshot (``.pickle``, ``.pkl``, gzip-compressed or not) is analysed as the
+``snapshot`` command does. All sizes are bytes of each run's memory source.
 """
 
 from __future__ import annotations
@@ -32,11 +43,14 @@ from .._version import __version__
 from ..errors import UsageError
 from ..ranks import rank_folders as launch_rank_folders
 from ..runfolder.files import RunFolder, read_timeline
+from ..runfolder.ranktable import read_launch
 from ..runfolder.read import DEFAULT_POINTS, downsample
+from ..runfolder.transients import PeakPlacer, raised_peaks
 from ..runs.compare import Comparison, compare_runs
 from ..runs.load import Run, Source, detect, load_run
 from ..tracker.csvlog import read_stamps
 from ..units import shape_text
+from .snapshot import enrich_lines, line_times, read_analysis, snapshot_summary
 
 __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 
@@ -44,6 +58,8 @@ __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 MAX_CENSUSES, MAX_CHANGES = 200, 25
 
 _SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+#: ``meta.json``'s engine in a ``snapshot`` report folder.
+SNAPSHOT_ENGINE = "memory snapshot"
 
 
 @dataclass(frozen=True)
@@ -85,26 +101,127 @@ def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
     if path.is_file() and path.name.endswith(_SNAPSHOT_SUFFIXES):
         return _snapshot(path, points)
     ranks = rank_folders(path)
-    main = path if not ranks or _is_run(path) else ranks[0][1]
-    source = detect(main)
+    if ranks and not _is_run(path):
+        return _launch(path, ranks, points)
+    data, run = _run(path, points)
+    data["ranks"] = _ranks(path, ranks, points) if ranks else []
+    return data, run
+
+
+def _run(path: Path, points: int) -> tuple[dict[str, Any], Run]:
+    """One run's data: a run folder, one of its CSVs or a MemTracker CSV."""
+    source = detect(path)
     run = load_run(source, points=points)
+    snapshot = run.info is not None and run.info.engine == SNAPSHOT_ENGINE
     data = {
-        "name": run.name if main == path else path.name,
+        "name": run.name,
         "path": str(path),
-        "kind": run.kind,
+        "kind": "snapshot" if snapshot else run.kind,
         "device": run.device,
         "memory_source": run.memory_source,
         "peak": run.peak,
+        "status": _status(run),
         "events": run.events,
         "points": _points(source, run, points),
+        "reserved": _reserved(source, run, points),
         "labels": [
             [p.elapsed, p.memory, p.label, _where(p.file, p.line, p.function)] for p in run.labels or ()
         ],
         "lines": [_known(record.to_dict()) for record in run.lines or ()],
         "censuses": _censuses(source),
-        "ranks": [_rank(rank, folder, points) for rank, folder in ranks],
+        "ranks": [],
+        "snapshot": None,
     }
+    analysis = read_analysis(source.path) if source.kind == "folder" else None
+    if analysis is not None:
+        data["snapshot"] = snapshot_summary(analysis)
+        timeline = _timeline_file(source)
+        times = line_times(read_timeline(timeline)) if snapshot and timeline is not None else None
+        enrich_lines(data["lines"], analysis, times)
     return data, run
+
+
+def _status(run: Run) -> str:
+    """``"ok"``, ``"exit N"``, ``"no end"`` (killed, or still running) from ``meta.json``;
+    ``""`` where there is none (a MemTracker CSV, a snapshot)."""
+    info = run.info
+    if info is None or info.engine == SNAPSHOT_ENGINE:
+        return ""
+    if info.ended is None or info.exit_code is None:
+        return "no end"
+    return "ok" if info.exit_code == 0 else f"exit {info.exit_code}"
+
+
+def _launch(path: Path, ranks: list[tuple[int, Path]], points: int) -> tuple[dict[str, Any], Run]:
+    """A launch folder: no figures of its own, its ranks side by side (the ``Run`` given
+    back for a comparison is its first rank's)."""
+    ranked = _ranks(path, ranks, points)
+    first = load_run(ranks[0][1], points=points)
+    known = [r for r in ranked if r["peak"] is not None]
+    top = max(known, key=lambda r: r["peak"], default=None)
+    summary = read_launch(path)
+    data = {
+        "name": path.name,
+        "path": str(path),
+        "kind": "launch",
+        "device": ", ".join(sorted({r["device"] for r in ranked if r["device"]})),
+        "memory_source": first.memory_source,
+        "peak": None if top is None else top["peak"],
+        "peak_rank": None if top is None else top["rank"],
+        "status": _launch_status(ranked),
+        "events": sum(r["events"] for r in ranked),
+        "points": [],
+        "reserved": [],
+        "labels": [],
+        "lines": [],
+        "censuses": [],
+        "ranks": ranked,
+        "snapshot": None,
+        "launch": {
+            "script": summary.script,
+            "world_size": summary.world_size,
+            "spread": summary.spread,
+            "spread_text": _spread_text(known),
+        },
+    }
+    return data, first
+
+
+def _ranks(path: Path, ranks: list[tuple[int, Path]], points: int) -> list[dict[str, Any]]:
+    """Every rank of the launch in ``path`` (missing ones too): its ``ranks.csv`` figures
+    (status, peak, where and in which phase, memory at the end, peak minus rank 0's) and
+    its run's timeline and lines."""
+    folders = dict(ranks)
+    summary = read_launch(path)
+    base = summary.ranks[0].peak if summary.ranks else None
+    out = []
+    for rank in summary.ranks:
+        entry: dict[str, Any] = {**rank.to_dict(), "name": f"rank {rank.rank}"}
+        entry["difference"] = None if rank.peak is None or base is None else rank.peak - base
+        run: dict[str, Any] = {"points": [], "reserved": [], "labels": [], "lines": [], "events": 0}
+        if rank.rank in folders:
+            run, _ = _run(folders[rank.rank], max(1, points // 2))
+        for key in ("points", "reserved", "labels", "lines", "events"):
+            entry[key] = run[key]
+        out.append(entry)
+    return out
+
+
+def _launch_status(ranks: list[dict[str, Any]]) -> str:
+    statuses = sorted({r["status"] for r in ranks})
+    return statuses[0] if len(statuses) == 1 else ", ".join(statuses)
+
+
+def _spread_text(ranks: list[dict[str, Any]]) -> str:
+    """Largest peak over smallest, naming both ranks (ties: "every rank equal")."""
+    positive = [r for r in ranks if r["peak"]]
+    if len(positive) < 2:
+        return ""
+    high = max(positive, key=lambda r: r["peak"])
+    low = min(positive, key=lambda r: r["peak"])
+    if high["peak"] == low["peak"]:
+        return "1.000 (every rank's peak is equal)"
+    return f"{high['peak'] / low['peak']:.3f} (rank {high['rank']} / rank {low['rank']})"
 
 
 def _snapshot(path: Path, points: int) -> tuple[dict[str, Any], Run]:
@@ -135,9 +252,10 @@ def _is_run(path: Path) -> bool:
 
 def _points(source: Source, run: Run, points: int) -> list[list[Any]]:
     """The timeline with where each point was taken; a MemTracker CSV's from its stamps."""
-    timeline = RunFolder(source.path).timeline if source.kind == "folder" else source.path
-    if source.kind in ("folder", "timeline") and timeline.is_file():
-        kept = downsample(_timeline_points(timeline), points)
+    timeline = _timeline_file(source)
+    if timeline is not None:
+        raised = raised_peaks(read_timeline(timeline))
+        kept = downsample(_timeline_points(timeline, raised), points)
         return [[p.elapsed, p.memory, p.where] for p in kept]
     return [
         [p.elapsed, p.memory, _where(p.file, p.line, p.function)]
@@ -146,15 +264,33 @@ def _points(source: Source, run: Run, points: int) -> list[list[Any]]:
     ]
 
 
-def _timeline_points(path: Path) -> Iterator[_Point]:
-    for row in read_timeline(path):
+def _reserved(source: Source, run: Run, points: int) -> list[list[Any]]:
+    """The allocator's reserved bytes over time ``[elapsed, bytes]``, where recorded."""
+    timeline = _timeline_file(source)
+    if timeline is None:
+        rows = [(s.elapsed, s.reserved) for s in run.samples or ()]
+    else:
+        rows = [(row.elapsed, row.reserved) for row in read_timeline(timeline)]
+    known = (_Point(elapsed, value, "") for elapsed, value in rows if value is not None)
+    return [[p.elapsed, p.memory] for p in downsample(known, points)]
+
+
+def _timeline_file(source: Source) -> Path | None:
+    timeline = RunFolder(source.path).timeline if source.kind == "folder" else source.path
+    return timeline if source.kind in ("folder", "timeline") and timeline.is_file() else None
+
+
+def _timeline_points(path: Path, raised: dict[int, int]) -> Iterator[_Point]:
+    placer = PeakPlacer(raised)
+    for index, row in enumerate(read_timeline(path)):
+        transient = placer.place(index, row)
         if row.memory is None:
             continue
         where = _where(row.file, row.line, row.function) if row.event == "line" else row.event
         if row.label:
             where += f" [{row.label}]"
-        if row.peak is not None and row.peak > row.memory:
-            yield _Point(row.elapsed, row.peak, where + " (peak while it ran)")
+        if transient is not None:
+            yield _Point(row.elapsed, transient, where + " (peak while it ran)")
         yield _Point(row.elapsed, row.memory, where)
 
 
@@ -201,12 +337,6 @@ def _census(origin: str, stamp: Any) -> dict[str, Any]:
         ],
         "more_changes": max(0, len(stamp.changes) - MAX_CHANGES),
     }
-
-
-def _rank(rank: int, folder: Path, points: int) -> dict[str, Any]:
-    run = load_run(folder, lines=False, points=max(1, points // 4))
-    samples = [[s.elapsed, s.memory] for s in run.samples or ()]
-    return {"rank": rank, "name": run.name, "device": run.device, "peak": run.peak, "points": samples}
 
 
 def _comparison(a: Run, b: Run) -> dict[str, Any]:

@@ -17,7 +17,7 @@
   var SVGNS = "http://www.w3.org/2000/svg";
   var COLORS = ["#1f6fb2", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c", "#5c940d"];
   var UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
-  var NUMBER = /^(>=)?[-+]?[\d.]+( (B|KiB|MiB|GiB|TiB))?$|^n\/a$/;  // right-aligned cells
+  var NUMBER = /^(>=)?[-+]?[\d.,]+( (B|KiB|MiB|GiB|TiB|s))?$|^n\/a$|^-$/;  // right-aligned cells
 
   function bytes(n, signed) {
     if (n === null || n === undefined) return "n/a";
@@ -26,15 +26,17 @@
     while (m >= 1024 && p < UNITS.length - 1) { m /= 1024; p++; }
     return sign + m.toFixed(2) + " " + UNITS[p];
   }
+  function seconds(v) { return v === null || v === undefined ? "-" : v.toFixed(4); }
   function el(tag, attrs, text) {
     var node = document.createElement(tag);
     for (var k in attrs || {}) node.setAttribute(k, attrs[k]);
     if (text !== undefined) node.textContent = text;
     return node;
   }
-  function svg(tag, attrs) {
+  function svg(tag, attrs, text) {
     var node = document.createElementNS(SVGNS, tag);
     for (var k in attrs || {}) node.setAttribute(k, attrs[k]);
+    if (text !== undefined) node.textContent = text;
     return node;
   }
   function section(title, id) {
@@ -43,19 +45,38 @@
     document.getElementById("gmt-main").appendChild(box);
     return box;
   }
+  function swatch(name, color) { return { text: "\u25A0 " + name, color: color }; }
+
+  /* Every run, and every rank of a launch, gets its own colour, the same in every table,
+     the timeline and its key. */
+  function paint(data) {
+    var next = 0;
+    data.runs.forEach(function (r) {
+      if (r.kind !== "launch") r.color = COLORS[next++ % COLORS.length];
+      r.ranks.forEach(function (k) { k.color = COLORS[next++ % COLORS.length]; });
+      if (r.kind === "launch") r.color = "#495057";
+    });
+  }
 
   /* ---- summary ---------------------------------------------------------------------- */
   function summary(data) {
     var box = section("Runs", "gmt-runs");
-    var rows = data.runs.map(function (r, i) {
-      return [{ text: "\u25A0 " + r.name, color: COLORS[i % COLORS.length] }, r.kind, r.device || "?",
-        r.memory_source || "?", bytes(r.peak), String(r.events), String(r.lines.length), r.path];
+    var rows = data.runs.map(function (r) {
+      var launch = r.kind === "launch";
+      var kind = launch ? "launch of " + r.ranks.length + " ranks" : r.kind;
+      var peak = bytes(r.peak) + (launch && r.peak_rank !== null && r.peak_rank !== undefined ? " (rank " + r.peak_rank + ")" : "");
+      var lines = launch ? "-" : String(r.lines.length);
+      return [swatch(r.name, r.color), kind, r.device || "?", r.memory_source || "?", peak, r.status || "-",
+        String(r.events), lines, r.path];
     });
-    box.appendChild(plainTable(["run", "kind", "device", "memory", "peak", "events", "lines", "path"], rows));
+    box.appendChild(plainTable(["run", "kind", "device", "memory", "peak", "status", "events", "lines", "path"], rows));
+    if (data.runs.some(function (r) { return r.kind === "launch"; }))
+      box.appendChild(el("p", { "class": "note" }, "A launch's peak is its highest rank's; every rank's is in the Ranks table."));
     data.notes.forEach(function (n) { box.appendChild(el("p", { "class": "note" }, n)); });
   }
-  function plainTable(headers, rows) {
+  function plainTable(headers, rows, id) {
     var table = el("table", { "class": "plain" }), head = el("tr");
+    if (id) table.id = id;
     headers.forEach(function (h) { head.appendChild(el("th", {}, h)); });
     table.appendChild(el("thead")).appendChild(head);
     var body = table.appendChild(el("tbody"));
@@ -70,81 +91,229 @@
     return table;
   }
 
+  /* ---- ranks and snapshots: above the timeline --------------------------------------- */
+  function ranks(data) {
+    var runs = data.runs.filter(function (r) { return r.ranks.length; });
+    if (!runs.length) return;
+    var box = section("Ranks", "gmt-ranks");
+    runs.forEach(function (r) {
+      if (runs.length > 1) box.appendChild(el("h3", {}, r.name));
+      var rows = r.ranks.map(function (k) {
+        var phase = k.peak_phase ? " (" + k.peak_phase + ")" : "";
+        return [swatch("rank " + k.rank, k.color), k.status, k.device || "?", bytes(k.peak),
+          k.difference === null ? "-" : bytes(k.difference, true), bytes(k.end_memory),
+          (k.peak_at ? k.peak_at.split("/").pop() : "-") + phase];
+      });
+      box.appendChild(plainTable(["rank", "status", "device", "peak", "vs rank 0", "at end", "peak at (phase)"], rows, "gmt-rank-table"));
+      var launch = r.launch || {};
+      var text = launch.spread_text ? "Spread: largest peak / smallest = " + launch.spread_text : "";
+      if (launch.script) text += (text ? "; " : "") + "script " + launch.script + ", world size " + launch.world_size;
+      if (text) box.appendChild(el("p", { "class": "note" }, text));
+    });
+  }
+  function snapshots(data) {
+    data.runs.forEach(function (r, i) {
+      if (!r.snapshot) return;
+      var box = section("Snapshot: " + r.name, "gmt-snapshot" + (i ? "-" + i : ""));
+      var wrap = box.appendChild(el("div", { "class": "side" }));
+      var rows = r.snapshot.rows.map(function (row) { return [row[0], { text: row[1] }]; });  // text, left-aligned
+      wrap.appendChild(plainTable(["", "the caching allocator"], rows));
+      wrap.appendChild(plainTable(["phase", "live at peak", "allocated", "allocations"], r.snapshot.phases));
+    });
+  }
+
   /* ---- timeline --------------------------------------------------------------------- */
-  var W = 1100, H = 320, M = { left: 80, right: 20, top: 12, bottom: 34 };
-  function Chart(box, series, labels) {
-    this.series = series; this.labels = labels;
-    var all = [];
-    series.forEach(function (s) { s.points.forEach(function (p) { all.push(p); }); });
-    this.full = [Math.min.apply(null, all.map(function (p) { return p[0]; })),
-                 Math.max.apply(null, all.map(function (p) { return p[0]; }))];
+  var H = 340;
+  var KIB = 1024, MIB = KIB * 1024, GIB = MIB * 1024;
+
+  /* A round step near span / count: 1, 2, 2.5 or 5 times a power of ten. */
+  function niceStep(span, count) {
+    var raw = span / count, power = Math.pow(10, Math.floor(Math.log10(raw)));
+    var steps = [1, 2, 2.5, 5, 10];
+    for (var i = 0; i < steps.length; i++) if (steps[i] * power >= raw) return steps[i] * power;
+    return 10 * power;
+  }
+  function decimals(step) { return Math.max(0, -Math.floor(Math.log10(step) + 1e-9)) + (step / Math.pow(10, Math.floor(Math.log10(step) + 1e-9)) === 2.5 ? 1 : 0); }
+  /* Round byte ticks: a unit the top reaches (B, KiB, MiB, GiB) and a round step in it. */
+  function byteTicks(top) {
+    var unit = top >= GIB ? GIB : top >= MIB ? MIB : top >= KIB ? KIB : 1;
+    var name = { 1: "B", 1024: "KiB" }[unit] || (unit === MIB ? "MiB" : "GiB");
+    var step = niceStep(Math.max(top / unit, 1e-9), 5);
+    if (unit === 1) step = Math.max(1, Math.round(step));
+    var n = Math.ceil(top / unit / step - 1e-9), ticks = [], places = decimals(step);
+    for (var i = 0; i <= n; i++) ticks.push({ value: i * step * unit, text: (i * step).toFixed(places) + " " + name });
+    return ticks;
+  }
+  function timeTicks(d0, d1, width) {
+    var step = niceStep(d1 - d0, Math.max(2, Math.floor(width / 110))), places = decimals(step), ticks = [];
+    for (var t = Math.ceil(d0 / step - 1e-9) * step; t <= d1 + step * 1e-6; t += step) ticks.push({ value: t, text: t.toFixed(places) + " s" });
+    return ticks;
+  }
+
+  function Chart(box, series, labels, id) {
+    this.series = series; this.labels = labels; this.box = box;
+    // the margins: room along the top for the stamps' labels when there are any
+    this.m = { left: 78, right: 16, top: labels.length ? 40 : 16, bottom: 30 };
+    var all = [0];  // the axis starts at the run's start
+    series.forEach(function (s) { s.points.forEach(function (p) { all.push(p[0]); }); });
+    this.full = [Math.min.apply(null, all), Math.max.apply(null, all)];
     if (this.full[0] === this.full[1]) this.full[1] = this.full[0] + 1;
     this.domain = this.full.slice();
-    this.root = svg("svg", { viewBox: "0 0 " + W + " " + H, "class": "chart", id: "gmt-chart" });
+    series.forEach(function (s) {
+      s.peak = s.points.reduce(function (best, p) { return !best || p[1] > best[1] ? p : best; }, null);
+    });
+    this.root = svg("svg", { "class": "chart", id: id || "gmt-chart", role: "img" });
     box.appendChild(this.root);
-    this.tip = box.appendChild(el("div", { "class": "tip", id: "gmt-tip" }));
+    this.key(box);
+    this.tip = box.appendChild(el("div", { "class": "tip", id: (id || "gmt-chart") + "-tip" }));
     box.appendChild(el("p", { "class": "hint" },
       "Drag across the chart to zoom into a time range; double-click to see the whole run. " +
-      "Hover for the line and the memory after it; dashed lines are track() stamps."));
+      "Hover for the line and the memory after it. Solid: memory; dashed: the allocator's reserved bytes; " +
+      "dashed verticals: track() stamps in their run's colour, labelled along the top; \u25BC each curve's peak."));
     this.bind();
-    this.draw();
+    this.resize();
+    var self = this;
+    window.addEventListener("resize", function () { self.resize(); });
   }
+  Chart.prototype.key = function (box) {
+    var key = box.appendChild(el("div", { "class": "key" }));
+    this.series.forEach(function (s) {
+      var item = key.appendChild(el("span", { "class": "key-item" }));
+      item.appendChild(el("span", { "class": "key-line", style: "border-color:" + s.color }));
+      item.appendChild(document.createTextNode(s.name + (s.reserved && s.reserved.length ? " (dashed: reserved)" : "")));
+    });
+  };
+  Chart.prototype.resize = function () {
+    this.W = Math.max(480, Math.floor(this.box.getBoundingClientRect().width) - 34);
+    this.root.setAttribute("viewBox", "0 0 " + this.W + " " + H);
+    this.root.setAttribute("width", this.W);
+    this.root.setAttribute("height", H);
+    this.draw();
+  };
   Chart.prototype.x = function (t) {
-    return M.left + (t - this.domain[0]) / (this.domain[1] - this.domain[0]) * (W - M.left - M.right);
+    var M = this.m;
+    return M.left + (t - this.domain[0]) / (this.domain[1] - this.domain[0]) * (this.W - M.left - M.right);
   };
   Chart.prototype.t = function (x) {
-    return this.domain[0] + (x - M.left) / (W - M.left - M.right) * (this.domain[1] - this.domain[0]);
+    var M = this.m;
+    return this.domain[0] + (x - M.left) / (this.W - M.left - M.right) * (this.domain[1] - this.domain[0]);
   };
-  Chart.prototype.visible = function (s) {
+  /* The points inside the window, with the one before it and the one after it: a step
+     holds until the next reading, so the curve crosses the whole window. */
+  Chart.prototype.visible = function (points) {
+    var d = this.domain, first = -1, last = -1;
+    for (var i = 0; i < points.length; i++) {
+      if (points[i][0] < d[0]) first = i;
+      else if (points[i][0] <= d[1]) last = i;
+      else { last = i; break; }
+    }
+    if (last < 0) last = first;  // the run ended before the window: only its last value
+    return points.slice(Math.max(0, first), last + 1);
+  };
+  Chart.prototype.inside = function (points) {
     var d = this.domain;
-    return s.points.filter(function (p) { return p[0] >= d[0] && p[0] <= d[1]; });
+    return points.filter(function (p) { return p[0] >= d[0] && p[0] <= d[1]; }).length;
+  };
+  Chart.prototype.stepPath = function (points) {
+    var self = this;
+    return points.map(function (p, k) {
+      var x = self.x(p[0]).toFixed(1), yy = self.y(p[1]).toFixed(1);
+      return k ? "H" + x + "V" + yy : "M" + x + "," + yy;
+    }).join("");
   };
   Chart.prototype.draw = function () {
-    var self = this, root = this.root;
+    var M = this.m;
+    var self = this, root = this.root, W = this.W;
     while (root.firstChild) root.removeChild(root.firstChild);
-    var top = 0;
-    this.series.forEach(function (s) { self.visible(s).forEach(function (p) { top = Math.max(top, p[1]); }); });
-    top = top || 1;
-    this.top = top * 1.05;
-    var y = function (v) { return H - M.bottom - v / self.top * (H - M.top - M.bottom); };
-    this.y = y;
-    for (var i = 0; i <= 4; i++) {
-      var v = self.top * i / 4, yy = y(v);
-      root.appendChild(svg("line", { x1: M.left, x2: W - M.right, y1: yy, y2: yy, "class": "grid" }));
-      var label = root.appendChild(svg("text", { x: M.left - 6, y: yy + 4, "text-anchor": "end", "class": "axis" }));
-      label.textContent = bytes(Math.round(v));
-      var t = this.domain[0] + (this.domain[1] - this.domain[0]) * i / 4;
-      var anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
-      var tl = root.appendChild(svg("text", { x: this.x(t), y: H - 12, "text-anchor": anchor, "class": "axis" }));
-      tl.textContent = t.toFixed(3) + " s";
-    }
+    var top = 1;
     this.series.forEach(function (s) {
-      var pts = self.visible(s);
-      if (!pts.length) return;
-      // A step: memory is read at the end of each line and holds until the next reading.
-      var d = pts.map(function (p, k) {
-        var x = self.x(p[0]).toFixed(1), yy = y(p[1]).toFixed(1);
-        return k ? "H" + x + "V" + yy : "M" + x + "," + yy;
-      });
-      root.appendChild(svg("path", { d: d.join(""), stroke: s.color, "class": "series" }));
+      self.visible(s.points).forEach(function (p) { top = Math.max(top, p[1]); });
+      self.visible(s.reserved || []).forEach(function (p) { top = Math.max(top, p[1]); });
     });
+    var yTicks = byteTicks(top * 1.04);
+    this.top = yTicks[yTicks.length - 1].value;
+    this.y = function (v) { return H - M.bottom - v / self.top * (H - M.top - M.bottom); };
+    var clip = root.appendChild(svg("clipPath", { id: root.id + "-clip" }));
+    clip.appendChild(svg("rect", { x: M.left, y: M.top - 8, width: W - M.left - M.right, height: H - M.top - M.bottom + 8 }));
+    yTicks.forEach(function (tick) {
+      var yy = self.y(tick.value);
+      root.appendChild(svg("line", { x1: M.left, x2: W - M.right, y1: yy, y2: yy, "class": "grid" }));
+      root.appendChild(svg("text", { x: M.left - 6, y: yy + 4, "text-anchor": "end", "class": "axis" }, tick.text));
+    });
+    timeTicks(this.domain[0], this.domain[1], W - M.left - M.right).forEach(function (tick) {
+      var xx = self.x(tick.value);
+      root.appendChild(svg("line", { x1: xx, x2: xx, y1: H - M.bottom, y2: H - M.bottom + 4, "class": "tick" }));
+      root.appendChild(svg("text", { x: xx, y: H - 10, "text-anchor": "middle", "class": "axis" }, tick.text));
+    });
+    root.appendChild(svg("line", { x1: M.left, x2: W - M.right, y1: H - M.bottom, y2: H - M.bottom, "class": "baseline" }));
+    this.stamps();
+    var drawn = root.appendChild(svg("g", { "clip-path": "url(#" + root.id + "-clip)" }));
+    this.series.forEach(function (s) {
+      var reserved = self.visible(s.reserved || []);
+      if (reserved.length) drawn.appendChild(svg("path", { d: self.stepPath(reserved), stroke: s.color, "class": "series reserved" }));
+      var pts = self.visible(s.points);
+      if (pts.length) drawn.appendChild(svg("path", { d: self.stepPath(pts), stroke: s.color, "class": "series", "data-name": s.name }));
+    });
+    this.peaks();
+    this.band = root.appendChild(svg("rect", { y: M.top, height: H - M.top - M.bottom, width: 0, "class": "band" }));
+    this.cursor = root.appendChild(svg("line", { x1: -10, x2: -10, y1: M.top, y2: H - M.bottom, "class": "cursor" }));
+    root.setAttribute("data-points", String(this.series.reduce(function (n, s) { return n + self.inside(s.points); }, 0)));
+  };
+  /* Each series' peak: a triangle and its value, moved down where two labels would meet. */
+  Chart.prototype.peaks = function () {
+    var M = this.m;
+    var self = this, placed = [], shown = this.series.filter(function (s) {
+      return s.peak && s.peak[0] >= self.domain[0] && s.peak[0] <= self.domain[1];
+    });
+    shown.forEach(function (s) {  // the markers first: no label may cover one
+      var x = self.x(s.peak[0]), y = self.y(s.peak[1]);
+      placed.push([x - 6, y - 11, x + 6, y]);
+    });
+    shown.forEach(function (s) {
+      var p = s.peak, x = self.x(p[0]), y = self.y(p[1]);
+      self.root.appendChild(svg("path", { d: "M" + x + "," + (y - 1) + "l-5,-9h10z", fill: s.color, "class": "peak-mark" }));
+      var text = "peak " + bytes(p[1]), width = text.length * 6.6 + 4;
+      var right = x + 8 + width < self.W - M.right, lx = right ? x + 8 : x - 8 - width, ly = Math.max(M.top + 2, y - 6);
+      while (placed.some(function (b) { return lx < b[2] && lx + width > b[0] && ly - 11 < b[3] && ly + 2 > b[1]; })) ly += 14;
+      placed.push([lx, ly - 11, lx + width, ly + 2]);
+      var label = svg("text", { x: right ? lx : lx + width, y: ly, "text-anchor": right ? "start" : "end", fill: s.color, "class": "peak-label" }, text);
+      label.appendChild(svg("title", {}, s.name + ": peak " + bytes(p[1]) + " at " + p[0].toFixed(4) + " s, " + (p[2] || "")));
+      self.root.appendChild(label);
+    });
+  };
+  /* track() stamps: a dashed vertical each, their labels along the top in two rows;
+     a label that fits in neither row is left to the vertical's tooltip. */
+  Chart.prototype.stamps = function () {
+    var M = this.m;
+    var self = this, ends = [-Infinity, -Infinity], shown = 0;
     this.labels.forEach(function (l) {
       if (l[0] < self.domain[0] || l[0] > self.domain[1]) return;
-      var mark = root.appendChild(svg("line", { x1: self.x(l[0]), x2: self.x(l[0]), y1: M.top, y2: H - M.bottom, "class": "mark" }));
-      mark.appendChild(svg("title")).textContent = (l[2] || "track()") + " at " + l[3];
+      var x = self.x(l[0]);
+      var mark = self.root.appendChild(svg("line", { x1: x, x2: x, y1: M.top - 4, y2: H - M.bottom, "class": "mark", stroke: l[4] || "#adb5bd" }));
+      var name = l[2] || "track()";
+      mark.appendChild(svg("title", {}, name + " at " + l[3] + ", " + l[0].toFixed(4) + " s, " + bytes(l[1])));
+      var text = name.length > 22 ? name.slice(0, 21) + "\u2026" : name, width = text.length * 6 + 6;
+      var left = Math.min(Math.max(x - width / 2, 0), self.W - width);  // kept inside the chart
+      for (var row = 0; row < 2; row++) {
+        if (left > ends[row]) {
+          ends[row] = left + width;
+          self.root.appendChild(svg("text", { x: left + width / 2, y: 13 + row * 13, "text-anchor": "middle", "class": "stamp", fill: l[4] || "#6c757d" }, text));
+          shown++;
+          break;
+        }
+      }
     });
-    this.band = root.appendChild(svg("rect", { y: M.top, height: H - M.top - M.bottom, width: 0, "class": "band" }));
-    this.cursor = root.appendChild(svg("line", { y1: M.top, y2: H - M.bottom, "class": "cursor" }));
-    root.setAttribute("data-points", String(this.series.reduce(function (n, s) { return n + self.visible(s).length; }, 0)));
+    this.root.setAttribute("data-stamp-labels", String(shown));
   };
   Chart.prototype.svgX = function (event) {
     var box = this.root.getBoundingClientRect();
-    return (event.clientX - box.left) / box.width * W;
+    return (event.clientX - box.left) / box.width * this.W;
   };
   Chart.prototype.nearest = function (t) {
-    var best = null;
+    var best = null, d0 = this.domain[0], d1 = this.domain[1];
     this.series.forEach(function (s) {
       s.points.forEach(function (p) {
+        if (p[0] < d0 || p[0] > d1) return;
         var d = Math.abs(p[0] - t);
         if (!best || d < best.d || (d === best.d && p[1] > best.p[1])) best = { d: d, p: p, s: s };
       });
@@ -186,13 +355,23 @@
 
   function timeline(data) {
     var series = [], labels = [];
-    data.runs.forEach(function (r, i) {
-      if (r.points.length) series.push({ name: r.name, points: r.points, color: COLORS[i % COLORS.length] });
-      r.labels.forEach(function (l) { labels.push(l); });
+    data.runs.forEach(function (r) {
+      if (r.points.length) series.push({ name: r.name, points: r.points, reserved: r.reserved, color: r.color });
+      r.ranks.forEach(function (k) {
+        var name = (data.runs.length > 1 || r.kind !== "launch" ? r.name + " " : "") + "rank " + k.rank;
+        if (k.points.length) series.push({ name: name, points: k.points, reserved: k.reserved, color: k.color });
+        k.labels.forEach(function (l) { labels.push(l.concat([k.color])); });
+      });
+      r.labels.forEach(function (l) { labels.push(l.concat([r.color])); });
+    });
+    var seen = {};  // one stamp per label, time and colour
+    labels = labels.filter(function (l) {
+      var key = l[2] + "@" + l[0].toFixed(3) + l[4];
+      return seen[key] ? false : (seen[key] = true);
     });
     if (!series.length) return null;
     var box = section("Memory timeline", "gmt-timeline");
-    return new Chart(box, series, labels);
+    return new Chart(box, series, labels.sort(function (a, b) { return a[0] - b[0]; }));
   }
 
   /* ---- per-line table --------------------------------------------------------------- */
@@ -201,28 +380,46 @@
     ["hits", "hits", "num"], ["memory", "memory after", "bytes"], ["increment", "increment", "bytes"],
     ["peak", "peak", "bytes"], ["seconds", "seconds", "num"]
   ];
+  /* A snapshot's lines: allocations instead of hits, the phase and the bytes live at the
+     peak, and when the line first and last allocated or freed in the trace (its wall
+     time is not recorded). */
+  var SNAPSHOT_COLUMNS = [
+    ["file", "file", "text"], ["line", "line", "num"], ["function", "function", "text"], ["code", "code", "text"],
+    ["hits", "allocations", "num"], ["phase", "phase", "text"], ["live_at_peak", "live at peak", "bytes"],
+    ["memory", "memory after", "bytes"], ["increment", "increment", "bytes"], ["peak", "peak", "bytes"],
+    ["first", "first s", "num"], ["last", "last s", "num"]
+  ];
   function LineTable(box, runs) {
     this.runs = runs; this.run = 0; this.key = "increment"; this.descending = true; this.file = "";
     var controls = box.appendChild(el("div", { "class": "controls" }));
     var self = this;
     if (runs.length > 1) {
+      controls.appendChild(el("label", { "for": "gmt-run-pick" }, "run "));
       var pick = controls.appendChild(el("select", { id: "gmt-run-pick" }));
       runs.forEach(function (r, i) { pick.appendChild(el("option", { value: i }, r.name)); });
-      pick.addEventListener("change", function () { self.run = +pick.value; self.fillFiles(); self.draw(); });
+      pick.addEventListener("change", function () { self.run = +pick.value; self.fillFiles(); self.header(); self.draw(); });
     }
     controls.appendChild(el("label", { "for": "gmt-file" }, "file "));
     this.files = controls.appendChild(el("select", { id: "gmt-file" }));
     this.files.addEventListener("change", function () { self.file = self.files.value; self.draw(); });
     this.table = box.appendChild(el("div", { "class": "lines-box" })).appendChild(el("table", { "class": "lines", id: "gmt-lines" }));
-    var head = this.table.appendChild(el("thead")).appendChild(el("tr"));
-    LINE_COLUMNS.forEach(function (c) {
+    this.head = this.table.appendChild(el("thead")).appendChild(el("tr"));
+    this.body = this.table.appendChild(el("tbody"));
+    this.fillFiles();
+    this.header();
+    this.draw();
+  }
+  LineTable.prototype.columns = function () {
+    return this.runs[this.run].kind === "snapshot" ? SNAPSHOT_COLUMNS : LINE_COLUMNS;
+  };
+  LineTable.prototype.header = function () {
+    var self = this, head = this.head;
+    while (head.firstChild) head.removeChild(head.firstChild);
+    this.columns().forEach(function (c) {
       var th = head.appendChild(el("th", { "data-key": c[0], "class": c[2] === "text" ? "" : "num" }, c[1]));
       th.addEventListener("click", function () { self.sortBy(c[0]); });
     });
-    this.body = this.table.appendChild(el("tbody"));
-    this.fillFiles();
-    this.draw();
-  }
+  };
   LineTable.prototype.fillFiles = function () {
     var files = {}, select = this.files;
     this.runs[this.run].lines.forEach(function (r) { files[r.file] = true; });
@@ -232,7 +429,7 @@
     this.file = "";
   };
   LineTable.prototype.sortBy = function (key) {
-    this.descending = this.key === key ? !this.descending : key !== "file" && key !== "function" && key !== "code";
+    this.descending = this.key === key ? !this.descending : ["file", "function", "code", "phase"].indexOf(key) < 0;
     this.key = key;
     this.draw();
   };
@@ -242,40 +439,48 @@
     return rows.sort(function (a, b) {
       var x = a[key], y = b[key];
       if (x === y) return a.file < b.file ? -1 : a.file > b.file ? 1 : a.line - b.line;
+      if (x === null || x === undefined) return 1;
+      if (y === null || y === undefined) return -1;
       return (x < y ? -1 : 1) * sign;
     });
   };
   LineTable.prototype.draw = function () {
-    var self = this, body = this.body;
+    var self = this, body = this.body, columns = this.columns();
     while (body.firstChild) body.removeChild(body.firstChild);
     this.rows().forEach(function (r) {
       var tr = body.appendChild(el("tr"));
-      LINE_COLUMNS.forEach(function (c) {
+      columns.forEach(function (c) {
         var v = r[c[0]], text = v;
         if (c[2] === "bytes") text = (c[0] === "peak" && !r.peak_exact ? ">=" : "") + bytes(v, c[0] === "increment");
         if (c[0] === "file") text = v.split("/").pop();
-        if (c[0] === "seconds") text = v === null ? "-" : v.toFixed(4);
+        if (c[0] === "seconds" || c[0] === "first" || c[0] === "last") text = seconds(v);
         var td = tr.appendChild(el("td", { "class": c[2] === "text" ? c[0] : "num", title: c[0] === "file" ? v : "" }, text));
-        td.setAttribute("data-value", v);
+        td.setAttribute("data-value", v === null || v === undefined ? "" : v);
       });
     });
-    Array.prototype.forEach.call(this.table.querySelectorAll("th"), function (th) {
+    Array.prototype.forEach.call(this.head.querySelectorAll("th"), function (th) {
       var on = th.getAttribute("data-key") === self.key;
       th.setAttribute("aria-sort", on ? (self.descending ? "descending" : "ascending") : "none");
     });
   };
   LineTable.prototype.column = function (key) {
-    var index = LINE_COLUMNS.map(function (c) { return c[0]; }).indexOf(key);
+    var index = this.columns().map(function (c) { return c[0]; }).indexOf(key);
     return Array.prototype.map.call(this.body.rows, function (tr) { return tr.cells[index].getAttribute("data-value"); });
   };
 
   function lineTable(data) {
-    var runs = data.runs.filter(function (r) { return r.lines.length; });
+    var runs = [];
+    data.runs.forEach(function (r) {
+      if (r.lines.length) runs.push(r);
+      r.ranks.forEach(function (k) {
+        if (k.lines.length) runs.push({ name: r.name + " rank " + k.rank, lines: k.lines, kind: "rank" });
+      });
+    });
     if (!runs.length) return null;
     return new LineTable(section("Lines", "gmt-line-section"), runs);
   }
 
-  /* ---- censuses, ranks, comparison -------------------------------------------------- */
+  /* ---- censuses, comparison --------------------------------------------------------- */
   function censuses(data) {
     var any = data.runs.some(function (r) { return r.censuses.length; });
     if (!any) return;
@@ -294,23 +499,6 @@
       });
     });
   }
-  function ranks(data) {
-    var rows = [];
-    data.runs.forEach(function (r) {
-      r.ranks.forEach(function (k) { rows.push([r.name, "rank " + k.rank, k.device || "?", bytes(k.peak), String(k.points.length)]); });
-    });
-    if (!rows.length) return;
-    var box = section("Ranks", "gmt-ranks");
-    box.appendChild(plainTable(["run", "rank", "device", "peak", "points"], rows));
-    data.runs.forEach(function (r) {
-      if (r.ranks.length < 1) return;
-      var series = r.ranks.map(function (k, i) {
-        return { name: r.name + " rank " + k.rank, color: COLORS[i % COLORS.length],
-                 points: k.points.map(function (p) { return [p[0], p[1], "rank " + k.rank]; }) };
-      }).filter(function (s) { return s.points.length; });
-      if (series.length) new Chart(box, series, []);
-    });
-  }
   function comparison(data) {
     var c = data.comparison;
     if (!c) return;
@@ -321,7 +509,8 @@
       return [r.key, bytes(r.a), bytes(r.b), bytes(r.difference, true), bytes(r.peak_difference, true)];
     });
     var value = c.by === "label" ? "memory" : "increment";
-    box.appendChild(plainTable(["key", "A " + value, "B " + value, "B-A", "peak B-A"], rows));
+    box.appendChild(el("div", { "class": "lines-box" })).appendChild(
+      plainTable(["key", "A " + value, "B " + value, "B-A", "peak B-A"], rows));
   }
 
   /* ---- self test (#selftest) -------------------------------------------------------- */
@@ -331,6 +520,19 @@
       if (descending ? a < b : a > b) return false;
     }
     return true;
+  }
+  /* After zooming into the middle of the run, every series that spans the window starts
+     at its left edge and reaches its right edge. */
+  function spansWindow(chart) {
+    var ok = true, left = chart.m.left + 0.5, right = chart.W - chart.m.right - 0.5;
+    chart.series.forEach(function (s) {
+      var first = s.points[0][0], last = s.points[s.points.length - 1][0];
+      if (first > chart.domain[0] || last < chart.domain[1]) return;
+      var path = chart.root.querySelector("path.series[data-name='" + s.name.replace(/'/g, "\\'") + "']");
+      var xs = path ? path.getAttribute("d").match(/[MH]-?[\d.]+/g).map(function (m) { return +m.slice(1); }) : [];
+      if (!xs.length || Math.min.apply(null, xs) > left || Math.max.apply(null, xs) < right) ok = false;
+    });
+    return ok;
   }
   function selftest(chart, table) {
     var results = [];
@@ -345,11 +547,13 @@
       document.body.setAttribute("data-sorted-peaks", second.join(","));
     }
     if (chart) {
-      var before = +chart.root.getAttribute("data-points");
-      chart.zoom(chart.full[0], (chart.full[0] + chart.full[1]) / 2);
-      var after = +chart.root.getAttribute("data-points");
+      var before = +chart.root.getAttribute("data-points"), span = chart.full[1] - chart.full[0];
+      results.push("peak:" + (chart.root.querySelectorAll(".peak-label").length === chart.series.length ? "ok" : "bad"));
+      chart.zoom(chart.full[0] + span * 0.3, chart.full[0] + span * 0.6);
+      var after = +chart.root.getAttribute("data-points"), across = spansWindow(chart);
       chart.reset();
       results.push("zoom:" + (after <= before && +chart.root.getAttribute("data-points") === before ? "ok" : "bad"));
+      results.push("span:" + (across ? "ok" : "bad"));
       chart.hover(chart.x(chart.full[1]));
       results.push("hover:" + (chart.tip.textContent.indexOf(" | ") > 0 ? "ok" : "bad"));
     }
@@ -359,11 +563,13 @@
   function main() {
     var data = JSON.parse(document.getElementById("gmt-data").textContent);
     document.getElementById("gmt-title").textContent = "gpu_mem_track: " + data.title;
+    paint(data);
     summary(data);
-    var chart = timeline(data);
-    var table = lineTable(data);
-    comparison(data);
     ranks(data);
+    snapshots(data);
+    var chart = timeline(data);
+    comparison(data);
+    var table = lineTable(data);
     censuses(data);
     if (window.location.hash === "#selftest") selftest(chart, table);
     document.body.setAttribute("data-status", "ready");

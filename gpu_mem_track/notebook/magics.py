@@ -1,6 +1,8 @@
 """The IPython magics ``%memtrack`` (one statement) and ``%%memtrack`` (a cell, line by
-line). Each returns its record, which Jupyter shows as an HTML table and a terminal
-IPython as text; a usage mistake prints one line (``gpu_mem_track: ...``) and returns None.
+line). ``%memtrack`` shows its record wherever it stands in a cell, as ``%timeit`` does
+(IPython's ``display``: an HTML table in Jupyter, text in a terminal), and returns it
+only with ``-o``; ``%%memtrack`` returns its record, shown as the cell's result. A usage
+mistake prints one line (``gpu_mem_track: ...``) and returns None.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
 
 from ..devices import parse_device
 from ..errors import UsageError
@@ -19,9 +22,10 @@ from .measure import CellOptions, default_device, measure_statement, profile_cel
 
 __all__ = ["MemtrackMagics", "parse_cell_options"]
 
-USAGE = """%memtrack [--device DEV] STATEMENT
+USAGE = """%memtrack [-o] [--device DEV] STATEMENT
     What STATEMENT allocated (CUDA allocated bytes on a GPU; on the CPU the live tensors'
-    bytes, with the process RSS), its peak, and the tensor groups it created or freed.
+    bytes, with the process RSS), its peak, and the tensor groups it created or freed,
+    shown where the magic stands; -o also returns it (r = %memtrack -o ...).
 %%memtrack [--census-threshold SIZE] [--activations] [--top N] [--device DEV] [--simulate GPU]
     The cell line by line: memory after each line, increment, peak, hits (the runner's
     engine); options as for `python -m gpu_mem_track run`. --simulate GPU runs the cell on a
@@ -76,14 +80,19 @@ def _device(text: str | None) -> str | None:
     return str(device)
 
 
-def _statement(line: str) -> tuple[str | None, str]:
-    """``--device DEV`` (or ``--device=DEV``) in front of the statement, and the statement."""
-    rest = line.strip()
-    for prefix in ("--device=", "--device "):
-        if rest.startswith(prefix):
-            device, _, statement = rest[len(prefix) :].lstrip().partition(" ")
-            return _device(device), statement.strip()
-    return None, rest
+def _statement(line: str) -> tuple[bool, str | None, str]:
+    """The options in front of the statement (``-o``; ``--device DEV`` or
+    ``--device=DEV``, in any order) and the statement: ``(return it, device, statement)``."""
+    rest, keep, device = line.strip(), False, None
+    while True:
+        if rest == "-o" or rest.startswith(("-o ", "-o\t")):
+            keep, rest = True, rest[2:].lstrip()
+            continue
+        prefix = next((p for p in ("--device=", "--device ") if rest.startswith(p)), None)
+        if prefix is None:
+            return keep, device, rest
+        text, _, rest = rest[len(prefix) :].lstrip().partition(" ")
+        device, rest = _device(text), rest.strip()
 
 
 @magics_class
@@ -103,7 +112,7 @@ class MemtrackMagics(Magics):
     memtrack.__doc__ = USAGE
 
     def _statement(self, line: str) -> Any:
-        device, statement = _statement(line)
+        keep, device, statement = _statement(line)
         if not statement:
             raise UsageError("%memtrack needs a statement, e.g. %memtrack y = model(x)")
         try:
@@ -113,6 +122,8 @@ class MemtrackMagics(Magics):
                 raise
             option = statement.split()[0]
             raise UsageError(
-                f"%memtrack: unknown option {option!r} (usage: %memtrack [--device DEV] STATEMENT)"
+                f"%memtrack: unknown option {option!r} (usage: %memtrack [-o] [--device DEV] STATEMENT)"
             ) from None
-        return measure_statement(code, self.shell.user_ns, device or default_device(), text=statement)
+        result = measure_statement(code, self.shell.user_ns, device or default_device(), text=statement)
+        display(result)
+        return result if keep else None

@@ -19,6 +19,7 @@ from ..errors import BadInput
 from .files import read_meta
 from .rebuild import LineTotals
 from .records import RunInfo, TimelineRow
+from .transients import PeakPlacer
 
 __all__ = [
     "DEFAULT_POINTS",
@@ -142,16 +143,22 @@ def guess_source(samples: tuple[Sample, ...] | None) -> str:
 
 
 def read_series(
-    rows: Iterator[TimelineRow], points: int, totals: LineTotals | None = None
+    rows: Iterator[TimelineRow],
+    points: int,
+    totals: LineTotals | None = None,
+    raised: dict[int, int] | None = None,
 ) -> tuple[tuple[LabelPoint, ...], tuple[Sample, ...], int]:
     """The ``track()`` labels, the memory series cut to at most ``2 * points`` samples
     (``downsample``) and the number of rows read, from a timeline's ``rows``; each row
-    also goes to ``totals`` when given (lines rebuilt from the timeline)."""
+    also goes to ``totals`` when given (lines rebuilt from the timeline). A line's
+    transient peak is drawn just before its end value where it happened (``transients``;
+    ``raised``: ``transients.raised_peaks`` of the same rows, read beforehand)."""
     labels: list[LabelPoint] = []
     counted = [0]
+    placer = PeakPlacer(raised)
 
     def samples() -> Iterator[Sample]:
-        for row in rows:
+        for index, row in enumerate(rows):
             counted[0] += 1
             if totals is not None:
                 totals.add(row)
@@ -159,11 +166,12 @@ def read_series(
                 labels.append(
                     LabelPoint(row.label, row.elapsed, row.memory, row.file, row.function, row.line)
                 )
+            transient = placer.place(index, row)
             if row.memory is None:
                 continue
-            if row.peak is not None and row.peak > row.memory:
-                # The transient peak inside this event, drawn just before its end value.
-                yield Sample(row.elapsed, row.peak, allocated=row.peak if row.allocated is not None else None)
+            if transient is not None:  # drawn just before the row's end value
+                allocated = transient if row.allocated is not None else None
+                yield Sample(row.elapsed, transient, allocated=allocated)
             yield Sample(row.elapsed, row.memory, row.allocated, row.reserved, row.driver, row.rss)
 
     kept = downsample(samples(), points)

@@ -38,6 +38,7 @@ from ..runfolder.read import (
 )
 from ..runfolder.rebuild import LineTotals, rebuilt_note
 from ..runfolder.records import LineRecord, RunInfo
+from ..runfolder.transients import raised_peaks
 from ..tracker.csvlog import REQUIRED_COLUMNS, iter_stamps
 from ..tracker.records import Stamp
 from ..units import counted
@@ -188,7 +189,9 @@ def _load_runner(source: Source, lines: bool, timeline: bool, points: int) -> Ru
     totals = LineTotals() if lines and not lines_file and timeline_file else None
     events = 0
     if (timeline or totals is not None) and timeline_file:
-        labels, samples, events = read_series(read_timeline(timeline_path, notes), points, totals)
+        raised = raised_peaks(read_timeline(timeline_path))
+        rows = read_timeline(timeline_path, notes)
+        labels, samples, events = read_series(rows, points, totals, raised)
     if totals is not None:
         records = tuple(totals.records())
         folder_given = source.kind == "folder"

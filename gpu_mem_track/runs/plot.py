@@ -4,7 +4,9 @@ image file.
 Per run, in one color: the run's memory (solid; the allocator's allocated bytes on CUDA,
 the process RSS or the census's tensor bytes elsewhere, as the legend says), the
 allocator's reserved bytes (dashed) and the driver's figure (dotted) where recorded, and
-for a MemTracker CSV on the CPU the process RSS (dash-dot); the peak marked with a
+for a MemTracker CSV on the CPU the process RSS (dash-dot, on its own axis on the right:
+hundreds of MiB of RSS beside a few MiB of tensors would flatten them), all drawn as
+steps (a reading holds until the next one); the peak marked with a
 triangle, its value written in the free spot nearest it that no curve crosses and no other
 text covers, with an arrow to it; ``track()`` stamps as thin vertical lines (at most
 ``MAX_LABELS`` per run, see ``pick_labels``), each label's text written once along the top
@@ -34,6 +36,7 @@ __all__ = [
     "MAX_LABELS",
     "PlotUnavailable",
     "Plotted",
+    "drawn_path",
     "image_path",
     "pick_labels",
     "plot_files",
@@ -120,9 +123,10 @@ def timeline_figure(runs: Sequence[Run], title: str | None = None) -> Any:
     written: list[tuple[str, float]] = []  # labels already written, to write each once across runs
     texts: list[Any] = []
     curves: list[Any] = []
+    host = _host_axes(axes, drawn)
     for index, run in enumerate(drawn):
         color = f"C{index % 10}"
-        curves += _draw_curves(axes, run, color, scale)
+        curves += _draw_curves(axes, run, color, scale, host)
         texts += _mark_labels(axes, run, color, written, tolerance=span / 100)
     axes.set_xlabel("seconds since the start")
     axes.set_ylabel(f"memory ({unit})")
@@ -133,9 +137,19 @@ def timeline_figure(runs: Sequence[Run], title: str | None = None) -> Any:
     axes.set_ylim(bottom=0, top=max(axes.get_ylim()[1], 1e-9))
     axes.grid(alpha=0.3)
     if drawn:
-        # Outside the axes, on the right: inside it would hide the labels or the curves.
-        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        # Outside the axes, on the right (past the RSS axis): inside it would hide the
+        # labels or the curves.
+        handles = axes.get_legend_handles_labels()
+        if host is not None:
+            more = host[0].get_legend_handles_labels()
+            handles = (handles[0] + more[0], handles[1] + more[1])
+        where = (1.09 if host is not None else 1.01, 1.0)
+        axes.legend(*handles, loc="upper left", bbox_to_anchor=where, fontsize=8, frameon=False)
     taken = _place_labels(figure, axes, texts)
+    if host is not None:  # the same room above the RSS curves as above the others
+        highest = max((max(line.get_ydata()) for line in curves if line.axes is axes), default=0)
+        ratio = axes.get_ylim()[1] / highest if highest > 0 else 1.1
+        host[0].set_ylim(top=max(ratio, 1.1) * host[2])
     for index, run in enumerate(drawn):
         peak = _highest(run.samples or ())
         if peak is not None:
@@ -239,10 +253,22 @@ def _segments(lines: list[Any]) -> Any:
 
     pieces = [
         np.hstack([points[:-1], points[1:]])
-        for points in (line.get_transform().transform(line.get_xydata()) for line in lines)
+        for points in (line.get_transform().transform(drawn_path(line)) for line in lines)
         if len(points) > 1
     ]
     return np.vstack(pieces) if pieces else np.zeros((0, 4))
+
+
+def drawn_path(line: Any) -> Any:
+    """The points of a ``Line2D`` as drawn: its steps expanded (``steps-post``), an
+    ``(n, 2)`` array in data coordinates."""
+    import numpy as np
+    from matplotlib.cbook import pts_to_poststep
+
+    xy = np.asarray(line.get_xydata(), dtype=float)
+    if line.get_drawstyle() != "steps-post" or len(xy) < 2:
+        return xy
+    return np.column_stack(pts_to_poststep(xy[:, 0], xy[:, 1]))
 
 
 def _around(axes: Any, point: tuple[float, float], radius: float) -> Box:
@@ -272,6 +298,7 @@ def _why_empty(run: Run) -> str:
 
 
 def _unit(runs: Sequence[Run]) -> tuple[float, str]:
+    """MiB, or GiB when a curve on the memory axis reaches 1 GiB (RSS has its own axis)."""
     highest = 0
     for run in runs:
         for sample in run.samples or ():
@@ -281,12 +308,35 @@ def _unit(runs: Sequence[Run]) -> tuple[float, str]:
 
 
 def _shows(run: Run, field: str) -> bool:
-    # RSS is host memory: drawn only beside a CPU run's tensor bytes, never beside GPU memory
-    # (and not twice when it is the run's memory already).
-    return field != "rss" or run.memory_source == "tensors"
+    """Whether ``field`` is drawn on the memory axis: RSS never (host memory, drawn on an
+    axis of its own beside a CPU run's tensor bytes, see ``_host_axes``)."""
+    return field != "rss"
 
 
-def _draw_curves(axes: Any, run: Run, color: str, scale: float) -> list[Any]:
+def _shows_rss(run: Run) -> bool:
+    # only beside a CPU run's tensor bytes: never beside GPU memory, and not twice when it
+    # is the run's memory already
+    return run.memory_source == "tensors" and any(s.rss is not None for s in run.samples or ())
+
+
+def _host_axes(axes: Any, runs: Sequence[Run]) -> tuple[Any, float, float] | None:
+    """A second y axis on the right for the process RSS of CPU tracker runs, its scale
+    and the highest RSS in that unit (hundreds of MiB of RSS beside a few MiB of tensors
+    would flatten them)."""
+    if not any(_shows_rss(run) for run in runs):
+        return None
+    highest = max(s.rss or 0 for run in runs if _shows_rss(run) for s in run.samples or ())
+    scale, unit = (_GIB, "GiB") if highest >= _GIB else (2**20, "MiB")
+    host = axes.twinx()
+    host.set_ylabel(f"process RSS ({unit}, dash-dot)")
+    host.set_ylim(bottom=0, top=highest / scale * 1.1 or 1)
+    return host, scale, highest / scale
+
+
+def _draw_curves(
+    axes: Any, run: Run, color: str, scale: float, host: tuple[Any, float, float] | None = None
+) -> list[Any]:
+    """The run's curves as steps (memory is read at each event and holds until the next)."""
     samples = run.samples or ()
     style = {"marker": ".", "markersize": 5} if len(samples) <= 60 else {}
     main = _MAIN_NAMES.get(run.memory_source, run.memory_source or "memory")
@@ -296,20 +346,24 @@ def _draw_curves(axes: Any, run: Run, color: str, scale: float) -> list[Any]:
         color=color,
         linewidth=1.6,
         label=f"{run.name}: {main}",
+        drawstyle="steps-post",
         **style,
     )
     for field, name, dashes in _EXTRAS:
         known = [s for s in samples if getattr(s, field) is not None]
-        if not known or not _shows(run, field):
+        on_host = field == "rss" and host is not None and _shows_rss(run)
+        if not known or not (_shows(run, field) or on_host):
             continue
-        lines += axes.plot(
+        target, factor = (host[0], host[1]) if on_host and host is not None else (axes, scale)
+        lines += target.plot(
             [s.elapsed for s in known],
-            [getattr(s, field) / scale for s in known],
+            [getattr(s, field) / factor for s in known],
             color=color,
             linestyle=dashes,
             linewidth=1.1,
             alpha=0.75,
-            label=f"{run.name}: {name}",
+            label=f"{run.name}: {name}" + (" (right axis)" if on_host else ""),
+            drawstyle="steps-post",
         )
     return lines
 
