@@ -172,10 +172,19 @@ def simulated(folder: Path, gpu: str, script: str, *extra: str) -> dict:
         "exit_code": done.returncode,
         "peak": meta["peak"],
         "reserved_peak": meta["reserved_peak"],
-        "stopped": meta["stopped"],
-        "out_of_memory": (meta["simulation"] or {}).get("out_of_memory"),
+        "stopped": _relative(meta["stopped"], folder),
+        "out_of_memory": _relative((meta["simulation"] or {}).get("out_of_memory"), folder),
         "steps_printed": len(re.findall(r"^step \d+", done.stdout, re.M)),
     }
+
+
+def _relative(record: dict | None, folder: Path) -> dict | None:
+    """``record`` with the temporary folder taken off its paths (the report names files
+    relative to the workloads' folder)."""
+    if record is None:
+        return None
+    prefix = str(folder) + os.sep
+    return {k: v.replace(prefix, "") if isinstance(v, str) else v for k, v in record.items()}
 
 
 def estimated(folder: Path) -> dict:
