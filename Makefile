@@ -50,6 +50,7 @@ bench: install
 	$(PYTHON) scripts/bench_census.py
 	$(PYTHON) scripts/bench_runner.py
 	$(PYTHON) scripts/bench_ranks.py
+	$(PYTHON) scripts/bench_simulate.py
 
 lint:
 	$(PYTHON) -m ruff check gpu_mem_track tests scripts

@@ -4,7 +4,8 @@
 reconciles tensors, the caching allocator and the driver; ``prepare_run`` and
 ``execute_run`` run a script under the line profiler; ``load_run``, ``compare_files`` and
 ``plot_files`` read runs back; ``estimate`` and ``find_max_batch_size`` work without a
-GPU; ``load_snapshot`` reads a PyTorch memory snapshot; ``HFMemTrackCallback`` and
+GPU, and ``with simulated_gpu("a100-40gb"):`` runs any code on a simulated one;
+``load_snapshot`` reads a PyTorch memory snapshot; ``HFMemTrackCallback`` and
 ``LightningMemTrackCallback`` stamp a trainer's steps. Names are imported lazily, so
 ``import gpu_mem_track`` does not import torch (nor a trainer framework) until a name
 that needs it is used.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr
     from .runs.compare import compare_files, render_comparison
     from .runs.load import load_run
     from .runs.plot import plot_files
+    from .simgpu.session import simulated_gpu
     from .snapshotfile.load import load_snapshot
     from .tracker.csvlog import read_stamps
     from .tracker.memtracker import MemTracker
@@ -57,6 +59,7 @@ _HOMES = {
     "find_max_batch_size": "estimator.batchsize",
     "search_batch_size": "estimator.batchsize",
     "load_snapshot": "snapshotfile.load",
+    "simulated_gpu": "simgpu.session",
     "HFMemTrackCallback": "integrations.hf",
     "LightningMemTrackCallback": "integrations.lightning",
 }
@@ -80,6 +83,7 @@ __all__ = [
     "find_max_batch_size",
     "search_batch_size",
     "load_snapshot",
+    "simulated_gpu",
     "HFMemTrackCallback",
     "LightningMemTrackCallback",
 ]

@@ -147,6 +147,7 @@ def test_the_commands_are_listed_in_order_and_version_prints(in_process):
         "batch-size",
         "snapshot",
         "html",
+        "gpus",
     ]
     top = in_process("--help")
     places = [top.stdout.find(f"\n    {name}") for name in names]

@@ -145,7 +145,8 @@ def test_old_timeline_and_lines_files_without_rank_still_read(tmp_path):
         path = result.folder / name
         with path.open(newline="") as handle:
             rows = list(csv.reader(handle))
-        path.write_text("".join(",".join(row[:-1]) + "\n" for row in rows))  # drop the rank column
+        cut = rows[0].index("rank")  # files from before ranks had neither it nor later columns
+        path.write_text("".join(",".join(row[:cut]) + "\n" for row in rows))
     assert TIMELINE_COLUMNS[-1] == "rank"
     assert {row.rank for row in read_timeline(result.folder / "timeline.csv")} == {None}
     assert {record.rank for record in read_lines(result.folder / "lines.csv")} == {None}

@@ -35,7 +35,7 @@ class Command:
 
 def all_commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``--help`` lists them."""
-    from . import batch_size, compare, estimate, html, plot, probe, ranks, run, show, snapshot
+    from . import batch_size, compare, estimate, gpus, html, plot, probe, ranks, run, show, snapshot
 
     return (
         run.COMMAND,
@@ -48,6 +48,7 @@ def all_commands() -> tuple[Command, ...]:
         batch_size.COMMAND,
         snapshot.COMMAND,
         html.COMMAND,
+        gpus.COMMAND,
     )
 
 

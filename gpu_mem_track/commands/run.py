@@ -83,6 +83,32 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         "memory, up to a few KB with its stack); lines that ran before them keep the runner's peak",
     )
     run.add_argument(
+        "--simulate",
+        metavar="GPU",
+        help="run the script unchanged on a simulated GPU: a name listed by the gpus command "
+        "(case-insensitive, e.g. A100-40GB) or SIZE:smXY (e.g. 24GiB:sm86). CUDA tensors get shapes, "
+        "no data, and memory from the caching-allocator model of that GPU; the script stops once its "
+        "loop's memory is steady (see --run-to-end)",
+    )
+    run.add_argument(
+        "--max-iterations",
+        type=count,
+        metavar="N",
+        help="stop the script after N iterations of its loop (the loop is found as the README's "
+        "'Long scripts' says); the reports say where it stopped",
+    )
+    run.add_argument(
+        "--max-seconds",
+        type=float,
+        metavar="S",
+        help="stop the script after S seconds of wall time; the reports say where it stopped",
+    )
+    run.add_argument(
+        "--run-to-end",
+        action="store_true",
+        help="with --simulate: do not stop the script once its loop's memory is steady",
+    )
+    run.add_argument(
         "--all-ranks",
         action="store_true",
         help="under torchrun, every rank prints its summary (default: rank 0 only)",
@@ -113,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     entries = {} if args.snapshot_entries is None else {"snapshot_entries": args.snapshot_entries}
     if args.rank_wait < 0:
         raise UsageError(f"--rank-wait takes seconds >= 0, not {args.rank_wait}")
+    if args.run_to_end and args.simulate is None:
+        raise UsageError("--run-to-end only applies with --simulate")
     options = RunOptions(
         script=args.script,
         args=tuple(args.args),
@@ -128,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
         snapshot=args.snapshot,
         all_ranks=args.all_ranks,
         rank_wait=args.rank_wait,
+        simulate=args.simulate,
+        max_iterations=args.max_iterations,
+        max_seconds=args.max_seconds,
+        run_to_end=args.run_to_end,
         **entries,
     )
     result = execute(prepare(options))
@@ -154,6 +186,9 @@ COMMAND = Command(
     "Memory is the CUDA caching allocator's allocated bytes on a GPU, the process's RSS on the "
     "CPU (see --memory). With --snapshot (CUDA) the run folder also keeps "
     "snapshot.pickle, and line peaks come from its trace. "
+    "With --simulate GPU the script runs on a simulated GPU (no GPU needed): the report adds what the "
+    "simulation could not know and where the GPU would run out of memory; the run stops once its loop's "
+    "memory is steady, or at --max-iterations/--max-seconds (exit code 0; the report says where). "
     "Under torchrun every rank writes reports/<launch>/rank<k>/ (one launch folder for all "
     "ranks, with ranks.csv and report.txt comparing them), measures its own device, and only "
     "rank 0 prints.",

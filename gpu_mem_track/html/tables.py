@@ -220,6 +220,9 @@ def cell_html(profile: Any) -> str:
     changes."""
     where = f" at line {profile.peak_line}" if profile.peak_line is not None else ""
     caption = f"%%memtrack on {profile.device} ({profile.source}): peak {format_bytes(profile.peak)}{where}"
+    simulation = getattr(profile, "simulation", None)
+    if simulation is not None:
+        caption += f" | simulated {simulation.gpu.get('name', '?')}, no GPU used"
     censuses = "".join(stamp_html(stamp) for stamp in profile.censuses)
     return f"<div>{line_table_html(profile.lines, caption, strip=profile.filename)}{censuses}</div>"
 

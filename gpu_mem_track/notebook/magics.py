@@ -26,9 +26,10 @@ USAGE = """%memtrack [-o] [--device DEV] STATEMENT
     What STATEMENT allocated (CUDA allocated bytes on a GPU; on the CPU the live tensors'
     bytes, with the process RSS), its peak, and the tensor groups it created or freed,
     shown where the magic stands; -o also returns it (r = %memtrack -o ...).
-%%memtrack [--census-threshold SIZE] [--activations] [--top N] [--device DEV]
+%%memtrack [--census-threshold SIZE] [--activations] [--top N] [--device DEV] [--simulate GPU]
     The cell line by line: memory after each line, increment, peak, hits (the runner's
-    engine); options as for `python -m gpu_mem_track run`."""
+    engine); options as for `python -m gpu_mem_track run`. --simulate GPU runs the cell on a
+    simulated GPU (a name of `gpu-mem-track gpus`, or SIZE:smXY) for the cell's duration."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +43,7 @@ def _cell_parser() -> argparse.ArgumentParser:
     parser.add_argument("--activations", action="store_true")
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--device")
+    parser.add_argument("--simulate", metavar="GPU")
     return parser
 
 
@@ -54,7 +56,14 @@ def parse_cell_options(line: str) -> CellOptions:
         raise UsageError(f"%%memtrack --census-threshold: {exc}") from None
     if args.top < 0:
         raise UsageError(f"%%memtrack --top: not a count >= 0: {args.top}")
-    return CellOptions(threshold, args.activations, args.top, _device(args.device))
+    if args.simulate is None:
+        return CellOptions(threshold, args.activations, args.top, _device(args.device))
+    from ..simgpu.catalog import parse_gpu
+
+    spec = parse_gpu(args.simulate)
+    if args.device not in (None, "cuda", "cuda:0"):
+        raise UsageError(f"%%memtrack --simulate runs the cell on a simulated cuda:0, not on {args.device}")
+    return CellOptions(threshold, args.activations, args.top, "cuda:0", spec)
 
 
 def _device(text: str | None) -> str | None:

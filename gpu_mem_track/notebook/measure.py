@@ -13,7 +13,7 @@ import itertools
 import linecache
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import CodeType, SimpleNamespace
 from typing import Any
 
@@ -34,12 +34,14 @@ _cells = itertools.count(1)
 class CellOptions:
     """``%%memtrack``'s options, as ``run``'s: ``census_threshold`` in bytes (None: no
     automatic census), ``activations`` (record tensors saved for backward), ``top``
-    (lines in the summary), ``device`` (``cpu``, ``cuda:N``; None: ``default_device``)."""
+    (lines in the summary), ``device`` (``cpu``, ``cuda:N``; None: ``default_device``),
+    ``simulate``: the ``simgpu.GpuSpec`` to run the cell on (None: the real device)."""
 
     census_threshold: int | None = None
     activations: bool = False
     top: int = 5
     device: str | None = None
+    simulate: Any = None
 
 
 def default_device() -> str:
@@ -131,7 +133,26 @@ def profile_cell(
     """Run ``cell`` in ``namespace`` under the runner's line engine, its code compiled as
     ``filename`` (registered with ``linecache`` so the records hold the code text), and
     return its per-line records and automatic censuses. A ``SyntaxError`` or an exception
-    from the cell propagates (the engine and hooks are removed first)."""
+    from the cell propagates (the engine and hooks are removed first). With
+    ``options.simulate`` the cell runs on that simulated GPU (``simgpu.simulated_gpu``),
+    entered for the cell only: what it records goes into ``CellProfile.simulation``."""
+    from ..runner.simulate import simulation, simulation_info
+
+    with simulation(options.simulate) as gpu:
+        profile = _profile_cell(cell, namespace, options, filename, sampler, engine)
+    if gpu is not None:
+        profile = replace(profile, simulation=simulation_info(gpu))
+    return profile
+
+
+def _profile_cell(
+    cell: str,
+    namespace: dict[str, Any],
+    options: CellOptions,
+    filename: str | None,
+    sampler: Sampler | None,
+    engine: str,
+) -> CellProfile:
     filename = filename or cell_filename()
     linecache.cache[filename] = (len(cell), None, cell.splitlines(keepends=True), filename)
     code = compile(cell, filename, "exec")

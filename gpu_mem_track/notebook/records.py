@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..runfolder.records import LineRecord
+from ..runfolder.records import LineRecord, SimulationInfo
 from ..tracker.records import GroupChange, Stamp
 
 __all__ = ["CellProfile", "StatementMemory"]
@@ -87,7 +87,9 @@ class CellProfile:
     functions the cell defines) that ran; ``censuses``: the automatic censuses after lines
     that grew memory by at least ``census_threshold`` bytes (``tracker.records.Stamp``);
     ``peak``: the highest memory seen (bytes) and ``peak_line`` the cell line reaching it
-    (None when no line ran); ``top``: how many lines the summary lists; ``seconds``: wall time.
+    (None when no line ran); ``top``: how many lines the summary lists; ``seconds``: wall time;
+    ``simulation``: what the simulated GPU recorded when the cell ran on one (``%%memtrack
+    --simulate``; ``runfolder.records.SimulationInfo``), else None.
     """
 
     filename: str
@@ -100,15 +102,21 @@ class CellProfile:
     census_threshold: int | None
     top: int
     seconds: float
+    simulation: SimulationInfo | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.simulation is not None:
+            data["simulation"] = self.simulation.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CellProfile:
         values = dict(data)
         values["lines"] = tuple(LineRecord.from_dict(r) for r in data["lines"])
         values["censuses"] = tuple(Stamp.from_dict(s) for s in data["censuses"])
+        if values.get("simulation") is not None:
+            values["simulation"] = SimulationInfo.from_dict(values["simulation"])
         return cls(**values)
 
     def _repr_html_(self) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..runfolder.records import hottest
+from ..runfolder.records import SimulationInfo, hottest
 from ..tracker.render import render_stamp
 from ..units import format_bytes, format_peak, shape_text
 from .records import CellProfile, StatementMemory
 
-__all__ = ["render_cell", "render_statement"]
+__all__ = ["render_cell", "render_statement", "simulation_text"]
 
 
 def render_statement(result: StatementMemory) -> str:
@@ -62,7 +62,10 @@ def render_cell(profile: CellProfile) -> str:
         tablefmt="simple",
         disable_numparse=True,
     )
-    out = [head, table]
+    out = [head]
+    if profile.simulation is not None:
+        out.append(simulation_text(profile.simulation))
+    out.append(table)
     top = hottest(list(profile.lines), profile.top)
     if top:
         out.append(
@@ -71,6 +74,20 @@ def render_cell(profile: CellProfile) -> str:
         )
     out.extend(render_stamp(stamp).rstrip("\n") for stamp in profile.censuses)
     return "\n".join(out) + "\n"
+
+
+def simulation_text(sim: SimulationInfo) -> str:
+    """One line on the simulated GPU a cell ran on: its name, value reads that got a
+    placeholder, where it would run out of memory."""
+    gpu = sim.gpu
+    text = f"simulated {gpu.get('name', '?')} ({format_bytes(int(gpu.get('total_memory', 0)))}; no GPU used)"
+    reads = sum(int(r.get("count", 1)) for r in sim.placeholders)
+    if reads:
+        text += f" | {reads} value read(s) got a placeholder"
+    oom = sim.out_of_memory
+    if oom is not None:
+        text += f" | would run out of memory at line {oom['line']} ({format_bytes(oom['request'])} requested)"
+    return text
 
 
 def _where(line: int, function: str) -> str:

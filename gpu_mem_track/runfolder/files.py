@@ -24,14 +24,14 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
 from .. import inputs
 from ..csvrows import CompleteRows, cell_text, cut_note, open_csv
 from ..errors import BadInput
-from .records import LineRecord, RunInfo, TimelineRow
+from .records import LineRecord, RunInfo, SimulationInfo, StopInfo, TimelineRow
 
 __all__ = [
     "LINE_COLUMNS",
@@ -193,12 +193,78 @@ def replace_text(path: Path, text: str) -> None:
 def read_meta(path: Path) -> RunInfo:
     """The ``RunInfo`` of a ``meta.json``; ``errors.BadInput`` (one line) if it is not one:
     not a regular file, over ``inputs.MAX_JSON_BYTES``, nested too deep, not JSON, or a
-    field of the wrong type (``inputs.typed_fields``)."""
+    field of the wrong type (``inputs.typed_fields``; a simulated run's ``simulation``
+    and an early stop's ``stopped`` with the keys their report reads)."""
     what = "a gpu_mem_track run description"
     data = inputs.load_json(path, what)
     if not isinstance(data, dict) or data.get("format") != "gpu_mem_track run":
         raise BadInput(f"{path} is not {what}")
-    return RunInfo(**inputs.typed_fields(RunInfo, data, str(path)))
+    flat = {key: value for key, value in data.items() if key not in _NESTED}
+    info = RunInfo(**inputs.typed_fields(RunInfo, flat, str(path)))
+    simulation, stopped, where = data.get("simulation"), data.get("stopped"), str(path)
+    return replace(
+        info,
+        simulation=None if simulation is None else _simulation(simulation, where),
+        stopped=None if stopped is None else _stopped(stopped, where),
+    )
+
+
+#: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule).
+_NESTED = ("simulation", "stopped")
+#: What the report reads of a simulated run's records: the keys each needs, with types.
+_GPU_KEYS = {"name": str, "total_memory": int, "context_bytes": int, "cublas_workspace": int}
+_READ_KEYS = {"filename": str, "line": int, "op": str, "count": int}
+_BOUND_KEYS = {**_READ_KEYS, "bound": int}
+_OOM_KEYS = {"filename": str, "line": int, "request": int, "allocated": int, "reserved": int, "capacity": int}
+
+
+def _simulation(value: Any, where: str) -> SimulationInfo:
+    """A ``meta.json``'s ``simulation``, checked: ``BadInput`` naming what is wrong."""
+    data = _mapping(value, where, "simulation")
+    gpu = _keyed(data.get("gpu"), _GPU_KEYS, where, "simulation.gpu")
+    reads = [
+        _keyed(r, _READ_KEYS, where, "simulation.placeholders") for r in _listed(data, "placeholders", where)
+    ]
+    bounds = [_keyed(r, _BOUND_KEYS, where, "simulation.bounds") for r in _listed(data, "bounds", where)]
+    oom = data.get("out_of_memory")
+    skipped = data.get("skipped_saves", 0)
+    if not isinstance(skipped, int) or isinstance(skipped, bool):
+        raise BadInput(f"{where}: 'simulation.skipped_saves' is not a count")
+    return SimulationInfo(
+        gpu=gpu,
+        placeholders=tuple(reads),
+        bounds=tuple(bounds),
+        skipped_saves=skipped,
+        out_of_memory=None if oom is None else _keyed(oom, _OOM_KEYS, where, "simulation.out_of_memory"),
+    )
+
+
+def _stopped(value: Any, where: str) -> StopInfo:
+    """A ``meta.json``'s ``stopped``, checked field by field."""
+    return StopInfo(**inputs.typed_fields(StopInfo, _mapping(value, where, "stopped"), where))
+
+
+def _mapping(value: Any, where: str, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadInput(f"{where}: {name!r} is not a record")
+    return value
+
+
+def _listed(data: dict[str, Any], name: str, where: str) -> list[Any]:
+    value = data.get(name, [])
+    if not isinstance(value, list):
+        raise BadInput(f"{where}: 'simulation.{name}' is not a list")
+    return value
+
+
+def _keyed(value: Any, keys: dict[str, type], where: str, name: str) -> dict[str, Any]:
+    """``value`` when it is a record holding ``keys`` of their types (ints not bools)."""
+    record = _mapping(value, where, name)
+    for key, kind in keys.items():
+        item = record.get(key)
+        if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
+            raise BadInput(f"{where}: {name!r} lacks {key!r} as {kind.__name__}")
+    return record
 
 
 def _typed_rows(

@@ -18,7 +18,9 @@ __all__ = [
     "TENSORS_SOURCE",
     "LineRecord",
     "RunInfo",
+    "SimulationInfo",
     "SnapshotMerge",
+    "StopInfo",
     "TimelineRow",
     "by_function",
     "hottest",
@@ -51,6 +53,9 @@ class LineRecord:
     recorded. ``hits`` counts executions of the statement that starts on ``line``
     (a call spread over several lines counts once). ``rank``: the rank of the
     distributed launch that ran it (None outside one, and in files written before ranks).
+    ``reserved_peak``: on CUDA, the caching allocator's reserved bytes at their highest
+    while the line ran (read as ``peak`` is, from the allocator's reserved peak; None on
+    the CPU and in files written before it was recorded).
     """
 
     file: str
@@ -65,14 +70,15 @@ class LineRecord:
     seconds: float
     rise: int | None = None
     rank: int | None = None
+    reserved_peak: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LineRecord:
-        """The record of ``to_dict``'s mapping; ``rise`` and ``rank`` may be missing
-        (older files)."""
+        """The record of ``to_dict``'s mapping; ``rise``, ``rank`` and ``reserved_peak``
+        may be missing (older files)."""
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data or f.default is MISSING})
 
     @property
@@ -119,6 +125,83 @@ class TimelineRow:
 
 
 @dataclass(frozen=True)
+class StopInfo:
+    """Where and why a run was stopped early. ``reason``: ``"steady"``,
+    ``"max-iterations"`` or ``"max-seconds"``; ``file``/``line``: where the script was
+    stopped (the watched loop's header, or the line that was starting when the time ran
+    out); ``iterations``: iterations of the watched loop completed (0 when none was
+    found); ``seconds``: wall time since the script started; ``loop``: ``file:line`` of
+    the watched loop's header ("" when none); ``warmup`` and ``steady``: the rule's
+    iterations (``steady.StopRule``)."""
+
+    reason: str
+    file: str
+    line: int
+    iterations: int
+    seconds: float
+    loop: str = ""
+    warmup: int = 2
+    steady: int = 2
+
+    def describe(self) -> str:
+        """One sentence: why and where."""
+        where = f"{self.file}:{self.line}"
+        if self.reason == "steady":
+            why = (
+                f"memory steady (no new peak, allocated or reserved, and no new line for "
+                f"{self.steady} iterations after {self.warmup} of warm-up)"
+            )
+        elif self.reason == "max-iterations":
+            why = "--max-iterations reached"
+        else:
+            why = "--max-seconds reached"
+        loop = f" of the loop at {self.loop}" if self.loop else ""
+        return f"stopped at {where} after {self.iterations} iteration(s){loop}, {self.seconds:.1f} s: {why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StopInfo:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class SimulationInfo:
+    """How a ``run --simulate`` went on its simulated GPU (``gpu_mem_track.simgpu``).
+
+    ``gpu``: the GPU's description (``simgpu.GpuSpec.to_dict()``: ``name``,
+    ``total_memory`` and ``context_bytes`` in bytes, ``capability``, ``cublas_workspace``
+    bytes, where the figures come from); ``placeholders``: value reads that got a
+    placeholder (``simgpu.Placeholder.to_dict()``: ``filename``, ``line``, ``op``,
+    ``count``); ``bounds``: data-dependent shapes taken at their upper bound
+    (``simgpu.Bound.to_dict()``: ``filename``, ``line``, ``op``, ``bound``, ``count``);
+    ``skipped_saves``: ``torch.save`` calls of simulated tensors that wrote nothing;
+    ``out_of_memory``: where the GPU ran out (``simgpu.OutOfMemory.to_dict()``:
+    ``filename``, ``line``, ``request``, ``allocated``, ``reserved``, ``capacity`` bytes,
+    ``message``), None when it did not.
+    """
+
+    gpu: dict[str, Any]
+    placeholders: tuple[dict[str, Any], ...] = ()
+    bounds: tuple[dict[str, Any], ...] = ()
+    skipped_saves: int = 0
+    out_of_memory: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["placeholders"], data["bounds"] = list(self.placeholders), list(self.bounds)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SimulationInfo:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["placeholders"] = tuple(values.get("placeholders", ()))
+        values["bounds"] = tuple(values.get("bounds", ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """What was run, where, and how it ended.
 
@@ -136,6 +219,12 @@ class RunInfo:
     In a distributed launch (``ranks.RankInfo``; all None outside one): ``rank``,
     ``local_rank``, ``world_size``; ``launch``: the launch folder's name (the run folder
     is ``<launch>/rank<k>``); ``device`` is the device this rank measured.
+
+    ``reserved_peak``: the CUDA allocator's reserved-bytes peak when the script ended
+    (None on the CPU, and in files written before it was recorded); ``simulation``: how
+    a ``run --simulate`` went on its simulated GPU (None on real hardware);
+    ``stopped``: where and why the runner stopped the script early (None when it ran to
+    its end).
     """
 
     run_name: str
@@ -158,16 +247,25 @@ class RunInfo:
     local_rank: int | None = None
     world_size: int | None = None
     launch: str = ""
+    reserved_peak: int | None = None
+    simulation: SimulationInfo | None = None
+    stopped: StopInfo | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["argv"] = list(self.argv)
+        if self.simulation is not None:
+            data["simulation"] = self.simulation.to_dict()
         return {"format": "gpu_mem_track run", "version": 1, **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunInfo:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["argv"] = tuple(values.get("argv", ()))
+        if values.get("simulation") is not None:
+            values["simulation"] = SimulationInfo.from_dict(values["simulation"])
+        if values.get("stopped") is not None:
+            values["stopped"] = StopInfo.from_dict(values["stopped"])
         return cls(**values)
 
 

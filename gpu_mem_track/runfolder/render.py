@@ -10,6 +10,7 @@ from typing import Any
 
 from ..units import format_bytes, format_peak
 from .records import HEAP_SOURCE, TENSORS_SOURCE, LineRecord, RunInfo, SnapshotMerge, by_function, hottest
+from .simtext import simulation_lines, simulation_report
 
 __all__ = ["render_launch_report", "render_line_report", "render_ranks", "render_summary"]
 
@@ -51,6 +52,8 @@ def render_line_report(
     automatic censuses, each already rendered (``tracker.render.render_stamp``'s text)."""
     header = _run_header(info) + (_snapshot_text(snapshot) + "\n" if snapshot is not None else "")
     parts = [header, _function_summary(records)]
+    if info.simulation is not None:
+        parts.append(simulation_report(info.simulation))
     for (file, function), lines in by_function(list(records)).items():
         parts.append(_function_table(file, function, lines))
     if censuses:
@@ -76,7 +79,8 @@ def render_summary(
                 f"  {_short(r.file)}:{r.line} {r.function}  {_rise(r)}  net {_signed(r.increment)}"
                 f"  peak {_peak_text(r)}  x{r.hits}  {r.code}"
             )
-    if info.memory_source == "cuda allocator" and not info.peak:
+    lines += simulation_lines(info)
+    if info.memory_source == "cuda allocator" and not info.peak and info.simulation is None:
         lines.append("Note: the script allocated no CUDA memory; --device cpu measures the process RSS.")
     if info.rank is not None:
         lines[0] += f" | rank {info.rank} of {info.world_size}"
@@ -139,8 +143,14 @@ def _run_header(info: RunInfo) -> str:
         "freed more). Peak: highest while it ran;\n'>=' marks a lower bound (the high-water mark "
         "did not move during the line). Hits: executions of the\nstatement starting on the line. "
         "The run's peak is named at the first line that allocated it (rose by more than\n1% of it, "
-        "ending within 1% of it).\n" + (_note(info) + "\n" if _note(info) else "")
+        "ending within 1% of it).\n"
+        + (_note(info) + "\n" if _note(info) else "")
+        + _lines(simulation_lines(info))
     )
+
+
+def _lines(lines: list[str]) -> str:
+    return "".join(line + "\n" for line in lines)
 
 
 def _function_summary(records: Sequence[LineRecord], per_function: int = 3) -> str:

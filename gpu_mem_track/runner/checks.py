@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .options import RunOptions
 
 __all__ = [
+    "check_budgets",
     "check_memory",
     "check_out_dir",
     "check_snapshot",
@@ -33,6 +34,14 @@ __all__ = [
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # gpu_mem_track/
 _NEVER = "torch, the standard library and gpu_mem_track are never traced"
 _BUILT_IN = Path("<built-in>")  # a module compiled into Python (sys, os on 3.11): no source
+
+
+def check_budgets(options: RunOptions) -> None:
+    """``UsageError`` for ``--max-iterations`` below 1 or ``--max-seconds`` not above 0."""
+    if options.max_iterations is not None and options.max_iterations < 1:
+        raise UsageError(f"--max-iterations must be at least 1, not {options.max_iterations}")
+    if options.max_seconds is not None and not options.max_seconds > 0:
+        raise UsageError(f"--max-seconds must be above 0, not {options.max_seconds}")
 
 
 def check_snapshot(options: RunOptions, device: Device) -> None:

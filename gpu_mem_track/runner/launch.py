@@ -3,7 +3,8 @@
 ``run_script`` sets ``sys.argv`` (the script path as typed, the arguments verbatim) and
 ``sys.path[0]``, runs the script as ``__main__`` under the tracing engine, and turns how it
 ended into an exit code: 0, its ``sys.exit`` code, 1 after an uncaught exception (its
-traceback printed without our frames), 130 after Ctrl-C, 128 + N after SIGTERM or SIGHUP
+traceback printed without our frames), 0 when the runner stopped it early
+(``steady.StopRun``), 130 after Ctrl-C, 128 + N after SIGTERM or SIGHUP
 (which unwind the script like Ctrl-C, so the reports still get written). It restores
 ``sys.argv``, ``sys.path[0]``, the working folder and the signal handlers afterwards. A
 forked child (a DataLoader worker) stops tracing and gets the default handlers back.
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..tracker.listeners import add_stamp_listener, remove_stamp_listener
+from .steady import StopRun
 
 if TYPE_CHECKING:
     from .options import PreparedRun
@@ -34,6 +36,9 @@ __all__ = ["run_script"]
 
 #: Frames of these files are left out of the script's traceback.
 _OUR_FILES = (os.path.abspath(__file__),)
+#: Frames from here on are the simulated GPU's machinery (``run --simulate``): left out of
+#: the script's traceback, as a real GPU's error shows none of CUDA's internals.
+_SIMULATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "simgpu") + os.sep
 
 
 def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
@@ -65,6 +70,8 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
         return 0
     except SystemExit as exc:
         return _exit_code(exc.code)
+    except StopRun:  # the runner stopped it (steady memory, a budget): the reports say why
+        return 0
     except KeyboardInterrupt:
         print("KeyboardInterrupt", file=sys.stderr)
         return 130
@@ -181,11 +188,18 @@ def _exit_code(code: Any) -> int:
 
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's first frame on: ours and runpy's left out."""
+    """The traceback from the script's first frame on: ours and runpy's left out, and
+    cut where the simulated GPU's frames begin (``run --simulate``)."""
     runpy_file = os.path.abspath(runpy.__file__)
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
         if not (name.startswith("<frozen runpy") or os.path.abspath(name) in (runpy_file, *_OUR_FILES)):
             break
         tb = tb.tb_next
+    last, entry = None, tb
+    while entry is not None:  # the script's frames end where the simulated GPU's begin
+        if entry.tb_frame.f_code.co_filename.startswith(_SIMULATION_DIR) and last is not None:
+            last.tb_next = None
+            break
+        last, entry = entry, entry.tb_next
     return tb

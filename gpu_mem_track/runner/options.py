@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..devices import Device
 from ..ranks import RankInfo
@@ -31,6 +32,11 @@ class RunOptions:
     ``snapshot``: record the CUDA allocator's history while the script runs, keep it as
     ``snapshot.pickle`` in the run folder and take every line's exact peak from it (see
     ``recording``); ``snapshot_entries``: trace entries it keeps (a ring buffer).
+    ``simulate``: run on a simulated GPU of this name (``simgpu.parse_gpu``: a catalog
+    name or ``SIZE:smXY``; see ``simulate``); ``max_iterations``, ``max_seconds``: stop
+    the script after that many iterations of its loop or wall seconds, and
+    ``run_to_end``: do not stop it once its memory is steady (the default under
+    ``simulate``); see ``steady``.
     """
 
     script: str
@@ -48,6 +54,10 @@ class RunOptions:
     snapshot_entries: int = DEFAULT_ENTRIES
     all_ranks: bool = False
     rank_wait: float = 10.0
+    simulate: str | None = None
+    max_iterations: int | None = None
+    max_seconds: float | None = None
+    run_to_end: bool = False
 
 
 @dataclass
@@ -57,7 +67,8 @@ class PreparedRun:
     ``<launch>/rank<k>``; ``follow_rank``: the device is decided when the script
     starts CUDA (``ranks.rank_device``), ``device`` is ``cuda:<local rank>`` until then.
     ``device`` is parsed once, here (``checks.resolve_device``): the CPU or a CUDA device
-    with its index."""
+    with its index. ``gpu``: the ``simgpu.GpuSpec`` of ``--simulate`` (None on real
+    hardware)."""
 
     options: RunOptions
     script: Path
@@ -67,3 +78,4 @@ class PreparedRun:
     device: Device
     rank: RankInfo | None = None
     follow_rank: bool = False
+    gpu: Any = None

@@ -35,14 +35,16 @@ from .statements import statement_starts
 __all__ = ["LineProfiler", "function_name"]
 
 #: Index of each aggregate in the per-line list: hits, memory after the last execution,
-#: total increment, max peak, whether that peak is exact, seconds, max rise.
-_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS, _RISE = range(7)
+#: total increment, max peak, whether that peak is exact, seconds, max rise, max reserved
+#: peak (CUDA).
+_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS, _RISE, _RESERVED = range(8)
 
 # A frame on the profiler's stack: [code, running statement's first line (or None), memory,
 # high-water mark, time, the sampler's event count] as read when that statement started,
-# and the line of the last event in the frame (index ``_LAST``).
+# the line of the last event in the frame (index ``_LAST``), and (CUDA) the allocator's
+# (reserved, reserved peak) read when the statement started (index ``_RES``).
 _Frame = list
-_LAST = 6
+_LAST, _RES = 6, 7
 
 
 class LineProfiler:
@@ -84,6 +86,8 @@ class LineProfiler:
         self._timeline = timeline
         self._write_text = timeline.write_text if timeline is not None else None
         self._on_cuda = sampler.source == "cuda allocator"
+        # the reserved bytes' peak per line, where the sampler reads it (the CUDA allocator)
+        self._reserved = self._on_cuda and hasattr(sampler, "reserved_peak")
         # Keyed by id(code), which hashes far faster than the code object (hashed anew from
         # its name, bytecode and constants at every lookup); ``_codes`` keeps each alive.
         self._codes: dict[int, CodeType] = {}
@@ -116,7 +120,7 @@ class LineProfiler:
 
     def enter(self, code: CodeType) -> None:
         # No reading: the frame's first line event reads the start of its first line.
-        self._stack.append([code, None, 0, 0, 0.0, 0, 0])
+        self._stack.append([code, None, 0, 0, 0.0, 0, 0, None])
 
     def line(self, code: CodeType, lineno: int) -> None:
         starts = self._starts.get(id(code))
@@ -133,13 +137,15 @@ class LineProfiler:
         current, high = self._sample()
         now = self._clock()
         if frame is None:  # an event the engine did not send
-            frame = [code, None, current, high, now, 0, lineno]
+            frame = [code, None, current, high, now, 0, lineno, None]
             stack.append(frame)
         if frame[1] is not None and self._close(frame, current, high, now):
             # a census ran after the line: start the next one after it, not before
             current, high = self._sample()
             now = self._clock()
         frame[1], frame[2], frame[3], frame[4], frame[_LAST] = first, current, high, now, lineno
+        if self._reserved:
+            frame[_RES] = (self._sampler.reserved, self._sampler.reserved_peak)
         if self._windows is not None:
             frame[5] = self._sampler.events
 
@@ -177,6 +183,7 @@ class LineProfiler:
                     peak_exact=stats[_EXACT],
                     seconds=stats[_SECONDS],
                     rise=stats[_RISE],
+                    reserved_peak=stats[_RESERVED] if self._reserved else None,
                     rank=self.rank,
                 )
             )
@@ -190,6 +197,14 @@ class LineProfiler:
             if peak >= self._floor and rise > self._significant:
                 return where
         return self._peak_where
+
+    def high_marks(self) -> tuple[int, int | None, int, int]:
+        """What only grows while memory keeps finding new highs: the run's peak (bytes),
+        the sampler's reserved peak (bytes; None where it has none), the number of source
+        lines that have run and the sum of their peaks. Two equal readings mean no line
+        reached a new peak and no new line ran in between (``steady.LoopWatch``)."""
+        peaks = sum(stats[_PEAK] for stats in self._stats.values())
+        return self.peak, getattr(self._sampler, "reserved_peak", None), len(self._stats), peaks
 
     def elapsed(self) -> float:
         """Seconds since the profiler was created, by its clock."""
@@ -220,7 +235,7 @@ class LineProfiler:
         key = (id(code), lineno)
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0, 0]
+            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0, 0, 0]
         stats[_HITS] += 1
         stats[_MEMORY] = current
         stats[_INCREMENT] += increment
@@ -228,6 +243,8 @@ class LineProfiler:
             stats[_PEAK], stats[_EXACT] = peak, exact
         if rise > stats[_RISE]:
             stats[_RISE] = rise
+        if self._reserved and frame[_RES] is not None:
+            self._reserved_peak(stats, frame[_RES])
         stats[_SECONDS] += now - frame[4]
         if self._windows is not None and self._sampler.events != frame[5]:
             self._windows.add(code, lineno, frame[5], self._sampler.events, before, current)
@@ -239,6 +256,15 @@ class LineProfiler:
             self._on_increment(code, lineno, increment)
             return True
         return False
+
+    def _reserved_peak(self, stats: list[Any], start: tuple[int, int]) -> None:
+        """The line's reserved peak, as its allocated peak: the allocator's reserved peak
+        when it rose while the line ran, else the larger of the readings before and after."""
+        before, peak_before = start
+        now, peak_now = self._sampler.reserved, self._sampler.reserved_peak
+        peak = peak_now if peak_now > peak_before else max(before, now)
+        if peak > stats[_RESERVED]:
+            stats[_RESERVED] = peak
 
     def _offer(self, peak: int, rise: int, where: tuple[str, int] | None) -> None:
         """An execution (``where``; None for an event row) that reached the run's peak or

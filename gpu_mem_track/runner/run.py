@@ -31,6 +31,7 @@ from ..runfolder.files import RunFolder, TimelineWriter, write_lines, write_meta
 from ..runfolder.ranktable import report_launch
 from ..runfolder.records import RunInfo
 from .checks import (
+    check_budgets,
     check_memory,
     check_out_dir,
     check_snapshot,
@@ -47,6 +48,8 @@ from .recording import SnapshotRun
 from .result import RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
+from .simulate import check_simulate, simulation, simulation_info, stop_rule
+from .steady import LoopWatch
 from .tracer import best_engine, engine_class
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
@@ -58,13 +61,16 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     Raises ``UsageError`` (one line naming the problem) for a missing or unreadable
     script, an unknown ``--include``, a bad device, an engine this Python lacks,
     ``--activations`` without torch, an output folder that cannot be written, or a
-    launcher environment (``RANK``, ``WORLD_SIZE``) that makes no sense. ``environ``: the
-    environment to read the rank from (default ``os.environ``).
+    launcher environment (``RANK``, ``WORLD_SIZE``) that makes no sense, an unknown
+    ``--simulate`` GPU or one with ``--device cpu``, or a budget below 1. ``environ``:
+    the environment to read the rank from (default ``os.environ``).
     """
     script = readable_script(options.script)
     rank = rank_info(environ)
     files, dirs = resolve_includes(options.include, script)
-    device = resolve_device(options.device)
+    gpu = check_simulate(options, rank)
+    check_budgets(options)
+    device = Device("cuda", 0) if gpu is not None else resolve_device(options.device)
     check_memory(options.memory, device)
     try:
         engine_class(options.engine)
@@ -85,7 +91,7 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
         return PreparedRun(options, script, folder, traced, dirs, device, rank, follow)
     name = safe_name(options.run_name or f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder = RunFolder(claim_folder(out_dir, name))
-    return PreparedRun(options, script, folder, traced, dirs, device)
+    return PreparedRun(options, script, folder, traced, dirs, device, gpu=gpu)
 
 
 def run(options: RunOptions, stream: TextIO | None = None) -> int:
@@ -107,6 +113,13 @@ def execute(
     records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
     ``prepared`` is not changed. ``sampler`` and ``history`` replace the memory readings
     and torch's history recorder (tests pass fakes)."""
+    with simulation(prepared.gpu) as gpu:  # before the sampler's first reading
+        return _execute(prepared, stream, sampler, history, gpu)
+
+
+def _execute(
+    prepared: PreparedRun, stream: TextIO | None, sampler: Sampler | None, history: Any, gpu: Any
+) -> RunResult:
     options, folder, rank = prepared.options, prepared.folder, prepared.rank
     if sampler is None:
         sampler = _sampler(prepared)
@@ -122,7 +135,8 @@ def execute(
         rank=None if rank is None else rank.rank,
     )
     session.profiler = profiler
-    engine = best_engine(profiler, _wants(prepared), options.engine)
+    watch = _watch(options, profiler)
+    engine = best_engine(watch or profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
     write_meta(folder.meta, info)
     profiler.event_row("start", where=(str(prepared.script), "<module>", None))
@@ -144,9 +158,28 @@ def execute(
             records = snapshot.finish(records)
         sampler.close()
         info = _finished(info, code, profiler, session, end_memory)
+        info = _simulated(info, sampler, gpu, watch)
         _write_reports(prepared, info, records, session, snapshot, stream)
     merge = snapshot.result if snapshot is not None else None
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
+
+
+def _watch(options: RunOptions, profiler: LineProfiler) -> LoopWatch | None:
+    """The stop rule between the engine and the profiler (None when nothing stops the run
+    early; see ``steady``)."""
+    rule = stop_rule(options)
+    return LoopWatch(profiler, rule, profiler.high_marks) if rule is not None else None
+
+
+def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -> RunInfo:
+    """The run's description with its reserved peak (CUDA), what the simulated GPU
+    recorded (``--simulate``) and where the stop rule stopped it."""
+    return replace(
+        info,
+        reserved_peak=getattr(sampler, "reserved_peak", None),
+        simulation=simulation_info(gpu) if gpu is not None else None,
+        stopped=watch.stopped if watch is not None else None,
+    )
 
 
 def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder | None) -> SnapshotRun:

@@ -179,6 +179,8 @@ class CudaSampler:
 
     source = "cuda allocator"
     reserved: int | None = 0
+    #: the allocator's reserved-bytes peak at the last ``sample()``
+    reserved_peak = 0
     events = 0
 
     def __init__(
@@ -206,7 +208,8 @@ class CudaSampler:
             return 0, 0
         stats = self._stats(self._index)
         allocated = stats["allocated_bytes"]["all"]
-        self.reserved = stats["reserved_bytes"]["all"]["current"]
+        reserved = stats["reserved_bytes"]["all"]
+        self.reserved, self.reserved_peak = reserved["current"], reserved["peak"]
         calls = stats["allocation"]["all"]  # counted under the lock that records the trace
         self.events = calls["allocated"] + calls["freed"]
         return allocated["current"], allocated["peak"]

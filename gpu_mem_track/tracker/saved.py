@@ -46,7 +46,9 @@ __all__ = ["SavedTensorRecorder", "user_site"]
 
 _SKIPPED_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    # the whole package, not only tracker/: the simulated GPU's frames sit between the
+    # user's line and the op (``run --simulate``)
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
 _INTERNAL_CODE: dict[types.CodeType, bool] = {}
 _MAX_DEPTH = 200

@@ -1,0 +1,103 @@
+"""Text on a simulated run and on an early stop, for the run's report and summary.
+
+Renderers: they take the run's description (``records.RunInfo``) and return strings.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..units import format_bytes
+from .records import RunInfo, SimulationInfo
+
+__all__ = ["simulation_lines", "simulation_report"]
+
+#: Placeholder reads and bounds listed in the report (the rest counted).
+_LISTED = 20
+
+
+def simulation_lines(info: RunInfo) -> list[str]:
+    """The few lines the summary and the report's header add: the GPU, where it would run
+    out of memory, and where the run was stopped early."""
+    out = []
+    sim = info.simulation
+    if sim is not None:
+        out.append(f"Simulated GPU: {_gpu(sim.gpu)} (no GPU was used; memory is the allocator model's)")
+        if info.reserved_peak is not None:
+            out.append(f"Peak reserved: {format_bytes(info.reserved_peak)} ({info.reserved_peak:,} B)")
+        if sim.out_of_memory is not None:
+            out.append(_oom(sim.out_of_memory, info.exit_code))
+    if info.stopped is not None:
+        text = _short_where(info.stopped.describe())
+        out.append(text[0].upper() + text[1:])
+    return out
+
+
+def simulation_report(sim: SimulationInfo) -> str:
+    """The report's section on what the simulation could not know: value reads that got a
+    placeholder, data-dependent shapes taken at a bound, saves that wrote nothing."""
+    out = ["Simulation: what could not be known without the GPU", "=" * 51]
+    if sim.placeholders:
+        out.append(
+            "Values read from simulated tensors got a placeholder (0, False): control flow that depends"
+            "\non them may have gone another way on the GPU."
+        )
+        out += [_read(r) for r in sim.placeholders[:_LISTED]]
+        out += _more(len(sim.placeholders))
+    if sim.bounds:
+        out.append("Data-dependent shapes taken at their upper bound (every element selected):")
+        out += [
+            f"  {_where(r)}  {r['op']}  bound {r['bound']:,}  x{r['count']}" for r in sim.bounds[:_LISTED]
+        ]
+        out += _more(len(sim.bounds))
+    if sim.skipped_saves:
+        out.append(f"torch.save of simulated tensors wrote nothing ({sim.skipped_saves} call(s)).")
+    if len(out) == 2:
+        out.append("(nothing: every value read was known, no shape depended on data, nothing was saved)")
+    return "\n".join(out) + "\n"
+
+
+def _gpu(gpu: dict[str, Any]) -> str:
+    major, minor = gpu.get("capability", (0, 0))
+    workspace = format_bytes(int(gpu.get("cublas_workspace", 0)))
+    return (
+        f"{gpu.get('name', '?')}, {format_bytes(int(gpu.get('total_memory', 0)))} "
+        f"(CUDA context {format_bytes(int(gpu.get('context_bytes', 0)))} assumed), "
+        f"compute capability {major}.{minor}, cuBLAS workspace {workspace}"
+    )
+
+
+def _oom(oom: dict[str, Any], exit_code: int | None) -> str:
+    fate = "the script caught it and went on" if exit_code == 0 else "uncaught"
+    return (
+        f"Would run out of memory at {_where(oom)}: {format_bytes(oom['request'])} requested with "
+        f"{format_bytes(oom['allocated'])} allocated and {format_bytes(oom['reserved'])} reserved of "
+        f"{format_bytes(oom['capacity'])} ({fate})"
+    )
+
+
+def _read(record: dict[str, Any]) -> str:
+    return f"  {_where(record)}  {record['op']}  x{record['count']}"
+
+
+def _more(count: int) -> list[str]:
+    return [f"  ... and {count - _LISTED} more"] if count > _LISTED else []
+
+
+def _where(record: dict[str, Any]) -> str:
+    return f"{_short(str(record['filename']))}:{record['line']}"
+
+
+def _short_where(text: str) -> str:
+    """``text`` with the working folder's prefix taken off its paths."""
+    cwd = os.getcwd() + os.sep
+    return text.replace(cwd, "")
+
+
+def _short(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative

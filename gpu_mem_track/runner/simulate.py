@@ -1,0 +1,86 @@
+"""``run --simulate GPU``: the script runs unchanged on a simulated GPU.
+
+The run is prepared as a CUDA run on ``cuda:0`` (no NVIDIA driver is asked for), and
+``execute`` enters :func:`gpu_mem_track.simgpu.simulated_gpu` before the sampler first
+reads: ``torch.cuda`` then answers from the GPU model, tensors the script puts on
+``cuda`` are simulated (shape, dtype, strides; no data) and allocated from the
+caching-allocator model, and the runner's own CUDA path (``samplers.CudaSampler``,
+``run --snapshot``'s history recorder, the census on CUDA) reads that model as it would
+read a real GPU. What the simulation could not know (value reads that got a
+placeholder, data-dependent shapes taken at a bound, saves that wrote nothing, where the
+GPU ran out) goes into the run's description (``records.SimulationInfo``).
+
+Long scripts stop once memory is steady (``steady``): on by default under ``--simulate``
+(``--run-to-end`` turns it off), with ``--max-iterations`` and ``--max-seconds`` for
+any run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from ..runfolder.records import SimulationInfo
+from .steady import StopRule
+
+if TYPE_CHECKING:
+    from .options import RunOptions
+
+__all__ = ["check_simulate", "simulation", "simulation_info", "stop_rule"]
+
+
+def check_simulate(options: RunOptions, rank: Any) -> Any:
+    """The ``GpuSpec`` of ``--simulate`` (None without it); ``UsageError`` for an unknown
+    GPU (one line listing the names), a device other than CUDA, a ``--memory`` choice,
+    or a torchrun launch (each rank would need its own simulated GPU and collectives)."""
+    if options.simulate is None:
+        return None
+    from ..simgpu.catalog import parse_gpu
+
+    spec = parse_gpu(options.simulate)
+    if options.device not in ("auto", "cuda", "cuda:0"):
+        raise UsageError(
+            f"--simulate runs the script on a simulated cuda:0; it cannot run on --device {options.device}"
+        )
+    if options.memory != "auto":
+        raise UsageError(f"--memory {options.memory} measures the CPU; --simulate reads the simulated GPU")
+    if rank is not None:
+        raise UsageError("--simulate under torchrun is not supported yet: run the script without torchrun")
+    return spec
+
+
+def stop_rule(options: RunOptions) -> StopRule | None:
+    """The stop rule of the run (None when nothing can stop it early): steady memory
+    under ``--simulate`` unless ``--run-to-end``, and the budgets."""
+    rule = StopRule(
+        until_steady=options.simulate is not None and not options.run_to_end,
+        max_iterations=options.max_iterations,
+        max_seconds=options.max_seconds,
+    )
+    return rule if rule.active else None
+
+
+@contextlib.contextmanager
+def simulation(spec: Any) -> Iterator[Any]:
+    """The simulated GPU of ``spec`` while the block runs (None for no spec: a real run)."""
+    if spec is None:
+        yield None
+        return
+    from ..simgpu import simulated_gpu
+
+    with simulated_gpu(spec) as gpu:
+        yield gpu
+
+
+def simulation_info(gpu: Any) -> SimulationInfo:
+    """What the simulated GPU recorded, as the run's description holds it."""
+    oom = gpu.out_of_memory
+    return SimulationInfo(
+        gpu=gpu.spec.to_dict(),
+        placeholders=tuple(record.to_dict() for record in gpu.placeholders),
+        bounds=tuple(record.to_dict() for record in gpu.bounds),
+        skipped_saves=int(gpu.skipped_saves),
+        out_of_memory=None if oom is None else oom.to_dict(),
+    )

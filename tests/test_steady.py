@@ -1,0 +1,253 @@
+"""The stop rule (runner/steady.py): which loop is the iteration, when memory is steady,
+the budgets, and that the stop unwinds the script like an exception the script cannot
+catch with ``except Exception``. The loops run for real under the settrace engine; their
+"memory" is a list the traced code appends to, read as the high marks."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpu_mem_track.runner.steady import LoopWatch, StopInfo, StopRule, StopRun, loop_spans
+from gpu_mem_track.runner.tracer import SettraceEngine
+
+
+class Sink:
+    """Counts what the watch forwards."""
+
+    def __init__(self) -> None:
+        self.lines: list[int] = []
+        self.depth = 0
+
+    def enter(self, code):
+        self.depth += 1
+
+    def line(self, code, lineno):
+        self.lines.append(lineno)
+
+    def leave(self, code):
+        self.depth -= 1
+
+
+def run_watched(tmp_path: Path, source: str, rule: StopRule, clock=None) -> tuple[dict, LoopWatch, Sink]:
+    """Run ``source`` (its ``main(memory)``) under a watch; ``memory`` (a list) is the high
+    mark: its length. Returns the module's namespace, the watch and the sink."""
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(source))
+    code = compile(path.read_text(), str(path), "exec")
+    namespace: dict = {"__name__": "script"}
+    exec(code, namespace)
+    memory: list = []
+    sink = Sink()
+    extra = {} if clock is None else {"clock": clock}
+    watch = LoopWatch(sink, rule, lambda: len(memory), **extra)
+    engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
+    engine.start()
+    try:
+        namespace["main"](memory)
+    except StopRun:
+        pass
+    finally:
+        engine.stop()
+    namespace["memory"] = memory
+    return namespace, watch, sink
+
+
+def test_loop_spans_finds_for_and_while(tmp_path):
+    path = tmp_path / "loops.py"
+    path.write_text("for i in range(3):\n    x = i\n\nwhile False:\n    pass\ny = 1\n")
+    assert loop_spans(str(path)) == {1: 2, 4: 5}
+    assert loop_spans(str(tmp_path / "missing.py")) == {}
+
+
+def test_steady_loop_stops_after_warmup_and_k_unchanged_iterations(tmp_path):
+    source = """
+    def main(memory):
+        done = []
+        for step in range(1000):
+            if step < 4:
+                memory.append(step)   # new highs in the first four iterations
+            done.append(step)
+        return done
+    """
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
+    info = watch.stopped
+    assert info is not None and info.reason == "steady"
+    # highs at iterations 1-4 (steps 0-3); then 2 unchanged iterations: stopped after 6
+    assert info.iterations == 6
+    assert info.line == 4 and info.loop.endswith("script.py:4")
+    assert namespace["memory"] == [0, 1, 2, 3]
+
+
+def test_a_leak_is_never_steady_and_max_iterations_stops_it(tmp_path):
+    source = """
+    def main(memory):
+        for step in range(1000):
+            memory.append(step)   # grows every iteration
+    """
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule(max_iterations=50))
+    assert watch.stopped.reason == "max-iterations"
+    assert watch.stopped.iterations == 50
+    assert len(namespace["memory"]) == 50
+
+
+def test_without_a_budget_a_leaking_loop_runs_to_its_end(tmp_path):
+    source = """
+    def main(memory):
+        for step in range(200):
+            memory.append(step)
+    """
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
+    assert watch.stopped is None
+    assert len(namespace["memory"]) == 200
+
+
+def test_max_seconds_stops_at_the_line_running_then(tmp_path):
+    ticks = iter(range(10**6))
+    source = """
+    def main(memory):
+        total = 0
+        while True:
+            total += 1
+            memory.append(total)
+    """
+    rule = StopRule(until_steady=False, max_seconds=40)
+    _, watch, _ = run_watched(tmp_path, source, rule, clock=lambda: next(ticks))
+    info = watch.stopped
+    assert info.reason == "max-seconds"
+    assert info.seconds == 40
+    assert info.line in (4, 5, 6)
+
+
+def test_forward_loops_are_not_the_iteration(tmp_path):
+    source = """
+    class Model:
+        def forward(self, x):
+            for layer in range(100):   # a loop over layers, inside the step
+                x = x + 1
+            return x
+
+    def main(memory):
+        model = Model()
+        out = model.forward(0)
+        memory.append(out)
+        return out
+    """
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
+    assert watch.stopped is None
+    assert namespace["memory"] == [100]
+
+
+def test_micro_steps_inside_the_step_loop_do_not_stop_before_the_optimizer_step(tmp_path):
+    # nanoGPT's shape: a while loop of optimizer steps around a loop of micro-steps; the
+    # optimizer's state appears only after the first micro-steps.
+    source = """
+    def main(memory):
+        step = 0
+        while step < 100:
+            for micro in range(8):
+                memory  # forward and backward: nothing new
+            if step == 0:
+                memory.append("optimizer state")
+            step += 1
+        return step
+    """
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
+    info = watch.stopped
+    assert info.reason == "steady"
+    assert info.loop.endswith("script.py:4")  # the step loop, not the micro loop
+    assert namespace["memory"] == ["optimizer state"]
+
+
+def test_batches_inside_an_epoch_loop_stop_within_the_first_epoch(tmp_path):
+    # PyTorch's MNIST example's shape: the epoch loop calls train(), whose loop runs the
+    # batches; steady memory stops the run inside the first epoch.
+    source = """
+    def train(memory, epoch):
+        for batch in range(500):
+            if batch < 3:
+                memory.append(batch) if epoch == 1 else None
+
+    def main(memory):
+        for epoch in range(1, 15):
+            train(memory, epoch)
+        return epoch
+    """
+    _, watch, _ = run_watched(tmp_path, source, StopRule())
+    info = watch.stopped
+    assert info.reason == "steady"
+    assert info.loop.endswith("script.py:3")
+    # nested under the epoch loop: no steady stop before the batch loop's 64th pass
+    assert info.iterations == 64
+
+
+def test_short_inner_loops_give_way_to_the_enclosing_loop(tmp_path):
+    source = """
+    def step(memory, i):
+        for part in range(5):
+            memory  # nothing new
+        if i == 0:
+            memory.append(i)
+
+    def main(memory):
+        for i in range(100):
+            step(memory, i)
+    """
+    _, watch, _ = run_watched(tmp_path, source, StopRule())
+    info = watch.stopped
+    assert info.reason == "steady"
+    assert info.loop.endswith("script.py:9")
+
+
+def test_the_stop_runs_finally_blocks_and_passes_except_exception(tmp_path):
+    source = """
+    def main(memory):
+        log = memory
+        try:
+            for step in range(1000):
+                try:
+                    pass
+                except Exception:
+                    log.append("swallowed")
+        finally:
+            log.append("finally ran")
+    """
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
+    assert watch.stopped.reason == "steady"
+    assert namespace["memory"] == ["finally ran"]
+
+
+def test_a_later_loop_in_the_same_function_takes_over(tmp_path):
+    # a warm-up loop, then the timed loop: the stop counts the timed loop's iterations
+    source = """
+    def main(memory):
+        for warm in range(2):
+            memory.append(warm)
+        for step in range(1000):
+            pass
+    """
+    _, watch, _ = run_watched(tmp_path, source, StopRule(max_iterations=5, until_steady=False))
+    assert watch.stopped.loop.endswith("script.py:5")
+    assert watch.stopped.iterations == 5
+
+
+def test_stop_info_round_trips_and_describes_itself():
+    info = StopInfo("steady", "train.py", 12, 7, 3.25, "train.py:12")
+    assert StopInfo.from_dict(info.to_dict()) == info
+    assert info.describe() == (
+        "stopped at train.py:12 after 7 iteration(s) of the loop at train.py:12, 3.2 s: memory steady "
+        "(no new peak, allocated or reserved, and no new line for 2 iterations after 2 of warm-up)"
+    )
+    budget = StopInfo("max-iterations", "t.py", 3, 10, 1.0)
+    assert budget.describe().endswith("--max-iterations reached")
+    assert StopRule(until_steady=False).active is False
+    assert StopRule(until_steady=False, max_seconds=1).active
+
+
+@pytest.mark.parametrize("reason", ["steady", "max-seconds"])
+def test_stop_run_is_not_an_exception(reason):
+    error = StopRun(StopInfo(reason, "t.py", 1, 0, 0.0))
+    assert not isinstance(error, Exception)
+    assert error.info.reason == reason
