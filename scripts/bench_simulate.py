@@ -172,10 +172,19 @@ def simulated(folder: Path, gpu: str, script: str, *extra: str) -> dict:
         "exit_code": done.returncode,
         "peak": meta["peak"],
         "reserved_peak": meta["reserved_peak"],
-        "stopped": meta["stopped"],
-        "out_of_memory": (meta["simulation"] or {}).get("out_of_memory"),
+        "stopped": _relative(meta["stopped"], folder),
+        "out_of_memory": _relative((meta["simulation"] or {}).get("out_of_memory"), folder),
         "steps_printed": len(re.findall(r"^step \d+", done.stdout, re.M)),
     }
+
+
+def _relative(record: dict | None, folder: Path) -> dict | None:
+    """``record`` with the temporary folder taken off its paths (the report names files
+    relative to the workloads' folder)."""
+    if record is None:
+        return None
+    prefix = str(folder) + os.sep
+    return {k: v.replace(prefix, "") if isinstance(v, str) else v for k, v in record.items()}
 
 
 def estimated(folder: Path) -> dict:
@@ -255,6 +264,11 @@ def markdown(meta: dict, data: dict, s: dict) -> str:
             f"< 60 s: {'met' if s['targets']['gpt67b'] else 'MISSED'} | out of memory at {oom_where}: "
             f"{oom.get('request', 0):,} B requested with {oom.get('allocated', 0):,} B allocated; exit code "
             f"{g67['exit_code']} |",
+            "",
+            "The 6.7B model's float32 weights are 25.6 GiB; under float16 autocast the forward pass also "
+            "keeps a float16 copy of each weight it used (up to 12.8 GiB more) beside the "
+            "activations, so a 40 GB GPU runs out in the first forward pass, before GradScaler and the "
+            "fused AdamW step are reached: the line above is where.",
             "",
             "## A training step: simulated run against `estimate`",
             "",

@@ -258,8 +258,9 @@ def render(meta: dict, rows: list[dict], loops: list[dict]) -> str:
         )
     lines += [
         "",
-        "CUDA-target estimates for the later GPU check (caching allocator model with default settings,",
-        "two 8,519,680 B cuBLAS workspaces included): peak allocated / peak reserved.",
+        "CUDA-target estimates for the later GPU check (the simulated GPU, sm80 by default: the caching",
+        "allocator model with default settings, two 8,519,680 B cuBLAS workspaces included, attention on",
+        "the fused kernel the GPU picks): peak allocated / peak reserved.",
         "",
     ]
     lines += [

@@ -246,7 +246,7 @@ def compare(run: dict, recorded: dict, simulated: dict, check: dict) -> dict:
         "figures": figures,
         "printed_max_memory_allocated": printed,
         "report_peak": peak,
-        "report_peak_at": meta["peak_at"],
+        "report_peak_at": _short(meta["peak_at"]),
         "simulated_trace": side,
         "recorded_trace": truth,
         "allocator_check": {

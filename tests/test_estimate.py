@@ -145,11 +145,17 @@ def test_dtype_casts_parameters_and_inputs():
 
 
 def test_amp_casts_weights_and_inputs_of_linear_to_half():
-    est = estimate(linear, (4, 10), amp=True, device="cpu", optimizer="none")
-    # Alive when forward ends: the float16 copies of weight (400 B), bias (40 B, held by
-    # the autocast cache like autocast's own) and input (80 B), and the 4x20 float16 output.
-    assert est.activation_bytes == 400 + 40 + 80 + 160
-    assert (est.parameter_bytes, est.gradient_bytes) == (880, 880)  # master weights stay float32
+    est = estimate(linear, (4, 10), amp=True, optimizer="none")
+    # Alive when forward ends: the float16 copies of weight (200 elements), bias (20, held
+    # by the autocast cache like autocast's own) and input (40), and the 4x20 float16
+    # output; each under 512 B, so one 512 B block of the caching allocator.
+    assert (est.activation_elements, est.activation_bytes) == (200 + 20 + 40 + 80, 4 * 512)
+    assert (est.parameter_bytes, est.gradient_bytes) == (1024 + 512, 1024 + 512)  # float32 masters
+
+
+def test_amp_needs_the_cuda_target():
+    with pytest.raises(UsageError, match=r"^autocast \(--amp, amp\) is CUDA's"):
+        estimate(linear, (4, 10), amp=True, device="cpu")
 
 
 def test_matches_the_same_step_on_real_cpu_tensors():
@@ -537,7 +543,7 @@ def test_warmup_zero_measures_the_first_step_with_a_fresh_optimizer():
 
 def test_cublas_workspace_sizes_follow_pytorchs_rules():
     from gpu_mem_track.commands.model_args import GPU_ARCHITECTURES
-    from gpu_mem_track.estimator import memory
+    from gpu_mem_track.gpumodel import workspace as memory
 
     assert tuple(memory.GPU_ARCHITECTURES) == GPU_ARCHITECTURES
     assert memory.workspace_bytes(None, ":4096:2:16:8") == memory.DEFAULT_WORKSPACE == 8_519_680
@@ -585,7 +591,7 @@ def test_render_estimate_with_the_allocator_exact_text():
     ("extra", "message"),
     [
         (["--alloc-conf", "bogus:1"], "PYTORCH_CUDA_ALLOC_CONF 'bogus:1': unknown option 'bogus'"),
-        (["--gpu", "tpu"], "unknown GPU architecture 'tpu'"),
+        (["--gpu", "tpu"], "unknown GPU 'tpu': choose an architecture (volta, turing"),
         (["--cublas-workspace", "lots"], "--cublas-workspace: not a byte size: 'lots'"),
         (["--step", "no_such_module_xyz:step"], "cannot import 'no_such_module_xyz'"),
     ],

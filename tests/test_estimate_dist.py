@@ -17,7 +17,7 @@ from gpu_mem_track import estimate, find_max_batch_size
 from gpu_mem_track.errors import UsageError
 from gpu_mem_track.estimator.distributed import bucket_sizes
 from gpu_mem_track.estimator.lifetimes import Lifetimes
-from gpu_mem_track.estimator.memory import CudaModel, ExactMemory
+from gpu_mem_track.estimator.memory import ExactMemory
 from gpu_mem_track.estimator.options import DistOptions
 from gpu_mem_track.estimator.plan import fsdp_units, zero_partition
 from gpu_mem_track.estimator.render import render_estimate
@@ -226,7 +226,10 @@ def test_cuda_target_ranks_go_through_the_allocator_model():
 
 
 def test_resized_storage_goes_back_to_the_caching_allocator():
-    tracker = Lifetimes({"meta"}, CudaModel.parse("", cublas_workspace=0).memory())
+    from gpu_mem_track.estimator.target import target_spec
+    from gpu_mem_track.simgpu.engine import GpuMemory
+
+    tracker = Lifetimes({"meta"}, GpuMemory(target_spec()))
     with tracker:
         tensor = torch.empty(10, device="meta")
     assert (tracker.live, tracker.memory.allocator.allocated) == (512, 512)

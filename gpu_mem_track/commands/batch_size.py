@@ -14,7 +14,11 @@ def prepare_parser(finder: argparse.ArgumentParser) -> None:
     add_model_arguments(
         finder, "input shape with the batch first, e.g. 1x3x32x32 (the batch size is replaced)"
     )
-    finder.add_argument("--budget", help="memory budget, e.g. 8GiB (default: the CUDA device's free memory)")
+    finder.add_argument(
+        "--budget",
+        help="memory budget, e.g. 8GiB (default: the capacity of the GPU --gpu names, else the CUDA "
+        "device's free memory)",
+    )
     finder.add_argument("--measure", action="store_true", help="measure real steps on the CUDA device")
     finder.add_argument(
         "--budget-on",

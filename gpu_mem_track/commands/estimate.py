@@ -35,9 +35,9 @@ COMMAND = Command(
     name="estimate",
     help="estimate a training step's GPU memory without a GPU",
     description="Simulate one training step (forward, loss, backward, optimizer step, or your own "
-    "--step) on meta tensors and print per-layer parameters and activations, the totals, the peak "
-    "allocated and, on the CUDA target, the reserved peak, the fragmentation at the peak and the "
-    "cuBLAS workspaces (the caching allocator modelled). "
+    "--step) on the simulated GPU (--device cpu: exact sizes) and print per-layer parameters and "
+    "activations, the totals, the peak allocated and, on the CUDA target, the reserved peak, the "
+    "fragmentation at the peak and the cuBLAS workspaces (the caching allocator modelled). "
     "Example: estimate gpu_mem_track.examples:convnet --input 64x3x32x32. With --world-size "
     "and --strategy (ddp, zero1, zero2, fsdp) it estimates each rank of a distributed step "
     "(the built-in step only, not --step).",

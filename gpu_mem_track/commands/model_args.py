@@ -13,7 +13,7 @@ from ..estimator.records import OPTIMIZERS
 from . import count
 
 #: ``--gpu`` names (kept here so building the parser imports no torch; checked against
-#: ``estimator.memory.GPU_ARCHITECTURES`` by the tests).
+#: ``gpumodel.workspace.GPU_ARCHITECTURES`` by the tests).
 GPU_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
 __all__ = [
@@ -57,7 +57,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, input_help: str) -> Non
         nargs="?",
         action=_AmpAction,
         metavar="fp16|bf16",
-        help="simulate autocast, in float16 unless bf16 is given (may come before the factory)",
+        help="run forward and loss under torch.autocast('cuda'), in float16 unless bf16 is given "
+        "(CUDA target; may come before the factory)",
     )
     parser.add_argument(
         "--loss",
@@ -119,9 +120,11 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpu",
-        metavar="ARCH",
-        help=f"GPU architecture for the cuBLAS workspace default: {', '.join(GPU_ARCHITECTURES)} "
-        "(hopper: 32 MiB per handle; others 8,519,680 B)",
+        metavar="GPU",
+        help=f"the simulated GPU the CUDA target runs on: an architecture ({', '.join(GPU_ARCHITECTURES)}; "
+        "memory unbounded, default ampere) or a GPU such as a100-40gb or 24GiB:sm86 (its capacity: "
+        "the step may run out of memory); sets the cuBLAS workspace default (32 MiB per handle from "
+        "hopper on, else 8,519,680 B) and the attention backend",
     )
     parser.add_argument(
         "--cublas-workspace",

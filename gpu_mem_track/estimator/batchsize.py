@@ -36,6 +36,7 @@ from .step import (
     run_user_steps,
     split_named,
 )
+from .target import UNBOUNDED, DoesNotFit, target_spec
 
 __all__ = ["BUDGET_ON", "PeakMeter", "find_max_batch_size", "search_batch_size"]
 
@@ -260,9 +261,11 @@ def find_max_batch_size(
     model, ``step(batch)`` may run one step of the caller's own; it is always measured.
     ``meter(run, device)`` replaces the CUDA allocator reading (it runs ``run()`` and
     returns the peak bytes, None when out of memory), for example to measure on the CPU.
-    ``budget`` defaults to the CUDA device's free memory (``torch.cuda.mem_get_info``);
-    without CUDA it must be given. With measured peaks the batch above the answer is not
-    run (it would exceed the budget): the fitted slope must predict it does not fit.
+    ``budget`` defaults to the capacity of the GPU ``gpu`` names (a catalog GPU, with
+    estimated peaks; a probe that runs out of it does not fit), else the CUDA device's
+    free memory (``torch.cuda.mem_get_info``); without either it must be given. With
+    measured peaks the batch above the answer is not run (it would exceed the budget):
+    the fitted slope must predict it does not fit.
     ``optimizer``, ``dtype``, ``amp``, ``training`` and ``loss_fn`` are as for :func:`estimate`;
     the options are parsed once into a :class:`~gpu_mem_track.estimator.options.StepOptions`.
     ``distributed`` (a :class:`~gpu_mem_track.estimator.options.DistOptions`) estimates
@@ -291,7 +294,7 @@ def find_max_batch_size(
     if model_step is not None:
         check_user_step(options, loss_fn)
     measured = measure or step is not None
-    budget, budget_source = _budget(budget, options.device)
+    budget, budget_source = _budget(budget, options, measured)
     read = meter or _CudaPeaks(budget_on)
     if step is not None:
         peak_of = lambda b: read(lambda: step(b), options.device)  # noqa: E731
@@ -330,8 +333,11 @@ def _estimated_peaks(
     the loss function."""
     step, loss_fn = user
 
-    def peak_of(batch: int) -> int:
-        est = estimate_step(model, _rebatch(specs, batch), options, loss_fn=loss_fn, step=step)
+    def peak_of(batch: int) -> int | None:
+        try:
+            est = estimate_step(model, _rebatch(specs, batch), options, loss_fn=loss_fn, step=step)
+        except DoesNotFit:
+            return None  # ran out of the named GPU's memory
         if budget_on == "reserved" and est.reserved_peak is not None:
             return est.reserved_peak
         return est.peak
@@ -355,9 +361,15 @@ def _rebatch(specs: list[InputSpec], batch: int) -> list[InputSpec]:
     return [InputSpec((batch, *spec.shape[1:]), spec.dtype, spec.name) for spec in specs]
 
 
-def _budget(budget: int | None, device: Device) -> tuple[int, str]:
+def _budget(budget: int | None, options: StepOptions, measured: bool) -> tuple[int, str]:
+    """The budget given, else the simulated GPU's capacity when ``--gpu`` names one and
+    peaks are estimated, else the CUDA device's free memory."""
     if budget is not None:
         return int(budget), "given"
+    device = options.device
+    spec = target_spec(options.gpu) if options.target == "cuda" and not measured else None
+    if spec is not None and spec.total_memory != UNBOUNDED:
+        return spec.capacity, f"{spec.name}'s memory less the CUDA context (simulated)"
     if device.is_cuda and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(str(device))
         return int(free), f"free memory of {device} (torch.cuda.mem_get_info)"

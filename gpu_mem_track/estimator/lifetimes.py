@@ -4,7 +4,7 @@ Works the same on meta tensors (the estimator's simulated device) and on real te
 Each storage is identified by its untyped storage object and followed with a weak
 reference, so views and in-place results add nothing and tracking keeps nothing alive.
 Each storage born is taken from a device memory (``memory``: exact sizes, or the
-caching allocator's model, see :mod:`~gpu_mem_track.estimator.memory`) and given back
+simulated GPU's caching allocator, see :mod:`~gpu_mem_track.estimator.memory`) and given back
 when it dies; the cuBLAS workspaces are taken at the first matmul-like op of each
 handle and never given back.
 """
@@ -29,7 +29,7 @@ WORKSPACE = "cuBLAS workspace"
 class Lifetimes(TorchDispatchMode):
     """Records births and deaths of storages on the ``counted`` device types.
 
-    ``memory`` (an ``ExactMemory`` or ``CachingMemory``) gives the bytes a storage
+    ``memory`` (an ``ExactMemory`` or the simulated GPU's ``GpuMemory``) gives the bytes a storage
     counts for and, for the caching allocator, the reserved bytes; ``workspace`` (None:
     not modelled) the cuBLAS workspaces. While active, every op's tensor outputs are
     registered; tensors made elsewhere are registered with :meth:`adopt`. ``phase`` and
@@ -82,7 +82,7 @@ class Lifetimes(TorchDispatchMode):
         counted = False
         for leaf in plain_tensors(tensor_leaves(out)):
             grew |= self._register(leaf) is not None
-            counted |= leaf.device.type in self.counted
+            counted |= _device_type(leaf) in self.counted
         if counted and self.workspace is not None:
             grew |= self._take_workspace(str(func.overloadpacket.__name__))
         if grew:
@@ -154,7 +154,7 @@ class Lifetimes(TorchDispatchMode):
         self._refs.clear()
 
     def _register(self, tensor: torch.Tensor) -> int | None:
-        if tensor.device.type not in self.counted:
+        if _device_type(tensor) not in self.counted:
             return None
         storage = tensor_storage(tensor)
         if storage is None:
@@ -224,6 +224,13 @@ class Lifetimes(TorchDispatchMode):
             self.peak_event = len(self.events)
             self.peak_reserved = reserved
             self.peak_free_block = self.memory.largest_free_block()
+
+
+def _device_type(tensor: torch.Tensor) -> str:
+    """The device type ``tensor`` is on, not the one a torch-function mode says (the
+    simulated GPU's face says ``cuda`` for its meta tensors)."""
+    with torch._C.DisableTorchFunction():
+        return tensor.device.type
 
 
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:

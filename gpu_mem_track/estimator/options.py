@@ -5,7 +5,7 @@ can parse (and reject) options before torch is imported. The one rule for the dt
 model is cast to (floating only), :func:`cast_dtype_name`, lives here;
 :func:`~gpu_mem_track.estimator.specs.parse_cast_dtype` returns its ``torch.dtype``. The
 CUDA target's memory options are kept as given: the simulation turns them into its
-:class:`~gpu_mem_track.estimator.memory.CudaModel` (which reads the environment).
+:mod:`~gpu_mem_track.estimator.target` simulated GPU (which reads the environment).
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ class StepOptions:
     measured one (None: 1 for training or a user's step, so the optimizer state exists;
     0 for inference). The CUDA target's memory model (unused on the CPU target; None:
     the environment variables, see
-    :meth:`~gpu_mem_track.estimator.memory.CudaModel.parse`): ``alloc_conf``, a
-    ``PYTORCH_CUDA_ALLOC_CONF`` value; ``gpu``, the architecture whose cuBLAS workspace
-    is the default; ``cublas_workspace``, bytes or a ``CUBLAS_WORKSPACE_CONFIG`` value.
+    :mod:`~gpu_mem_track.estimator.target`): ``alloc_conf``, a
+    ``PYTORCH_CUDA_ALLOC_CONF`` value; ``gpu``, the simulated GPU (an architecture or a
+    GPU of the catalog); ``cublas_workspace``, bytes or a ``CUBLAS_WORKSPACE_CONFIG`` value.
     ``distributed``: the ranks and strategy (:class:`DistOptions`; one process by
     default).
     """

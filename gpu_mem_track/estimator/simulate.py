@@ -28,10 +28,8 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from ..devices import DEVICE_FORMS
 from ..errors import UsageError
-from ..gpumodel.autocast import SimulatedAutocast
 from .distributed import estimate_ranks, make_plan
 from .lifetimes import Lifetimes
-from .memory import CudaModel, ExactMemory
 from .options import DistOptions, StepOptions
 from .plan import Plan
 from .records import Estimate
@@ -51,7 +49,7 @@ from .step import (
     run_user_steps,
     split_named,
 )
-from .values import KnownValues
+from .target import open_target
 from .watch import Watch
 
 __all__ = ["estimate", "estimate_step", "trace_cpu_step"]
@@ -91,12 +89,14 @@ def estimate(
     ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd"`` (momentum 0.9), ``"none"``, or a
     callable ``params -> Optimizer``. ``dtype`` casts the model's floating parameters,
     buffers and inputs (``"bf16"``, ``"fp16"``, ...). ``amp`` (``True`` for float16, or a
-    dtype) simulates CUDA autocast around forward and loss (see
-    :mod:`~gpu_mem_track.gpumodel.autocast` for what is modelled). ``training=False`` runs one
-    forward pass under ``torch.no_grad()`` in eval mode. ``device`` is the target:
-    ``"cuda"`` (the caching allocator's model, foreach optimizers, Adam's ``step`` on the
-    host) or ``"cpu"`` (exact sizes, no allocator). ``loss_fn(output)`` defaults to the
-    output's own ``loss`` when it has one, else the sum of its floating tensors
+    dtype) runs forward and loss under ``torch.autocast("cuda")`` on the simulated GPU (see
+    :mod:`~gpu_mem_track.gpumodel.autocast` for what is modelled; CUDA target only).
+    ``training=False`` runs one forward pass under ``torch.no_grad()`` in eval mode.
+    ``device`` is the target: ``"cuda"`` (the simulated GPU, see
+    :mod:`~gpu_mem_track.estimator.target`: the caching allocator's model, foreach
+    optimizers, Adam's ``step`` on the host) or ``"cpu"`` (exact sizes, no allocator).
+    ``loss_fn(output)`` defaults to the output's own ``loss`` when it has one, else the
+    sum of its floating tensors
     (:func:`~gpu_mem_track.estimator.step.default_loss`). Values the model's code reads
     from tensors are computed for real or replaced by placeholders, and listed in
     ``value_reads`` (see :mod:`~gpu_mem_track.estimator.values`).
@@ -117,11 +117,15 @@ def estimate(
     ``warmup=0`` measures the very first step, with a fresh optimizer.
 
     CUDA target only: ``alloc_conf`` is a ``PYTORCH_CUDA_ALLOC_CONF`` value (None: the
-    environment variable); ``gpu`` names the architecture (``"hopper"``: 32 MiB cuBLAS
-    workspaces, see :data:`~gpu_mem_track.estimator.memory.GPU_ARCHITECTURES`);
-    ``cublas_workspace`` overrides the workspace: bytes, or a ``CUBLAS_WORKSPACE_CONFIG``
-    value (None: the environment variable, else the architecture's default). Each rank
-    of a distributed estimate runs through its own memory model, as one process does.
+    environment variable); ``gpu`` names the simulated GPU: an architecture
+    (``"hopper"``: 32 MiB cuBLAS workspaces, see
+    :data:`~gpu_mem_track.gpumodel.workspace.GPU_ARCHITECTURES`) with unbounded memory
+    (None: ``"ampere"``), or a GPU of the catalog (``"a100-40gb"``, ``"24GiB:sm86"``,
+    see :mod:`~gpu_mem_track.simgpu.catalog`), whose capacity a step may exceed
+    (``torch.OutOfMemoryError``); ``cublas_workspace`` overrides the workspace: bytes,
+    or a ``CUBLAS_WORKSPACE_CONFIG`` value (None: the environment variable, else the
+    GPU's default). Each rank of a distributed estimate runs on its own simulated GPU,
+    as one process does.
 
     ``world_size`` and ``strategy`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"fsdp"``;
     ``"ddp"`` by default over one rank) with ``bucket_cap_mb``,
@@ -230,14 +234,6 @@ def _options(**given: Any) -> StepOptions:
         raise
 
 
-def _tracker(sim: str, options: StepOptions) -> Lifetimes:
-    """Exact sizes on the CPU target; on the CUDA target the memory model of ``options``."""
-    if options.target != "cuda":
-        return Lifetimes({sim, "cpu"}, ExactMemory())
-    cuda = CudaModel.parse(options.alloc_conf, options.gpu, options.cublas_workspace)
-    return Lifetimes({sim}, cuda.memory(), cuda.workspaces())
-
-
 def _trace(
     model: ModelLike,
     inputs: InputsLike,
@@ -254,23 +250,22 @@ def _trace(
         warmup = 1 if options.training or step is not None else 0
     specs = as_specs(inputs)
     module = model if isinstance(model, nn.Module) else build_model(model, sim)
-    tracker = _tracker(sim, options)
+    target = open_target(options, sim, user_code=step is not None)
+    tracker, values = target.tracker, target.values
     was_training = module.training
     module.train(options.training)
-    # Entered before the tracker, so the values' own CPU ops are never counted.
-    values = KnownValues(tracker.module) if sim == "meta" else contextlib.nullcontext()
     try:
         # Made before tracking starts, then adopted: copying must not count the originals.
         state = _state(module, sim, options.torch_dtype, private=isinstance(model, nn.Module))
-        with values:
+        with values or contextlib.nullcontext():  # the values' own ops are never counted
             tensors = make_inputs(specs, sim, options.torch_dtype)
-        with values, tracker:
+        with target.running():
             dist = options.distributed if options.training and step is None else DistOptions()
             plan = make_plan(dist, module, state, rank, tracker)
             plan.setup()
             make = options.training or step is not None
             opt = make_optimizer(options.optimizer, plan.optimized, options.target) if make else None
-            restart = values.restart if isinstance(values, KnownValues) else (lambda: None)
+            restart = values.restart if values is not None else (lambda: None)
             watch = Watch(tracker, module, state, tensors, opt, warmup + 1, on_measure=restart, plan=plan)
             with watch.hooks(), plan.hooks():
                 if step is None:
@@ -281,10 +276,10 @@ def _trace(
             header = _header(model, options, (specs, tensors), tracker, (step, loss_fn))
             spread = options.distributed
             header.update(world_size=spread.world_size, strategy=spread.strategy, rank=rank)
-            header["value_reads"] = values.reads() if isinstance(values, KnownValues) else ()
+            header["value_reads"] = values.reads() if values is not None else ()
             return watch.result(header)
     finally:
-        tracker.close()
+        target.close()
         module.train(was_training)
 
 
@@ -310,7 +305,7 @@ def _builtin_steps(
         training=options.training,
         steps=watch.measured + 1,
         loss_fn=loss_fn,
-        autocast=(lambda: SimulatedAutocast(amp_dtype)) if amp_dtype else contextlib.nullcontext,
+        autocast=(lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext,
         on_phase=lambda phase, step: (plan.on_phase(phase), watch.on_phase(phase, step)),
     )
 

@@ -17,8 +17,8 @@ keeps ``layer_norm`` in the low precision, CUDA runs it in float32):
 Other ops run in their inputs' dtype. Casts of parameters (leaves requiring grad) are
 cached until the outermost autocast region exits (:meth:`CudaAutocast.clear`), as
 autocast's weight cache is. Ops that a non-listed Python function calls internally are
-not seen; that is the model's main approximation. :class:`SimulatedAutocast` is the
-same casts as a torch-function mode with a fixed dtype (the estimator's ``amp``).
+not seen; that is the model's main approximation. The simulated GPU's face applies it
+while ``torch.autocast("cuda")`` is on (the estimator's ``amp`` is that autocast).
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["FLOAT32", "LOWER", "SET_DTYPE", "CudaAutocast", "SimulatedAutocast"]
+__all__ = ["FLOAT32", "LOWER", "SET_DTYPE", "CudaAutocast"]
 
 LOWER = frozenset(
     "linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d conv_tbc prelu "
@@ -93,23 +92,6 @@ class CudaAutocast:
             return cached[1]
 
         return tree_map(cast, tree)
-
-
-class SimulatedAutocast(TorchFunctionMode):
-    """Casts as CUDA autocast to ``dtype`` (float16 or bfloat16) would, while the mode is
-    on; see the module doc."""
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.dtype = dtype
-        self.casts = CudaAutocast()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.casts.clear()
-        return super().__exit__(*exc)
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return self.casts.call(func, args, kwargs or {}, self.dtype)
 
 
 def _floating(value: Any) -> bool:

@@ -26,7 +26,9 @@ call is seen.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -107,6 +109,9 @@ class CudaFace(TorchFunctionMode):
             torch.einsum: self._einsum,
             **{check: self._finite for check in FINITE_CHECKS},
             F.multi_head_attention_forward: self._reentered,
+            torch.Tensor.backward: self._backward,
+            torch.autograd.backward: self._reentered,
+            torch.autograd.grad: self._reentered,
             torch.tensor: self._from_data,
             torch.as_tensor: self._from_data,
             torch.asarray: self._from_data,
@@ -234,25 +239,64 @@ class CudaFace(TorchFunctionMode):
         return cuda_attention(func, args, kwargs, self.capability)
 
     def _reentered(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """``func`` (a Python function of ``F`` whose first act is its own torch-function
-        check) run with this mode on: the check would hand the call straight back to this
-        mode, again and again (RecursionError: an ``nn.MultiheadAttention`` in training),
-        so that one check is answered "no" and every call inside is seen as usual."""
-        check = F.has_torch_function
+        """Run ``func`` (``F.multi_head_attention_forward``, ``torch.autograd.backward`` or
+        ``grad``) with this mode on, so the calls it makes are seen: the attention inside
+        the first, what backward runs in Python (checkpointed forwards recomputed, hooks,
+        custom functions' backward) inside the others. Its own first
+        ``has_torch_function`` check answers False once: with the mode on it would hand
+        the call back to this mode, without end."""
+        module = sys.modules[func.__module__]
+        original = module.has_torch_function
 
-        def once(*ops: Any) -> bool:
-            F.has_torch_function = check
+        def once(*tensors: Any) -> bool:
+            module.has_torch_function = original
             return False
 
-        F.has_torch_function = once
+        module.has_torch_function = once
         try:
             with self:
                 return func(*args, **kwargs)
         finally:
-            F.has_torch_function = check
+            module.has_torch_function = original
+
+    def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``tensor.backward(...)`` as ``torch.autograd.backward`` with this mode on."""
+        given = dict(zip(("gradient", "retain_graph", "create_graph", "inputs"), args[1:]), **kwargs)
+        options = {
+            "grad_tensors": given.get("gradient"),
+            "retain_graph": given.get("retain_graph"),
+            "create_graph": given.get("create_graph", False),
+            "inputs": given.get("inputs"),
+        }
+        return self._reentered(torch.autograd.backward, (args[0],), options)
 
     #: The simulated GPU's compute capability (for the attention backend); set by the engine.
     capability: tuple[int, int] = (8, 0)
+
+
+@contextmanager
+def checkpoint_metadata() -> Iterator[None]:
+    """``torch.utils.checkpoint`` compares each tensor saved in forward with its
+    recomputation (shape, dtype, device). Forward saves inside an op, where the face is
+    off (meta); recomputation is checked inside backward, which runs with the face on
+    (``cuda``). While this is entered both are read without the face."""
+    import torch.utils.checkpoint as checkpoint
+
+    table = getattr(checkpoint, "_allowed_determinism_checks_to_fns", None)
+    original = table.get("default") if isinstance(table, dict) else None
+    if original is None:
+        yield
+        return
+
+    def metadata(tensor: torch.Tensor) -> Any:
+        with torch._C.DisableTorchFunction():
+            return original(tensor)
+
+    table["default"] = metadata
+    try:
+        yield
+    finally:
+        table["default"] = original
 
 
 def _fresh(source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

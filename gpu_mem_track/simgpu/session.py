@@ -30,7 +30,7 @@ from ..gpumodel.workspace import CublasWorkspace, workspace_bytes
 from .catalog import GpuSpec, parse_gpu
 from .cudaapi import install
 from .engine import GpuMemory, Storages, user_line
-from .face import CudaFace
+from .face import CudaFace, checkpoint_metadata
 from .patches import Patches
 from .ranks import RankEnv, simulate_ranks
 from .records import Bound, OutOfMemory, Placeholder
@@ -86,12 +86,12 @@ class SimulatedGpu:
             stack.callback(patches.restore)
             install(self, patches)
             self._autocast_cache(patches)
-            self._backward_sees_face(patches)
             if self.ranks is not None:
                 simulate_ranks(self, self.ranks, patches)
             stack.enter_context(self.values)
             stack.enter_context(self.storages)
             stack.callback(self.storages.close)
+            stack.enter_context(checkpoint_metadata())
             stack.enter_context(self.face)
             stack.callback(_restore_default_device, default_device())
         except BaseException:
@@ -110,26 +110,6 @@ class SimulatedGpu:
         if not self.skipped_saves:
             print("gpu_mem_track: torch.save of simulated GPU tensors writes nothing", file=sys.stderr)
         self.skipped_saves += 1
-
-    def _backward_sees_face(self, patches: Patches) -> None:
-        """Autograd's backward runs with the face on: ``Tensor.backward`` reaches the engine
-        from inside the face's own handling, where a torch-function mode is off, so hooks
-        run in backward (FSDP2's gathers, a user's) saw meta devices and made CPU tensors."""
-        import torch.autograd
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        run = torch.autograd._engine_run_backward
-        face, storages = self.face, self.storages
-
-        def run_with_face(*args: Any, **kwargs: Any) -> Any:
-            # not when the face is on already, nor when the simulation is set aside
-            # (an estimate made inside it)
-            if face in _function_modes() or storages not in _get_current_dispatch_mode_stack():
-                return run(*args, **kwargs)
-            with face:
-                return run(*args, **kwargs)
-
-        patches.set(torch.autograd, "_engine_run_backward", run_with_face)
 
     def _autocast_cache(self, patches: Patches) -> None:
         """Autocast clears its weight cache when the outermost region exits: ours too."""
@@ -161,12 +141,6 @@ def _restore_default_device(device: Any) -> None:
     ("cuda")`` made inside must not outlive the simulated GPU)."""
     if default_device() != device:
         torch.set_default_device(device)
-
-
-def _function_modes() -> list[Any]:
-    from torch.overrides import _get_current_function_mode_stack
-
-    return _get_current_function_mode_stack()
 
 
 def _environ() -> dict[str, str]:
