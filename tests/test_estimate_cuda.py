@@ -1,7 +1,6 @@
 """On a CUDA GPU: the estimator within 5% of a real step's ``max_memory_allocated``.
 Without one, the same checks run on the simulated GPU (the ``gpu`` fixture): there they
-compare the estimator with the simulation, two models; where those disagree the case is
-marked a strict expected failure on the simulated GPU only, with the figures.
+compare the estimator with the simulation.
 
 Each model's real step is the estimator's: two identical Adam (foreach) steps, the peak of
 the second measured above the memory allocated before the model was built, after cuBLAS
@@ -63,19 +62,9 @@ def measured_step_peak(factory, specs: list[InputSpec], device: torch.device) ->
     return torch.cuda.max_memory_allocated(device) - base  # the model dies on return
 
 
-#: Cases where the estimator and the simulated GPU disagree by more than 5% (measured here
-#: on the simulated A100-40GB: estimate / simulated peak); unexplained yet.
-DISAGREE_ON_SIMULATED = {
-    "transformer": "estimated 15,783,424 B, simulated 14,228,992 B (+10.9%): the simulated A100 "
-    "picks a fused attention; under sdpa_kernel(MATH) it gives 15,783,424 B, the estimate exactly",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "shape"), CASES)
-def test_estimate_within_5_percent_of_max_memory_allocated(name, shape, gpu, request):
-    if gpu is not None and name in DISAGREE_ON_SIMULATED:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=DISAGREE_ON_SIMULATED[name]))
+def test_estimate_within_5_percent_of_max_memory_allocated(name, shape, gpu):
     device = torch.device("cuda")
     measured = measured_peak(name, shape, device)
     # The warmed cuBLAS workspaces are in the measured baseline: leave them out here, after
@@ -98,9 +87,9 @@ def test_hugging_face_estimate_within_5_percent_with_math_attention(name, gpu):
 
     specs = [InputSpec((8, 128), torch.int64), InputSpec((8, 128), torch.int64, "labels")]
     device = torch.device("cuda")
-    with sdpa_kernel(SDPBackend.MATH):  # the attention the estimator simulates
+    with sdpa_kernel(SDPBackend.MATH):  # the same attention for both
         measured = measured_step_peak(getattr(hf, name), specs, device)
-    est = estimate(getattr(hf, name), specs, device="cuda")
+        est = estimate(getattr(hf, name), specs, device="cuda")
     estimated = est.peak - est.cublas_workspace  # as above
     assert abs(estimated / measured - 1) <= 0.05, (
         f"{name}: estimated {estimated:,} B, measured {measured:,} B"
