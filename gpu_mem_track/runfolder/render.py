@@ -10,7 +10,7 @@ from typing import Any
 
 from ..units import format_bytes, format_peak
 from .records import HEAP_SOURCE, TENSORS_SOURCE, LineRecord, RunInfo, SnapshotMerge, by_function, hottest
-from .simtext import simulation_lines, simulation_report
+from .simtext import short_path, simulation_lines, simulation_report
 
 __all__ = ["render_launch_report", "render_line_report", "render_ranks", "render_summary"]
 
@@ -76,7 +76,7 @@ def render_summary(
         lines.append(f"Lines that raised memory most (of {len(records)} traced; rise, net increment):")
         for r in best:
             lines.append(
-                f"  {_short(r.file)}:{r.line} {r.function}  {_rise(r)}  net {_signed(r.increment)}"
+                f"  {short_path(r.file)}:{r.line} {r.function}  {_rise(r)}  net {_signed(r.increment)}"
                 f"  peak {_peak_text(r)}  x{r.hits}  {r.code}"
             )
     lines += simulation_lines(info)
@@ -92,7 +92,7 @@ def render_summary(
     files = "report.txt, lines.csv, timeline.csv"
     if snapshot is not None and snapshot.file:
         files += f", {snapshot.file}, snapshot_lines.csv"
-    lines.append(f"Reports: {_short(str(folder))}{os.sep} ({files})")
+    lines.append(f"Reports: {short_path(str(folder))}{os.sep} ({files})")
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +106,7 @@ def render_ranks(summary: Any) -> str:
         phase = f" ({r.peak_phase})" if r.peak_phase else ""
         out.append(
             f"{r.rank:>4}  {r.status:<8}  {r.device or '-':<7}  {_bytes_or_dash(r.peak):>11}  "
-            f"{_bytes_or_dash(r.end_memory):>11}  {_short(r.peak_at) or '-'}{phase}"
+            f"{_bytes_or_dash(r.end_memory):>11}  {short_path(r.peak_at) or '-'}{phase}"
         )
     if summary.spread is not None:
         out.append(_spread(summary))
@@ -122,7 +122,7 @@ def render_launch_report(summary: Any) -> str:
     """``report.txt`` of a launch folder: what ran, the ranks table, where each rank's
     own report is."""
     return (
-        f"gpu_mem_track launch {summary.launch}: {_short(summary.script) or '?'}"
+        f"gpu_mem_track launch {summary.launch}: {short_path(summary.script) or '?'}"
         f" on {summary.world_size} ranks\n\n{render_ranks(summary)}\n"
         "Each rank's line report: rank<k>/report.txt\n"
     )
@@ -161,7 +161,7 @@ def _function_summary(records: Sequence[LineRecord], per_function: int = 3) -> s
         best = hottest(lines, per_function)
         if not best:
             continue
-        out.append(f"{_short(file)} {function}")
+        out.append(f"{short_path(file)} {function}")
         for r in best:
             rise, net, peak = _rise(r), _signed(r.increment), _peak_text(r)
             out.append(f"  line {r.line:<6} {rise:>12} {net:>12}  peak {peak:>13}  x{r.hits:<6} {r.code}")
@@ -220,7 +220,7 @@ def _spread(summary: Any) -> str:
 
 
 def _ending(info: RunInfo) -> str:
-    script = _short(info.script)
+    script = short_path(info.script)
     if info.exit_code is None:
         return f"{script} did not end (killed, or still running)"
     seconds = f" after {info.ended - info.started:.1f} s" if info.ended is not None else ""
@@ -260,7 +260,7 @@ def _rank(info: RunInfo) -> str:
 def _peak(info: RunInfo) -> str:
     if info.peak is None:
         return "peak unknown (no memory reading recorded)"
-    at = f" at {_short(info.peak_at)}" if info.peak_at else ""
+    at = f" at {short_path(info.peak_at)}" if info.peak_at else ""
     phase = f" (after {info.peak_phase!r})" if info.peak_phase else ""
     return f"peak {format_bytes(info.peak)}{at}{phase}"
 
@@ -275,12 +275,3 @@ def _peak_text(record: LineRecord) -> str:
 
 def _signed(nbytes: int) -> str:
     return format_bytes(nbytes, signed=True)
-
-
-def _short(path: str) -> str:
-    """A path relative to the working folder when it is inside it."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative

@@ -86,7 +86,7 @@ def _more(count: int) -> list[str]:
 
 
 def _where(record: dict[str, Any]) -> str:
-    return f"{_short(str(record['filename']))}:{record['line']}"
+    return f"{short_path(str(record['filename']))}:{record['line']}"
 
 
 def _short_where(text: str) -> str:
@@ -95,7 +95,8 @@ def _short_where(text: str) -> str:
     return text.replace(cwd, "")
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
+    """``path`` relative to the working folder when it is inside it, else as given."""
     try:
         relative = os.path.relpath(path)
     except ValueError:

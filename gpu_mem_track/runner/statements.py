@@ -14,18 +14,26 @@ from __future__ import annotations
 import ast
 import linecache
 
-__all__ = ["statement_starts"]
+__all__ = ["parse_source", "statement_starts"]
+
+
+def parse_source(filename: str) -> ast.Module | None:
+    """The syntax tree of ``filename``'s source (through ``linecache``, so ``<stdin>`` and
+    notebook cells work too); None when it cannot be read or parsed."""
+    source = "".join(linecache.getlines(filename))
+    if not source:
+        return None
+    try:
+        return ast.parse(source, filename)
+    except (SyntaxError, ValueError):
+        return None
 
 
 def statement_starts(filename: str) -> dict[int, int]:
     """``{line: first line of its statement}`` for the lines of ``filename`` that are not
     the first line of their statement; empty when the source cannot be read or parsed."""
-    source = "".join(linecache.getlines(filename))
-    if not source:
-        return {}
-    try:
-        tree = ast.parse(source, filename)
-    except (SyntaxError, ValueError):
+    tree = parse_source(filename)
+    if tree is None:
         return {}
     starts: dict[int, int] = {}
     for node in ast.walk(tree):  # outer statements first: inner ones overwrite their lines

@@ -45,7 +45,6 @@ tracing is off after the stop is raised, so the run then goes on untraced to its
 from __future__ import annotations
 
 import ast
-import linecache
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from types import CodeType
 from typing import Any
 
 from ..runfolder.records import StopInfo
+from .statements import parse_source
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -93,12 +93,8 @@ class StopRun(BaseException):
 def loop_spans(filename: str) -> dict[int, int]:
     """``{header line: last line}`` of every ``for``/``while`` loop (``async for`` too) in
     ``filename``'s source; empty when it cannot be read or parsed."""
-    source = "".join(linecache.getlines(filename))
-    if not source:
-        return {}
-    try:
-        tree = ast.parse(source, filename)
-    except (SyntaxError, ValueError):
+    tree = parse_source(filename)
+    if tree is None:
         return {}
     loops = (ast.For, ast.AsyncFor, ast.While)
     return {n.lineno: n.end_lineno or n.lineno for n in ast.walk(tree) if isinstance(n, loops)}
