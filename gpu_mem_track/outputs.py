@@ -1,18 +1,35 @@
 """Report files: safe names, a unique run name or run folder per output folder,
-append-and-flush writes."""
+append-and-flush writes.
+
+Report files are created exclusively (``O_CREAT | O_EXCL``: an existing file or symbolic
+link, dangling or not, is never reused) and reopened without following symbolic links
+(``O_NOFOLLOW``), so a link planted in the reports folder cannot redirect our writes, and
+two processes claiming one name at once get two files (``name``, ``name-2``).
+"""
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from .errors import UsageError
 
-__all__ = ["ReportFiles", "claim_folder", "claim_name", "default_run_name", "safe_name"]
+__all__ = [
+    "ReportFiles",
+    "claim_folder",
+    "claim_name",
+    "create_new",
+    "default_run_name",
+    "open_append",
+    "safe_name",
+]
 
 
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
@@ -110,14 +127,43 @@ class ReportFiles:
 
         def claim(name: str) -> bool:
             files = cls(path, name)
-            if files.log.exists() or files.csv.exists():
+            if not create_new(files.csv):
                 return False
-            files.log.touch()
+            if not create_new(files.log):
+                files.csv.unlink()  # ours: created just now
+                return False
             return True
 
         return cls(path, claim_name(path, safe_name(run_name), claim))
 
     def write_text(self, text: str) -> None:
         """Append ``text`` to the log and close it, so nothing waits in a buffer."""
-        with self.log.open("a", encoding="utf-8") as handle:
+        with open_append(self.log) as handle:
             handle.write(text)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def create_new(path: Path) -> bool:
+    """Create ``path`` empty, atomically; False when a file or symbolic link (even a
+    dangling one) already has that name. Other ``OSError`` propagate."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def open_append(path: Path, newline: str | None = None) -> TextIO:
+    """``path`` opened to append UTF-8 text (created if missing), refusing a symbolic link
+    (``OSError``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o666)
+    try:
+        # io.open, not os.fdopen (which imports io: impossible at interpreter shutdown)
+        return io.open(fd, "a", encoding="utf-8", newline=newline)  # noqa: UP020
+    except BaseException:
+        os.close(fd)
+        raise

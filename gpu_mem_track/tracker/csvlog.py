@@ -33,6 +33,7 @@ from ..categories import CATEGORIES
 from ..csvrows import CompleteRows, cell_text, cut_note, open_csv
 from ..errors import BadInput
 from ..inputs import parse_float, parse_int
+from ..outputs import open_append
 from ..units import shape_text
 from .records import Categories, GroupChange, Ledger, Skipped, Stamp
 
@@ -104,18 +105,22 @@ def stamp_rows(stamp: Stamp, rank: int | None = None) -> list[dict[str, Any]]:
 
 
 def write_header(path: Path) -> None:
-    """Create ``path`` holding only the header row (a report with no stamps yet)."""
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
+    """Write the header row into ``path``, an existing empty file (a report with no stamps
+    yet, see ``outputs.ReportFiles``); a symbolic link is refused (``OSError``)."""
+    with open_append(path, newline="") as handle:
+        if handle.tell() == 0:
+            csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
 
 
 def append_stamp(path: Path, stamp: Stamp, rank: int | None = None) -> None:
-    """Append a stamp's rows to ``path`` (writing the header first if the file is new),
-    then flush and close, so a crash after this call loses nothing of it."""
-    if not path.exists() or path.stat().st_size == 0:
-        write_header(path)
-    with path.open("a", newline="", encoding="utf-8") as handle:
-        csv.DictWriter(handle, fieldnames=COLUMNS).writerows(stamp_rows(stamp, rank))
+    """Append a stamp's rows to ``path``, an existing file (the header first if it is
+    empty), then flush and close, so a crash after this call loses nothing of it. A
+    symbolic link is refused (``OSError``)."""
+    with open_append(path, newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        if handle.tell() == 0:
+            writer.writeheader()
+        writer.writerows(stamp_rows(stamp, rank))
 
 
 def read_stamps(path: Path, notes: list[str] | None = None) -> list[Stamp]:

@@ -39,6 +39,7 @@ from .options import (
     check_options,
     cuda_unavailable_note,
     cuda_usable,
+    label_text,
     probe_function,
 )
 from .probe import ProbeError
@@ -215,8 +216,10 @@ class MemTracker(ClassicMethods):
 
     # -- stamping -----------------------------------------------------------------------------
 
-    def track(self, label: str | None = None) -> Stamp:
+    def track(self, label: object = None) -> Stamp:
         """Stamp the caller's file, line and function (and ``label``) and report changes.
+
+        ``label`` may be any object: it is recorded as text (``options.label_text``).
 
         Returns the stamp (plain data). Nothing it keeps refers to a tensor.
         """
@@ -229,7 +232,7 @@ class MemTracker(ClassicMethods):
     def stamp_at(
         self,
         frame: types.FrameType | None,
-        label: str | None = None,
+        label: object = None,
         *,
         where: tuple[str, int, str] | None = None,
     ) -> Stamp:
@@ -249,7 +252,7 @@ class MemTracker(ClassicMethods):
         finally:
             del frame
 
-    def region(self, label: str) -> _Region:
+    def region(self, label: object) -> _Region:
         """Stamp on entry and exit: ``with tracker.region("forward"): ...`` or as a decorator."""
         return _Region(self, label)
 
@@ -305,7 +308,7 @@ class MemTracker(ClassicMethods):
             self._reader = reader_for(self.device)
         return self._reader
 
-    def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: str | None) -> Stamp:
+    def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: object) -> Stamp:
         device = self.device
         # Our temporary objects must not trigger the program's collections (nor make the
         # next census walk the heap): collect nothing until they are gone again.
@@ -326,7 +329,7 @@ class MemTracker(ClassicMethods):
             file=where[0],
             line=where[1],
             function=where[2],
-            label=label or "",
+            label=label_text(label),
             ledger=self._ledger(device, census),
             changes=diff_census(self._previous, census),
             skipped=census.skipped,
@@ -443,9 +446,9 @@ class MemTracker(ClassicMethods):
 class _Region(contextlib.AbstractContextManager):
     """Stamps ``<label> start`` on entry and ``<label> end`` on exit, also as a decorator."""
 
-    def __init__(self, tracker: MemTracker, label: str) -> None:
+    def __init__(self, tracker: MemTracker, label: object) -> None:
         self._tracker = tracker
-        self._label = label
+        self._label = label_text(label)
 
     def __enter__(self) -> _Region:
         caller = sys._getframe(1)

@@ -17,7 +17,7 @@ from ..devices import parse_device
 from ..errors import UsageError
 from .probe import ProbeResult, load_probe
 
-__all__ = ["Probe", "check_options", "cuda_unavailable_note", "cuda_usable", "probe_function"]
+__all__ = ["Probe", "check_options", "cuda_unavailable_note", "cuda_usable", "label_text", "probe_function"]
 
 Probe = Callable[[str], "ProbeResult | None"]
 
@@ -30,6 +30,39 @@ def check_options(frame: Any, census: str, verbosity: int) -> None:
         raise UsageError(f"census must be 'fast' or 'full', not {census!r}")
     if verbosity not in (0, 1, 2):
         raise UsageError(f"verbosity must be 0, 1 or 2, not {verbosity!r}")
+
+
+def label_text(label: object) -> str:
+    """A stamp's label as text, whatever ``track()`` was given: None is ``""``; ``0`` and
+    ``False`` stay ``"0"`` and ``"False"``; a one-element CPU tensor is its value and another
+    tensor its description (``tensor(2x3, float32, cuda:0)``: no device memory is read); any
+    other object its ``str()`` (its type's name if that raises). Lone surrogates are
+    escaped (``\\udcff``) so the text can be written as UTF-8."""
+    if label is None:
+        return ""
+    if isinstance(label, torch.Tensor):
+        text = _tensor_label(label)
+    elif isinstance(label, str):
+        text = label
+    else:
+        try:
+            text = str(label)
+        except Exception:
+            text = f"<{type(label).__name__}>"
+        if not isinstance(text, str):  # a str() subclass override returning non-str
+            text = f"<{type(label).__name__}>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _tensor_label(tensor: torch.Tensor) -> str:
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            if tensor.device.type == "cpu" and tensor.numel() == 1 and tensor.layout == torch.strided:
+                return str(tensor.item())
+            shape = "x".join(str(n) for n in tensor.shape) or "scalar"
+            return f"tensor({shape}, {str(tensor.dtype).removeprefix('torch.')}, {tensor.device})"
+    except Exception:
+        return f"<{type(tensor).__name__}>"
 
 
 def cuda_usable() -> bool:

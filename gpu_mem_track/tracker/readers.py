@@ -8,6 +8,7 @@ in for all of them in tests.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -60,8 +61,8 @@ class MemoryReader(Protocol):
 
 def process_rss() -> int | None:
     """Resident set size of this process in bytes, or None where it cannot be read."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
+    try:  # io.open: at interpreter shutdown the builtin open is gone (a track() in __del__)
+        with io.open("/proc/self/statm", encoding="ascii") as statm:  # noqa: UP020
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError, AttributeError):
         pass
