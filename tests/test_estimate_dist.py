@@ -44,6 +44,27 @@ def test_one_rank():
     assert est(1, strategy="fsdp").parameter_bytes == PARAM_BYTES
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_fsdp_layer_table_shows_the_shards_and_the_title_the_strategy(world_size):
+    fsdp = est(world_size, strategy="fsdp")
+    layers = {layer.name: layer for layer in fsdp.layers}
+    # this rank's shard of each layer: dim 0 split over the ranks, padded to equal rows
+    assert layers["0"].parameters == (8 * 4 + 4) // world_size
+    assert sum(layer.parameter_bytes for layer in fsdp.layers) == fsdp.parameter_bytes > 0
+    if world_size == 1:
+        assert fsdp.parameter_bytes == PARAM_BYTES
+    title = render_estimate(fsdp).splitlines()[0]
+    assert ("fsdp on 1 rank" if world_size == 1 else "rank 0 of 2, fsdp") in title
+
+
+def test_estimate_command_fsdp_without_world_size_says_fsdp(in_process):
+    result = in_process("estimate", "tests.test_estimate_dist:mlp", "--input", "3x8", "--device", "cpu",
+                        "--strategy", "fsdp")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "(fsdp on 1 rank)" in result.stdout.splitlines()[0]
+    assert "0        Linear            36          144 B" in result.stdout
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ddp_adds_its_buckets_to_every_moment(world_size):
     single, ddp = est(), est(world_size, strategy="ddp")

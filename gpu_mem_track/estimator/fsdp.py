@@ -83,6 +83,7 @@ class FSDPPlan(Plan):
             for param in unit.params:
                 self._unsharded(param)
         self.optimized = [p.sharded for u in self.units for p in u.params]
+        self.kept = {p.name: p.sharded for u in self.units for p in u.params}
         self.stepped = self.optimized
         self.rs_inputs: list[torch.Tensor] = []
         self.last_flat: torch.Tensor | None = None

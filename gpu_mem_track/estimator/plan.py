@@ -78,7 +78,9 @@ class Plan:
 
     After :meth:`setup`, ``optimized`` lists the parameters the optimizer steps and
     ``stepped`` those whose gradients the step clears; ``roles`` gives the strategy's
-    own persistent storages a category (tensor, category) for the breakdown.
+    own persistent storages a category (tensor, category) for the breakdown; ``kept``
+    maps a parameter's name to what this rank keeps of it between steps, where that is
+    not the parameter itself (FSDP2's shard), for the per-layer table.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class Plan:
         self.optimized: list[torch.Tensor] = [state[n] for n in self.names]
         self.stepped: list[torch.Tensor] = list(self.optimized)
         self.roles: list[tuple[torch.Tensor, str]] = []
+        self.kept: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
 
     def setup(self) -> None:

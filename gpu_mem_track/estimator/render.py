@@ -52,11 +52,11 @@ def _title(estimate: Estimate) -> str:
     optimizer = f", optimizer {estimate.optimizer}" if estimate.training else ""
     amp = ", autocast (simulated)" if estimate.amp else ""
     loss = f", loss {estimate.loss}" if estimate.training and estimate.loss != "default" else ""
-    ranks = (
-        f" (rank {estimate.rank} of {estimate.world_size}, {estimate.strategy}: the highest peak)"
-        if estimate.ranks
-        else ""
-    )
+    ranks = ""
+    if estimate.ranks:
+        ranks = f" (rank {estimate.rank} of {estimate.world_size}, {estimate.strategy}: the highest peak)"
+    elif estimate.strategy not in ("none", ""):
+        ranks = f" ({estimate.strategy} on {estimate.world_size} rank{'s' if estimate.world_size != 1 else ''})"
     return (
         f"Estimated {kind} of {estimate.model} on {estimate.device}{ranks}: "
         f"inputs {', '.join(estimate.inputs)}, dtype {estimate.dtype}{optimizer}{loss}{amp}; "

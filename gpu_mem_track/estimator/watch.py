@@ -207,9 +207,10 @@ class Watch:
 
     def _layers(self) -> tuple[LayerEstimate, ...]:
         own: dict[str, list[torch.Tensor]] = {}
+        kept = self.plan.kept if self.plan is not None else {}
         for name, tensor in self.state.items():
             if isinstance(tensor, nn.Parameter):
-                own.setdefault(name.rpartition(".")[0], []).append(tensor)
+                own.setdefault(name.rpartition(".")[0], []).append(kept.get(name, tensor))
         held: dict[str, list[int]] = {}
         for key in self.activations or ():
             held.setdefault(self.tracker.born_in[key][1], []).append(key)
