@@ -56,7 +56,8 @@ def _title(estimate: Estimate) -> str:
     if estimate.ranks:
         ranks = f" (rank {estimate.rank} of {estimate.world_size}, {estimate.strategy}: the highest peak)"
     elif estimate.strategy not in ("none", ""):
-        ranks = f" ({estimate.strategy} on {estimate.world_size} rank{'s' if estimate.world_size != 1 else ''})"
+        plural = "s" if estimate.world_size != 1 else ""
+        ranks = f" ({estimate.strategy} on {estimate.world_size} rank{plural})"
     return (
         f"Estimated {kind} of {estimate.model} on {estimate.device}{ranks}: "
         f"inputs {', '.join(estimate.inputs)}, dtype {estimate.dtype}{optimizer}{loss}{amp}; "
