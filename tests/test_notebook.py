@@ -139,6 +139,25 @@ def test_a_cell_error_propagates_with_the_engine_removed():
         profile_cell("a = 1\nb = a / 0\n", {}, CellOptions())
 
 
+def test_the_first_cell_census_lists_only_what_the_cell_created(shell):
+    shell.user_ns["old"] = torch.zeros(512, 1024)  # made before the cell: not the cell's
+    profile = shell.run_cell_magic("memtrack", "--census-threshold 1", "big = torch.ones(4096, 4096)\n")
+    shell.user_ns.pop("old")
+    first = profile.censuses[0]
+    assert [(c.names, c.bytes_delta) for c in first.changes] == [(("big",), 64 * MIB)]
+
+
+@pytest.mark.parametrize("magic", ["%%memtrack\na = 1\nb = a / 0\n", "%memtrack b = 1 / 0"])
+def test_an_error_in_the_users_code_shows_no_frame_of_ours(shell, capsys, magic):
+    shell.run_line_magic("xmode", "Context")
+    capsys.readouterr()
+    result = shell.run_cell(magic)
+    assert isinstance(result.error_in_exec, ZeroDivisionError)  # still the cell's error
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert "ZeroDivisionError: division by zero" in shown and "<memtrack" in shown
+    assert "magics.py" not in shown and "measure.py" not in shown, shown
+
+
 def test_the_peak_compares_high_water_marks_and_never_resets_them(gpu):
     assert rise(10, 50, 20, 80) == (80, True)  # the mark rose: exact
     assert rise(10, 90, 20, 90) == (20, False)  # it did not: at least the larger reading

@@ -101,6 +101,9 @@ class MemtrackMagics(Magics):
 
     @line_cell_magic
     def memtrack(self, line: str, cell: str | None = None) -> Any:
+        # IPython leaves frames with this local out of a traceback: an exception from the
+        # user's code shows the user's frames, not ours (as ``run`` does).
+        __tracebackhide__ = True
         try:  # the docstring (``%memtrack?``) is USAGE, set below
             if cell is None:
                 return self._statement(line)
@@ -112,6 +115,7 @@ class MemtrackMagics(Magics):
     memtrack.__doc__ = USAGE
 
     def _statement(self, line: str) -> Any:
+        __tracebackhide__ = True  # see memtrack
         keep, device, statement = _statement(line)
         if not statement:
             raise UsageError("%memtrack needs a statement, e.g. %memtrack y = model(x)")

@@ -79,6 +79,7 @@ def measure_statement(
     on a GPU, the process RSS on the CPU). An exception from ``code`` propagates."""
     from ..tracker.census import full_scan
 
+    __tracebackhide__ = True  # IPython shows the user's frames of an exception, not ours
     source = source or full_scan
     on_cuda = device.startswith("cuda")
     rss = RssSampler()
@@ -138,6 +139,7 @@ def profile_cell(
     entered for the cell only: what it records goes into ``CellProfile.simulation``."""
     from ..runner.simulate import simulation, simulation_info
 
+    __tracebackhide__ = True  # IPython shows the user's frames of an exception, not ours
     with simulation(options.simulate) as gpu:
         profile = _profile_cell(cell, namespace, options, filename, sampler, engine)
     if gpu is not None:
@@ -153,6 +155,7 @@ def _profile_cell(
     sampler: Sampler | None,
     engine: str,
 ) -> CellProfile:
+    __tracebackhide__ = True  # see profile_cell
     filename = filename or cell_filename()
     linecache.cache[filename] = (len(cell), None, cell.splitlines(keepends=True), filename)
     code = compile(cell, filename, "exec")
@@ -165,8 +168,9 @@ def _profile_cell(
     start = time.perf_counter()
     add_stamp_listener(session)
     try:
-        if options.activations:
-            session.census_tracker(activations=True)
+        if options.activations or options.census_threshold is not None:
+            # what earlier cells left is the baseline, not the cell's own creation
+            session.census_tracker(activations=options.activations).baseline(_namespace_frame(namespace))
         tracer.start()
         try:
             exec(code, namespace)
@@ -196,9 +200,14 @@ def _census(device: str, namespace: dict[str, Any], source: Callable[[], list[An
     from ..tracker.census import take_census
     from ..tracker.naming import frame_roots
 
-    # frame_roots reads a frame's globals: the notebook's namespace stands in for one.
-    roots = frame_roots(SimpleNamespace(f_globals=namespace, f_locals=namespace, f_back=None))  # type: ignore[arg-type]
+    roots = frame_roots(_namespace_frame(namespace))
     try:
         return take_census(device, source, roots)
     finally:
         del roots
+
+
+def _namespace_frame(namespace: dict[str, Any]) -> Any:
+    """A stand-in frame whose globals and locals are the notebook's namespace (the census
+    names tensors from a frame's variables)."""
+    return SimpleNamespace(f_globals=namespace, f_locals=namespace, f_back=None)

@@ -308,18 +308,31 @@ class MemTracker(ClassicMethods):
             self._reader = reader_for(self.device)
         return self._reader
 
-    def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: object) -> Stamp:
-        device = self.device
+    def baseline(self, frame: types.FrameType | None = None) -> None:
+        """Take a census now and write nothing: the next stamp reports the changes since
+        this moment, so what existed before (a notebook's earlier cells) is not reported
+        as created. ``frame``'s locals and globals name tensors, as in ``stamp_at``."""
+        try:
+            self._previous = self._quiet_census(self.device, frame)
+        finally:
+            del frame
+
+    def _quiet_census(self, device: str, frame: types.FrameType | None) -> Census:
         # Our temporary objects must not trigger the program's collections (nor make the
         # next census walk the heap): collect nothing until they are gone again.
         collecting = gc.isenabled()
         gc.disable()
         try:
-            census = self._census(device, frame)
-            frame = None
+            return self._census(device, frame)
         finally:
+            del frame
             if collecting:
                 gc.enable()
+
+    def _stamp(self, frame: types.FrameType | None, where: tuple[str, int, str], label: object) -> Stamp:
+        device = self.device
+        census = self._quiet_census(device, frame)
+        frame = None
         now = self._clock()
         self._seq += 1
         stamp = Stamp(
