@@ -14,9 +14,13 @@ Not counted (see the README's runner section):
 - storages made in other threads (dispatch modes are thread-local) or in other processes
   (DataLoader workers); their deaths are not counted either;
 - storages no aten op made: ``torch.from_numpy``, ``torch.frombuffer``, ``torch.load``'s
-  and unpickled storages, ``UntypedStorage(n)``;
-- resizes: a storage counts with its size at birth (``resize_``, ``out=`` into a smaller
-  tensor, ``untyped_storage().resize_`` do not change it).
+  and unpickled storages, ``UntypedStorage(n)``, and their resizes.
+
+Resizes of a followed storage are followed, as the census sees them: an op that grows or
+shrinks its output's storage (``resize_``, ``set_``, ``out=``) is seen when the op
+returns, and ``untyped_storage().resize_(n)`` (FSDP2 frees and re-gathers its unsharded
+parameters so; no dispatch mode sees it) through ``UntypedStorage.resize_``, wrapped while
+the sampler runs (``follow_resizes``) and restored when it closes.
 
 Importing this module imports torch (the runner imports it only for ``--memory tensors``);
 nothing here starts CUDA.
@@ -24,10 +28,12 @@ nothing here starts CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -36,7 +42,7 @@ from ..estimator.lifetimes import plain_tensors, tensor_storage
 from ..runfolder.records import TENSORS_SOURCE
 from .samplers import Extras, RssSampler
 
-__all__ = ["StorageBytes", "TensorSampler"]
+__all__ = ["StorageBytes", "TensorSampler", "follow_resizes"]
 
 
 class StorageBytes(TorchDispatchMode):
@@ -49,7 +55,7 @@ class StorageBytes(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self.events = 0
-        self._refs: dict[int, tuple[weakref.ref, int]] = {}  # id(storage): (ref, nbytes)
+        self._refs: dict[int, list[Any]] = {}  # id(storage): [ref, nbytes now]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -69,21 +75,38 @@ class StorageBytes(TorchDispatchMode):
         key = id(storage)
         entry = self._refs.get(key)
         if entry is not None and entry[0]() is storage:
+            if storage.nbytes() != entry[1]:  # an op resized it (resize_, set_, out=)
+                self.resized(storage)
             return
-        nbytes = storage.nbytes()
-        self._refs[key] = (weakref.ref(storage, self._on_death(key, nbytes)), nbytes)
+        entry = [None, storage.nbytes()]
+        entry[0] = weakref.ref(storage, self._on_death(key, entry))
+        self._refs[key] = entry
         self.events += 1
-        self.live += nbytes
+        self.live += entry[1]
         if self.live > self.peak:
             self.peak = self.live
 
-    def _on_death(self, key: int, nbytes: int) -> Callable[[Any], None]:
+    def resized(self, storage: Any) -> None:
+        """A storage may have changed size in place: if followed, count the difference
+        (a rise moves the high-water mark)."""
+        entry = self._refs.get(id(storage))
+        if entry is None or entry[0]() is not storage:
+            return
+        nbytes = storage.nbytes()
+        if nbytes == entry[1]:
+            return
+        self.events += 1
+        self.live += nbytes - entry[1]
+        entry[1] = nbytes
+        if self.live > self.peak:
+            self.peak = self.live
+
+    def _on_death(self, key: int, entry: list[Any]) -> Callable[[Any], None]:
         def died(ref: Any) -> None:
-            entry = self._refs.get(key)
-            if entry is not None and entry[0] is ref:
+            if self._refs.get(key) is entry:
                 del self._refs[key]
             self.events += 1
-            self.live -= nbytes
+            self.live -= entry[1]
 
         return died
 
@@ -105,6 +128,8 @@ class TensorSampler:
     def __init__(self) -> None:
         self._rss = RssSampler()
         self._mode = StorageBytes()
+        self._resizes = follow_resizes(self._mode.resized)
+        self._resizes.__enter__()
         self._mode.__enter__()
         self._open = True
 
@@ -125,5 +150,32 @@ class TensorSampler:
             return
         self._open = False
         self._mode.__exit__(None, None, None)
+        self._resizes.__exit__(None, None, None)
         self._mode.forget()
         self._rss.close()
+
+
+@contextlib.contextmanager
+def follow_resizes(resized: Callable[[Any], None]) -> Iterator[None]:
+    """Call ``resized(storage)`` after each ``UntypedStorage.resize_`` (typed storages
+    resize through it too) inside the block; on exit the method is restored, unless
+    someone wrapped it again meanwhile (then ours stays in their chain, harmless)."""
+    cls = torch.UntypedStorage
+    had_own = "resize_" in cls.__dict__
+    before = cls.__dict__.get("resize_")
+    original = cls.resize_
+
+    def resize_(storage: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(storage, *args, **kwargs)
+        resized(storage)
+        return result
+
+    cls.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if cls.__dict__.get("resize_") is resize_:  # else wrapped again since: leave the chain
+            if had_own:
+                cls.resize_ = before  # type: ignore[method-assign]
+            else:
+                del cls.resize_
