@@ -10,6 +10,14 @@ Writes a markdown report (``--out``) and the same data as JSON next to it. Exits
 a census is incomplete; the ratio target is reported, not enforced.
 
     python3 scripts/bench_census.py [--sizes 100000,1000000,3000000] [--tensors 3000]
+
+The tensor-count curve (``--tensor-counts``): no extra heap, but 10^3..10^6 small live
+tensors (a model of ``Linear(4, 4)`` layers with gradients and Adam state, plain tensors,
+views), the same timings; the target there is ``track()`` <= 2x ``gc.get_objects()`` at
+10^5 tensors (``reports/bench_census_tensors.md``):
+
+    python3 scripts/bench_census.py --tensor-counts 1000,10000,100000,1000000 \
+        --out reports/bench_census_tensors.md
 """
 
 from __future__ import annotations
@@ -56,12 +64,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated target counts of live gc-tracked objects (default: %(default)s)",
     )
     parser.add_argument("--tensors", type=int, default=3000, help="tensors in total (default: %(default)s)")
+    parser.add_argument(
+        "--tensor-counts",
+        default="",
+        help="comma-separated tensor counts: time the census against the number of live tensors "
+        "instead of the heap size (no extra heap)",
+    )
     parser.add_argument("--repeats", type=int, default=7, help="timed calls of each (default: %(default)s)")
     parser.add_argument(
         "--out", default="reports/bench_census.md", help="markdown report; JSON goes next to it (%(default)s)"
     )
     args = parser.parse_args(argv)
     args.size_list = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    args.count_list = [int(s.replace("_", "")) for s in args.tensor_counts.split(",") if s.strip()]
     if args.repeats < 1 or args.tensors < 20 or not args.size_list:
         parser.error("need --repeats >= 1, --tensors >= 20 and at least one size")
     return args
@@ -81,14 +96,15 @@ def build_heap(target: int) -> list[list[Any]]:
     return [lists, dicts, nodes, tuples]
 
 
-def build_tensors(total: int) -> dict[str, Any]:
+def build_tensors(total: int, max_layers: int | None = None) -> dict[str, Any]:
     """About ``total`` small tensors: a model with Adam state after one step, plain ones, views.
 
     Each ``Linear(4, 4)`` layer gives 2 parameters, and each parameter a gradient and
-    Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``: 10 tensors per layer.
+    Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``: 10 tensors per layer; the model holds
+    a third of the tensors, or ``max_layers`` layers at most.
     """
     torch.manual_seed(0)
-    layers = max(1, total // 3 // 10)
+    layers = max(1, min(total // 3 // 10, max_layers or total))
     width = int(FLOATS_PER_TENSOR**0.5)
     model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -144,9 +160,9 @@ def check_complete(stamp: Any) -> dict[str, Any]:
     }
 
 
-def bench_size(target: int, tensors: int, repeats: int) -> dict[str, Any]:
+def bench_size(target: int, tensors: int, repeats: int, max_layers: int | None = None) -> dict[str, Any]:
     """Build one heap, time the calls, check completeness, free the heap."""
-    held = build_tensors(tensors)
+    held = build_tensors(tensors, max_layers)
     heap = build_heap(target)
     gc.collect()
     live = len(gc.get_objects())
@@ -333,9 +349,71 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
 
 
+#: The curve's model: 100 layers (1,000 named tensors with gradients and Adam state); the
+#: other tensors are plain, 2% of them views, as a program's data, activations and caches.
+CURVE_LAYERS = 100
+TENSORS_TARGET = 2.0
+TENSORS_TARGET_COUNT = 100_000
+
+
+def tensor_curve(args: argparse.Namespace, env: dict[str, Any]) -> int:
+    """The census's cost against the number of live tensors (``--tensor-counts``)."""
+    results = []
+    for count in args.count_list:
+        print(f"{count:,} tensors ...", flush=True)
+        results.append(bench_size(0, count, args.repeats, CURVE_LAYERS))
+    headers = ["tensors", "storages", "live objects", "calls", "paths", "get_objects min ms", "track min ms",
+               "ratio (min)", "ratio (median)", "ns per tensor (min)", "complete"]  # fmt: skip
+    rows = []
+    for r in results:
+        for mode in MODES:
+            m = r[mode]
+            rows.append([
+                f"{r['tensor_objects']:,}", f"{r['storages_full']:,}", f"{r['live_objects']:,}",
+                "steady state" if mode == "steady" else "after gc.collect(1)",
+                ", ".join(f"{n} {path}" for path, n in sorted(m["paths"].items())),
+                f"{m['get_objects_ms']['min']:.1f}", f"{m['track_ms']['min']:.1f}",
+                f"{m['ratio_min']:.2f}", f"{m['ratio_median']:.2f}",
+                f"{m['track_ms']['min'] * 1e6 / max(r['tensor_objects'], 1):.0f}",
+                "yes" if r["complete"] else "no",
+            ])  # fmt: skip
+    print("\n".join("  ".join(row) for row in [headers, *rows]))
+    judged = [r for r in results if r["target"] == 0 and r["tensor_objects"] >= TENSORS_TARGET_COUNT * 0.9]
+    lines = [
+        "# Census benchmark: `track()` against the number of live tensors",
+        "",
+        *(f"- {k}: {env[k]}" for k in ("date_utc", "machine", "cpu_count", "python", "torch", "commit")),
+        f"- Command: `{env['command']}`",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        f"Target: `track()` <= {TENSORS_TARGET}x `gc.get_objects()` at {TENSORS_TARGET_COUNT:,} tensors: "
+        + ", ".join(f"{mode} **{'met' if _met(judged, mode) else 'not met'}**" for mode in MODES)
+        + " (by min). *ns per tensor*: `track()`'s min time over the tensor count.",
+        "",
+    ]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    for r in results:
+        for mode in MODES:
+            r[mode].pop("samples_ms", None)
+    out.with_suffix(".json").write_text(json.dumps({"environment": env, "results": results}, indent=2) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0 if all(r["complete"] for r in results) else 1
+
+
+def _met(judged: list[dict[str, Any]], mode: str) -> bool:
+    return bool(judged) and all(r[mode]["ratio_min"] <= TENSORS_TARGET for r in judged)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = environment()
+    if args.count_list:
+        return tensor_curve(args, env)
     results = []
     for target in args.size_list:
         print(f"heap of about {target:,} objects ...", flush=True)

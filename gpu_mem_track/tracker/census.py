@@ -14,6 +14,7 @@ autograd nodes hold them).
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import torch
 from ..devices import parse_device
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
+from .bulk import Bulk, CensusMemo, split
 from .finder import FullScan, LiveTensorFinder, full_scan, tensor_types
 from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
@@ -49,6 +51,7 @@ def take_census(
     source: TensorSource,
     roots: Iterable[tuple[str, Any]] = (),
     saved: SavedTensorRecorder | None = None,
+    memo: CensusMemo | None = None,
 ) -> Census:
     """Count the storages of live tensors on ``device`` (``"cpu"``, ``"cuda:0"``, ...).
 
@@ -62,7 +65,9 @@ def take_census(
     tensor's alias sharing a visible tensor's storage is not counted as a view.
     CUDA storages count as the allocator's 512 B-rounded blocks. Meta and fake tensors,
     and tensors without an accessible storage, are reported in ``skipped`` instead.
-    No tensor is referenced once this returns.
+    No tensor is referenced once this returns. ``memo``: what a previous census learnt of
+    plain tensors (``bulk.CensusMemo``; pass the same one each time to make censuses of
+    many unchanged tensors cheap).
     """
     target = torch.device(str(parse_device(device)))
     seen = _Seen()
@@ -71,17 +76,45 @@ def take_census(
         seen.add_roots(roots)
         if saved is not None:
             seen.add_saved(saved.known_tensors())
-        seen.add_objects(source())
+        bulk = split(list(source()), seen.tensors, str(target), memo or CensusMemo())
+        seen.add_objects(bulk.others)
         seen.add_relatives()
-        owners, skipped, views = _storages(seen, target)
-        groups = _groups(seen, owners, str(target), target.type == "cuda")
+        storages = _Storages(seen, target)
+        storages.add(seen.tensors.items())
+        storages.add(_settle(bulk, seen, storages.owners))
+        owners, skipped, views = storages.result()
+        groups = _groups(seen, owners, str(target), target.type == "cuda", bulk)
     seen.clear()
+    bulk.clear()
     return Census(
         device=str(target),
         groups=groups,
         views=views,
         skipped=tuple(Skipped(r, c, b) for r, (c, b) in sorted(skipped.items())),
     )
+
+
+def _settle(bulk: Bulk, seen: _Seen, owners: dict[Any, list[Any]]) -> list[tuple[int, Any]]:
+    """Move to the general path the bulk tensors whose storage another tensor uses (the
+    general path's, found in ``owners``, or another bulk tensor's); return them as
+    ``(id, tensor)`` for its storage count. Bulk tensors the general path reached itself
+    (as relatives) just leave the bulk. Loops run over the general path's few tensors;
+    over the bulk only C-level passes."""
+    if not bulk.tensors:
+        return []
+    ids = set(bulk.ids)
+    reached = [tid for tid in seen.tensors if tid in ids]
+    if reached:
+        bulk.take_out(list(map(set(reached).__contains__, bulk.ids)))
+    pointers = set(bulk.pointers)
+    shared = {key for key in owners if key in pointers}
+    if len(pointers) != len(bulk.pointers):
+        shared.update(pointer for pointer, n in Counter(bulk.pointers).items() if n > 1)
+    if not shared:
+        return []
+    moved = bulk.take_out(list(map(shared.__contains__, bulk.pointers)))
+    seen.add_objects(moved)
+    return [(id(tensor), tensor) for tensor in moved]
 
 
 class _Seen:
@@ -183,59 +216,75 @@ def _class_kind(cls: type) -> str | None:
     return _CLASS_KIND[cls]
 
 
-def _storages(seen: _Seen, target: torch.device) -> tuple[dict[Any, list[Any]], dict[str, list[int]], int]:
-    """Map each storage on ``target`` to its owner: ``key -> [rank, id, nbytes, tensor, order]``.
+class _Storages:
+    """Each storage on ``target`` mapped to its owner: ``key -> [rank, id, nbytes, tensor,
+    order]``, filled by ``add`` (in discovery order, in one or more calls).
 
     The owner is the best-ranked tensor using the storage (see ``_rank``); ranks are
     computed only where two tensors share a storage, so ``rank`` is None until then.
     A storage the program holds under a name (a plain tensor bound in the calling code
     or watched) is never an activation: a saved tensor's alias owns only storages nothing
-    else names. So a batch sliced from a dataset and saved for backward leaves the
-    dataset in its own category (named ``train_data, saved at ...``).
+    else names (``result``). So a batch sliced from a dataset and saved for backward leaves
+    the dataset in its own category (named ``train_data, saved at ...``).
     """
-    owners: dict[Any, list[Any]] = {}
-    plain: dict[Any, list[Any]] = {}  # shared storages: the best owner that is not a saved alias
-    named: set[Any] = set()  # storages a plain tensor with a program name uses
-    skipped: dict[str, list[int]] = {}
-    views = 0
-    for order, (tid, tensor) in enumerate(seen.tensors.items()):
-        try:
-            cls_kind = _class_kind(type(tensor))
-            device = tensor.device
-            if cls_kind is None or device.type == "meta":
-                _tally(skipped, "fake" if cls_kind is None else "meta", _nominal_bytes(tensor))
+
+    def __init__(self, seen: _Seen, target: torch.device) -> None:
+        self.seen, self.target = seen, target
+        self.owners: dict[Any, list[Any]] = {}
+        self.plain: dict[Any, list[Any]] = {}  # shared storages: the best owner not a saved alias
+        self.named: set[Any] = set()  # storages a plain tensor with a program name uses
+        self.skipped: dict[str, list[int]] = {}
+        self.views = 0
+        self.order = 0
+
+    def add(self, items: Iterable[tuple[int, Any]]) -> None:
+        seen, skipped = self.seen, self.skipped
+        for tid, tensor in items:
+            self.order += 1
+            try:
+                cls_kind = _class_kind(type(tensor))
+                device = tensor.device
+                if cls_kind is None or device.type == "meta":
+                    _tally(skipped, "fake" if cls_kind is None else "meta", _nominal_bytes(tensor))
+                    continue
+                if device != self.target:
+                    continue
+                parts = _storage_parts(tensor)
+            except Exception:
+                _tally(skipped, "no storage", 0)
                 continue
-            if device != target:
-                continue
-            parts = _storage_parts(tensor)
-        except Exception:
-            _tally(skipped, "no storage", 0)
-            continue
-        kind = seen.kinds.setdefault(tid, cls_kind)
-        if tid in seen.names and parts:
-            seen.storage_of[tid] = parts[0][0]
-            if kind == "Tensor" and tid not in seen.aliases:
-                named.update(key for key, _ in parts)
-        for key, nbytes in parts:
-            current = owners.get(key)
-            if current is None:
-                owners[key] = [None, tid, nbytes, tensor, order]
-                continue
-            if tid not in seen.aliases and current[1] not in seen.aliases:
-                views += 1
-            if current[0] is None:
-                current[0] = _rank(seen, current[1], current[3], current[4])
-                if current[1] not in seen.aliases:
-                    plain[key] = list(current)
-            rank = _rank(seen, tid, tensor, order)
-            if tid not in seen.aliases and (key not in plain or rank < plain[key][0]):
-                plain[key] = [rank, tid, nbytes, tensor, order]
-            if rank < current[0]:
-                current[0], current[1], current[3], current[4] = rank, tid, tensor, order
-    for key in named.intersection(plain):
-        if owners[key][1] in seen.aliases:
-            owners[key] = plain[key]
-    return owners, skipped, views
+            kind = seen.kinds.setdefault(tid, cls_kind)
+            if tid in seen.names and parts:
+                seen.storage_of[tid] = parts[0][0]
+                if kind == "Tensor" and tid not in seen.aliases:
+                    self.named.update(key for key, _ in parts)
+            for key, nbytes in parts:
+                self._own(key, nbytes, tid, tensor)
+
+    def _own(self, key: Any, nbytes: int, tid: int, tensor: Any) -> None:
+        seen, owners, plain, order = self.seen, self.owners, self.plain, self.order
+        current = owners.get(key)
+        if current is None:
+            owners[key] = [None, tid, nbytes, tensor, order]
+            return
+        if tid not in seen.aliases and current[1] not in seen.aliases:
+            self.views += 1
+        if current[0] is None:
+            current[0] = _rank(seen, current[1], current[3], current[4])
+            if current[1] not in seen.aliases:
+                plain[key] = list(current)
+        rank = _rank(seen, tid, tensor, order)
+        if tid not in seen.aliases and (key not in plain or rank < plain[key][0]):
+            plain[key] = [rank, tid, nbytes, tensor, order]
+        if rank < current[0]:
+            current[0], current[1], current[3], current[4] = rank, tid, tensor, order
+
+    def result(self) -> tuple[dict[Any, list[Any]], dict[str, list[int]], int]:
+        """(owners, skipped ``reason -> [count, nominal bytes]``, views)."""
+        for key in self.named.intersection(self.plain):
+            if self.owners[key][1] in self.seen.aliases:
+                self.owners[key] = self.plain[key]
+        return self.owners, self.skipped, self.views
 
 
 def _rank(seen: _Seen, tid: int, tensor: Any, order: int) -> tuple[int, bool, int, int]:
@@ -255,8 +304,11 @@ def _tally(skipped: dict[str, list[int]], reason: str, nbytes: int) -> None:
     entry[1] += nbytes
 
 
-def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool) -> tuple[TensorGroup, ...]:
-    """Group owned storages by (kind, shape, dtype); views' names go to their storage's owner."""
+def _groups(
+    seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool, bulk: Bulk
+) -> tuple[TensorGroup, ...]:
+    """Group owned storages by (kind, shape, dtype), the bulk's included; views' names go
+    to their storage's owner."""
     per_tensor: dict[int, int] = {}
     for owner in owners.values():
         nbytes = cuda_block_bytes(owner[2]) if on_cuda else owner[2]
@@ -277,6 +329,12 @@ def _groups(seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: boo
         group[0] += 1
         group[1] += nbytes
         group[2].extend(seen.names.get(tid, ()))
+    for (key, nbytes), count in Counter(zip(bulk.keys, bulk.nbytes)).items():
+        group = groups.get((*key, device))
+        if group is None:
+            group = groups[(*key, device)] = [0, 0, []]
+        group[0] += count
+        group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
     result = [
         TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(dict.fromkeys(names)))
         for key, (count, nbytes, names) in groups.items()

@@ -24,6 +24,7 @@ import gc
 import itertools
 import sys
 import weakref
+from operator import is_not
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch import nn
 __all__ = ["FullScan", "LiveTensorFinder", "Owners", "full_scan", "owner_types", "tensor_types"]
 
 _ALWAYS_ASKED = (torch.Tensor, torch.nn.Parameter)
+_CALL = weakref.ref.__call__
 _OWNER_BASES = (nn.Module, torch.optim.Optimizer)
 
 
@@ -158,8 +160,8 @@ class LiveTensorFinder:
         else:
             found = self._full_walk(tensor_types())
             self.last_scan = "full"
+            self._known = list(map(weakref.ref, found))
         self._epoch = epoch
-        self._known = [weakref.ref(t) for t in found]
         return found
 
     def roots(self) -> list[tuple[str, Any]]:
@@ -167,7 +169,13 @@ class LiveTensorFinder:
         return self.owners.roots()
 
     def _young_scan(self) -> list[Any]:
-        by_id = {id(t): t for t in (ref() for ref in self._known) if t is not None}
+        """The tensors found before that still live (``_known``, kept in order: a census
+        can then reuse what it learnt of them) and the young tensors not among them."""
+        alive = list(map(_CALL, self._known))
+        live = list(map(is_not, alive, itertools.repeat(None)))
+        if not all(live):
+            alive = list(itertools.compress(alive, live))
+            self._known = list(itertools.compress(self._known, live))
         young = gc.get_objects(0)
         young += gc.get_objects(1)
         wanted = self._wanted
@@ -175,12 +183,15 @@ class LiveTensorFinder:
             wanted.clear()
         hits = list(itertools.compress(young, map(wanted.__getitem__, map(type, young))))
         del young
+        known = set(map(id, alive)) if hits else set()
         for obj in hits:
             if wanted.is_tensor(type(obj)):
-                by_id[id(obj)] = obj
+                if id(obj) not in known:
+                    alive.append(obj)
+                    self._known.append(weakref.ref(obj))
             else:
                 self.owners.add(obj)
-        return list(by_id.values())
+        return alive
 
     def _full_walk(self, classes: list[type]) -> list[Any]:
         owner_classes = owner_types()
@@ -253,14 +264,10 @@ def _split_hits(
 ) -> list[Any]:
     """The tensors among ``hits`` (exact type in ``tensor_classes``), in one pass that also
     records the modules and optimizers (exact type in ``owner_classes``) in ``owners``."""
-    found = []
-    for obj in hits:
-        cls = type(obj)
-        if cls in tensor_classes:
-            found.append(obj)
-        elif cls in owner_classes:
-            owners.add(obj)
-    return found
+    types = list(map(type, hits))
+    for obj in itertools.compress(hits, map(owner_classes.__contains__, types)):
+        owners.add(obj)
+    return list(itertools.compress(hits, map(tensor_classes.__contains__, types)))
 
 
 def full_scan() -> list[Any]:

@@ -27,6 +27,7 @@ from ..devices import Device, parse_device
 from ..errors import UsageError
 from ..outputs import ReportFiles, default_run_name
 from ..ranks import launch_name, rank_device, rank_info
+from .bulk import CensusMemo
 from .census import TensorSource, take_census
 from .classic import ClassicMethods
 from .csvlog import append_stamp, read_frame, stamp_rows, write_header
@@ -136,6 +137,7 @@ class MemTracker(ClassicMethods):
         self._reader_given = reader is not None
         self._clock = clock
         self._registry = Registry()
+        self._memo = CensusMemo()
         self._recorder = SavedTensorRecorder()
         self._recording = activations
         if activations:
@@ -363,7 +365,7 @@ class MemTracker(ClassicMethods):
             for prefix, obj in roots:
                 if isinstance(obj, torch.nn.Module):
                     self._recorder.name(obj, prefix)
-        return take_census(device, lambda given=objects: given, roots, saved=self._recorder)
+        return take_census(device, lambda given=objects: given, roots, saved=self._recorder, memo=self._memo)
 
     def _ledger(self, device: str, census: Census) -> Ledger:
         reader = self._reader or reader_for(device)

@@ -1,0 +1,182 @@
+"""The census's fast path: plain tensors read in bulk, what they are remembered.
+
+Most live tensors of a big program are plain (exactly ``torch.Tensor`` or
+``nn.Parameter``), nameless, own their storage whole and are the same objects from one
+census to the next. For these the census needs the storage's identity and size and the
+tensor's group (kind, shape, dtype). ``split`` reads them in C-level passes (``map`` over
+the whole list, no Python code per tensor):
+
+- every census: the version counter, the data pointer and ``requires_grad``;
+- only for a tensor not seen before, or whose version counter or data pointer changed
+  since: its group, device, layout, storage offset and size, and whether it is a view,
+  kept in ``CensusMemo`` under the tensor's id with a weak reference proving that the id
+  still names the same object. (Reading a storage's size makes a Python storage object,
+  which costs more than all the other reads: it is done once per tensor and change.)
+
+A tensor goes to the census's general path when it is not that simple: a view, not
+strided, not at the start of its storage, requiring grad (its ``.grad`` may exist only in
+C++), without a version counter (inference tensors), with an empty storage, on the meta
+device, sharing its storage with another tensor, or reached by the general path too
+(``census.take_census`` moves those). Tensors on other devices are dropped here.
+
+Limits, as both leave the version counter and the data pointer as they were: a tensor
+whose ``.data`` is replaced by another tensor starting at the same address keeps its
+previous shape and dtype in the census until its version changes, and a storage resized in
+place (``untyped_storage().resize_``) to another size that lands at the same address keeps
+its previous size (FSDP2 resizes to nothing and back to the same size: unaffected).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from operator import and_, attrgetter, eq, is_, is_not, itemgetter, not_, or_, truth
+from typing import Any
+
+import torch
+
+from ..dtypes import dtype_name
+
+__all__ = ["Bulk", "CensusMemo", "split"]
+
+_PLAIN = {torch.Tensor: "Tensor", torch.nn.Parameter: "Parameter"}
+_VERSION = attrgetter("_version")
+_REQUIRES_GRAD = attrgetter("requires_grad")
+_POINTER = torch.Tensor.data_ptr
+_CALL = weakref.ref.__call__
+_REF, _SIGNATURE, _KEY, _DEVICE, _NBYTES_OF = (itemgetter(i) for i in range(5))
+
+
+class _Gone:
+    pass
+
+
+#: Devices of plain tensors the general path looks at although not on the census's device.
+_ASK = frozenset({"meta", "?"})
+#: A memo entry for a tensor never seen: its reference is dead, so it never validates.
+_MISSING = (weakref.ref(_Gone()), None, None, "", 0)
+
+
+class CensusMemo:
+    """What the census remembers of plain tensors between calls: ``id -> (weak reference,
+    (version, data pointer), (kind, shape, dtype) or None when not simple, device, storage
+    bytes)``.
+    Holds no tensor; entries of dead tensors are dropped when they outnumber the live."""
+
+    def __init__(self) -> None:
+        self.facts: dict[int, tuple[Any, ...]] = {}
+
+
+@dataclass
+class Bulk:
+    """The simple plain tensors of one census (``tensors``, with their ids, their storages'
+    data pointers and sizes in bytes, and their group keys) and the objects left to the
+    general path."""
+
+    tensors: list[Any] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    pointers: list[int] = field(default_factory=list)
+    nbytes: list[int] = field(default_factory=list)
+    keys: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
+    others: list[Any] = field(default_factory=list)
+
+    def take_out(self, flags: list[bool]) -> list[Any]:
+        """Remove the tensors whose flag is true; return them."""
+        keep = list(map(not_, flags))
+        taken = list(itertools.compress(self.tensors, flags))
+        self.tensors = list(itertools.compress(self.tensors, keep))
+        self.ids = list(itertools.compress(self.ids, keep))
+        self.pointers = list(itertools.compress(self.pointers, keep))
+        self.nbytes = list(itertools.compress(self.nbytes, keep))
+        self.keys = list(itertools.compress(self.keys, keep))
+        return taken
+
+    def clear(self) -> None:
+        self.tensors.clear()
+        self.others.clear()
+
+
+def split(objects: list[Any], exclude: dict[int, Any], device: str, memo: CensusMemo) -> Bulk:
+    """Sort ``objects``: simple plain tensors on ``device`` into the bulk, plain tensors on
+    other devices (but meta) away, the rest (and tensors whose id is in ``exclude``) into
+    ``others``."""
+    plain_flags = list(map(_PLAIN.__contains__, map(type, objects)))
+    others = list(itertools.compress(objects, map(not_, plain_flags)))
+    plain = list(itertools.compress(objects, plain_flags))
+    ids = list(map(id, plain))
+    if exclude:
+        keep = list(map(not_, map(exclude.__contains__, ids)))
+        plain, ids = list(itertools.compress(plain, keep)), list(itertools.compress(ids, keep))
+    pointers = _read(_POINTER, plain)  # the storage's address, as offsets of simple ones are 0
+    signatures = list(zip(_read(_VERSION, plain), pointers))  # inference tensors have no version
+    grads = _read(_REQUIRES_GRAD, plain)
+    entries = _entries(plain, ids, signatures, memo)
+    devices = list(map(_DEVICE, entries))
+    here = list(map(eq, devices, itertools.repeat(device)))
+    has_key = map(is_not, map(_KEY, entries), itertools.repeat(None))
+    simple = list(map(and_, map(and_, here, has_key), map(and_, map(not_, grads), map(truth, pointers))))
+    # the general path: on the device but not simple, or meta (its bytes are reported skipped)
+    general = map(or_, map(and_, here, map(not_, simple)), map(_ASK.__contains__, devices))
+    others.extend(itertools.compress(plain, general))
+    return Bulk(
+        tensors=list(itertools.compress(plain, simple)),
+        ids=list(itertools.compress(ids, simple)),
+        pointers=list(itertools.compress(pointers, simple)),
+        nbytes=list(itertools.compress(map(_NBYTES_OF, entries), simple)),
+        keys=list(itertools.compress(map(_KEY, entries), simple)),
+        others=others,
+    )
+
+
+def _read(getter: Any, tensors: list[Any]) -> list[Any]:
+    """``getter`` of each tensor, None where it raises (a sparse tensor's data pointer)."""
+    try:
+        return list(map(getter, tensors))
+    except Exception:
+        return [_safe(getter, tensor) for tensor in tensors]
+
+
+def _safe(getter: Any, tensor: Any) -> Any:
+    try:
+        return getter(tensor)
+    except Exception:
+        return None
+
+
+def _entries(
+    plain: list[Any], ids: list[int], signatures: list[Any], memo: CensusMemo
+) -> list[tuple[Any, ...]]:
+    """The memo's entry of each tensor, made anew where missing or out of date."""
+    facts = memo.facts
+    entries = list(map(facts.get, ids, itertools.repeat(_MISSING)))
+    valid = map(
+        and_,
+        map(is_, map(_CALL, map(_REF, entries)), plain),
+        map(eq, map(_SIGNATURE, entries), signatures),
+    )
+    for index in itertools.compress(range(len(entries)), map(not_, valid)):
+        entries[index] = facts[ids[index]] = _facts(plain[index], signatures[index])
+    if len(facts) > 2 * len(ids) + 1024:  # entries of dead tensors outnumber the live
+        memo.facts = dict(zip(ids, entries))
+    return entries
+
+
+def _facts(tensor: Any, signature: tuple[Any, Any]) -> tuple[Any, ...]:
+    """A memo entry: the tensor's group key when simple (strided, not a view, at the start
+    of its storage, with a version counter), else None; its device; its storage's bytes."""
+    try:
+        device = str(tensor.device)
+        if device == "meta":
+            return (weakref.ref(tensor), signature, None, device, 0)
+        nbytes = tensor.untyped_storage().nbytes()
+        simple = (
+            tensor.layout is torch.strided
+            and tensor._base is None
+            and tensor.storage_offset() == 0
+            and None not in signature
+        )
+        key = (_PLAIN[type(tensor)], tuple(tensor.shape), dtype_name(tensor.dtype)) if simple else None
+    except Exception:
+        return (weakref.ref(tensor), signature, None, "?", 0)  # the general path decides
+    return (weakref.ref(tensor), signature, key, device, nbytes)
