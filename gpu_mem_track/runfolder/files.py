@@ -98,14 +98,21 @@ class TimelineWriter:
 
     Rows wait in a short list written with ``os.write``; no Python file object is
     involved, so a forked child that calls ``discard()`` can never write our rows twice.
+    Creating the file may raise ``OSError``; after that nothing does (its writes run inside
+    the user's script): the first write error is kept in ``error``, what was written stays
+    (a last row cut short reads as such), and later rows are dropped.
     """
 
     def __init__(self, path: Path, flush_seconds: float = 1.0) -> None:
+        self.path = path
+        self.error: OSError | None = None
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._pending: list[str] = [csv_line(TIMELINE_COLUMNS)]
         self._flush_seconds = flush_seconds
         self._flushed = time.monotonic()
         self.flush()
+        if self.error is not None:
+            raise self.error
 
     def write(self, values: Sequence[Any]) -> None:
         """One row, values in ``TIMELINE_COLUMNS`` order (None for unknown)."""
@@ -126,14 +133,22 @@ class TimelineWriter:
         self._flushed = time.monotonic()
         if self._fd is not None and data:
             view = memoryview(data.encode("utf-8"))
-            while view:
-                view = view[os.write(self._fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:  # a full disk: keep what is written, write no more
+                self.error = exc
+                self.close()
 
     def close(self) -> None:
-        if self._fd is not None:
+        fd = self._fd
+        if fd is not None:
             self.flush()
-            os.close(self._fd)
             self._fd = None
+            try:
+                os.close(fd)
+            except OSError as exc:  # a network file system reports a failed write here
+                self.error = self.error or exc
 
     def discard(self) -> None:
         """Forget the pending rows and write nothing more (in a forked child)."""
@@ -154,12 +169,14 @@ def _cells(values: Sequence[Any]) -> list[Any]:
 
 
 def write_lines(path: Path, records: Sequence[LineRecord]) -> None:
-    """Write ``lines.csv`` (replacing it), one row per record, in file and line order."""
-    with path.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(LINE_COLUMNS)
-        for record in sorted(records, key=lambda r: (r.file, r.line)):
-            writer.writerow(_cells([getattr(record, name) for name in LINE_COLUMNS]))
+    """Write ``lines.csv`` atomically (see ``replace_text``), one row per record, in file
+    and line order."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")
+    writer.writerow(LINE_COLUMNS)
+    for record in sorted(records, key=lambda r: (r.file, r.line)):
+        writer.writerow(_cells([getattr(record, name) for name in LINE_COLUMNS]))
+    replace_text(path, buffer.getvalue())
 
 
 def read_lines(path: Path, notes: list[str] | None = None) -> list[LineRecord]:
@@ -184,10 +201,16 @@ def write_meta(path: Path, info: RunInfo) -> None:
 
 
 def replace_text(path: Path, text: str) -> None:
-    """Write ``path`` atomically: through ``<name>.partial``, then renamed over it."""
+    """Write ``path`` atomically: through ``<name>.partial``, then renamed over it. On an
+    ``OSError`` (a full disk) the partial file is removed and ``path`` is as it was."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    try:
+        with open(partial, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def read_meta(path: Path) -> RunInfo:

@@ -4,10 +4,11 @@
 ``sys.path[0]``, runs the script as ``__main__`` under the tracing engine, and turns how it
 ended into an exit code: 0, its ``sys.exit`` code, 1 after an uncaught exception (its
 traceback printed without our frames), 0 when the runner stopped it early
-(``steady.StopRun``), 130 after Ctrl-C, 128 + N after SIGTERM or SIGHUP
-(which unwind the script like Ctrl-C, so the reports still get written). It restores
-``sys.argv``, ``sys.path[0]``, the working folder and the signal handlers afterwards. A
-forked child (a DataLoader worker) stops tracing and gets the default handlers back.
+(``steady.StopRun``), 130 after Ctrl-C (its traceback too, as python prints it), 128 + N
+after SIGTERM or SIGHUP (which unwind the script like Ctrl-C, so the reports still get
+written). It restores ``sys.argv``, ``sys.path[0]``, the working folder (unless the script
+removed it) and the signal handlers afterwards. A forked child (a DataLoader worker) stops
+tracing and gets the default handlers back.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ _OUR_FILES = (os.path.abspath(__file__),)
 #: Frames from here on are the simulated GPU's machinery (``run --simulate``): left out of
 #: the script's traceback, as a real GPU's error shows none of CUDA's internals.
 _SIMULATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "simgpu") + os.sep
+#: This package's folder: its frames at the end of a traceback are the line tracer's.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
@@ -72,8 +75,8 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
         return _exit_code(exc.code)
     except StopRun:  # the runner stopped it (steady memory, a budget): the reports say why
         return 0
-    except KeyboardInterrupt:
-        print("KeyboardInterrupt", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # the traceback python prints, then 130 as the shell says
+        _print_exception(exc)
         return 130
     except _Terminated as exc:
         print(
@@ -81,7 +84,7 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
         )
         return 128 + exc.signum
     except BaseException as exc:  # the script's own error: its traceback, then exit 1
-        traceback.print_exception(type(exc), exc, _user_traceback(exc.__traceback__), file=sys.stderr)
+        _print_exception(exc)
         return 1
     finally:
         _Terminated.restore(handlers)
@@ -90,7 +93,20 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
         sys.argv[:] = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
-        os.chdir(saved_cwd)
+        try:
+            os.chdir(saved_cwd)
+        except OSError:  # the script removed it: our paths are absolute, stay where it left us
+            pass
+
+
+def _print_exception(exc: BaseException) -> None:
+    """The script's exception as python prints it (our frames left out), on stderr if the
+    script left one to print on."""
+    try:
+        tb = _user_traceback(exc.__traceback__, isinstance(exc, KeyboardInterrupt))
+        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+    except (OSError, ValueError, AttributeError):  # stderr closed or set to None
+        pass
 
 
 def _run_main(script: Path) -> None:
@@ -183,13 +199,18 @@ def _exit_code(code: Any) -> int:
         return 0
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)  # sys.exit("message"), as Python itself does
+    try:
+        print(code, file=sys.stderr)  # sys.exit("message"), as Python itself does
+    except (OSError, ValueError, AttributeError):
+        pass
     return 1
 
 
-def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+def _user_traceback(tb: TracebackType | None, interrupted: bool = False) -> TracebackType | None:
     """The traceback from the script's first frame on: ours and runpy's left out, and
-    cut where the simulated GPU's frames begin (``run --simulate``)."""
+    cut where the simulated GPU's frames begin (``run --simulate``) or, when
+    ``interrupted`` (a Ctrl-C may land while the line tracer runs), where this package's
+    frames begin."""
     runpy_file = os.path.abspath(runpy.__file__)
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
@@ -197,8 +218,11 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
             break
         tb = tb.tb_next
     last, entry = None, tb
-    while entry is not None:  # the script's frames end where the simulated GPU's begin
-        if entry.tb_frame.f_code.co_filename.startswith(_SIMULATION_DIR) and last is not None:
+    while entry is not None:  # the script's frames end where the simulated GPU's (or ours) begin
+        name = entry.tb_frame.f_code.co_filename
+        if last is not None and (
+            name.startswith(_SIMULATION_DIR) or (interrupted and name.startswith(_PACKAGE))
+        ):
             last.tb_next = None
             break
         last, entry = entry, entry.tb_next

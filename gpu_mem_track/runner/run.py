@@ -27,7 +27,7 @@ from ..devices import Device
 from ..errors import UsageError
 from ..outputs import claim_folder, safe_name
 from ..ranks import rank_folder, rank_info
-from ..runfolder.files import RunFolder, TimelineWriter, write_lines, write_meta
+from ..runfolder.files import RunFolder, TimelineWriter, replace_text, write_lines, write_meta
 from ..runfolder.ranktable import report_launch
 from ..runfolder.records import RunInfo
 from .checks import (
@@ -124,7 +124,12 @@ def _execute(
     if sampler is None:
         sampler = _sampler(prepared)
     snapshot = _snapshot_run(prepared, sampler, history) if options.snapshot else None
-    timeline = TimelineWriter(folder.timeline)
+    try:  # before the script starts, a folder we cannot write is the user's problem: exit 2
+        timeline = TimelineWriter(folder.timeline)
+    except OSError as exc:
+        sampler.close()
+        _abandon(folder)
+        raise UsageError(f"cannot write reports to {folder.path}: {exc.strerror or exc}") from None
     session = RunSession(folder.path, sampler if prepared.follow_rank else prepared.device, timeline)
     profiler = LineProfiler(
         sampler,
@@ -138,12 +143,10 @@ def _execute(
     watch = _watch(options, profiler)
     engine = best_engine(watch or profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
-    write_meta(folder.meta, info)
+    _start_files(prepared, info, timeline, session, sampler)
     profiler.event_row("start", where=(str(prepared.script), "<module>", None))
     code = 1
     try:
-        if options.activations:
-            session.census_tracker(activations=True)
         if snapshot is not None:
             snapshot.start()
         code = run_script(prepared, engine, session)
@@ -159,7 +162,9 @@ def _execute(
         sampler.close()
         info = _finished(info, code, profiler, session, end_memory)
         info = _simulated(info, sampler, gpu, watch)
-        _write_reports(prepared, info, records, session, snapshot, stream)
+        unwritten = [f"timeline.csv: {timeline.error.strerror or timeline.error}"] if timeline.error else []
+        unwritten += [session.write_error] if session.write_error else []
+        _write_reports(prepared, info, records, session, snapshot, stream, unwritten)
     merge = snapshot.result if snapshot is not None else None
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
 
@@ -180,6 +185,37 @@ def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -
         simulation=simulation_info(gpu) if gpu is not None else None,
         stopped=watch.stopped if watch is not None else None,
     )
+
+
+def _start_files(
+    prepared: PreparedRun, info: RunInfo, timeline: TimelineWriter, session: RunSession, sampler: Any
+) -> None:
+    """``meta.json`` and, with ``--activations``, the census files: written before the
+    script starts, so a failure is a ``UsageError`` (exit 2) that leaves no run folder."""
+    try:
+        write_meta(prepared.folder.meta, info)
+        if prepared.options.activations:
+            session.census_tracker(activations=True)
+    except (OSError, UsageError) as exc:
+        session.close()
+        timeline.close()
+        sampler.close()
+        _abandon(prepared.folder)
+        why = exc.strerror or exc if isinstance(exc, OSError) else exc
+        raise UsageError(f"cannot write reports to {prepared.folder.path}: {why}") from None
+
+
+def _abandon(folder: RunFolder) -> None:
+    """Remove the run folder this run created (and the files it put there), if it can."""
+    for path in folder.path.iterdir() if folder.path.is_dir() else ():
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    try:
+        folder.path.rmdir()
+    except OSError:
+        pass
 
 
 def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder | None) -> SnapshotRun:
@@ -218,26 +254,46 @@ def _write_reports(
     session: RunSession,
     snapshot: SnapshotRun | None,
     stream: TextIO | None,
+    unwritten: list[str],
 ) -> None:
-    """lines.csv, meta.json and report.txt, then the summary on ``stream`` (stderr; in a
-    launch only rank 0 prints it, every rank with ``--all-ranks``); in a launch, rebuild
-    the launch folder's ranks table, and on rank 0 wait up to ``--rank-wait`` seconds for
-    the other ranks and print the table."""
+    """lines.csv, meta.json and report.txt (each atomically), then the summary on
+    ``stream`` (stderr; in a launch only rank 0 prints it, every rank with
+    ``--all-ranks``); in a launch, rebuild the launch folder's ranks table, and on rank 0
+    wait up to ``--rank-wait`` seconds for the other ranks and print the table. A file
+    that cannot be written (a full disk) joins ``unwritten`` (``name: why``), said in one
+    line at the end; nothing here raises ``OSError``, so the exit code stays the script's."""
     from ..runfolder.render import render_line_report, render_summary
     from ..tracker.render import render_stamp
 
     folder, options, rank = prepared.folder, prepared.options, prepared.rank
     merge = snapshot.result if snapshot is not None else None
-    write_lines(folder.lines, records)
-    write_meta(folder.meta, info)
     censuses = [render_stamp(stamp) for stamp in session.censuses]
-    folder.report.write_text(render_line_report(info, records, censuses, merge), encoding="utf-8")
+    report = render_line_report(info, records, censuses, merge)
+    writes = (
+        (folder.lines, lambda: write_lines(folder.lines, records)),
+        (folder.meta, lambda: write_meta(folder.meta, info)),
+        (
+            folder.report,
+            lambda: replace_text(folder.report, report),
+        ),
+    )
+    for path, write in writes:
+        try:
+            write()
+        except OSError as exc:
+            unwritten.append(f"{path.name}: {exc.strerror or exc}")
     out = stream or sys.stderr
-    if rank is None or rank.is_first or options.all_ranks:
-        out.write(render_summary(info, records, folder.path, options.top, merge))
+    try:  # the script may have closed our stderr: then there is nobody to tell
+        if rank is None or rank.is_first or options.all_ranks:
+            out.write(render_summary(info, records, folder.path, options.top, merge))
+        if rank is not None:
+            report_launch(folder.path.parent, rank, options.rank_wait, out)
+        if unwritten:
+            kept = f"in {folder.path}; what was written is kept"
+            out.write(f"gpu_mem_track: could not write {'; '.join(unwritten)} ({kept})\n")
         out.flush()
-    if rank is not None:
-        report_launch(folder.path.parent, rank, options.rank_wait, out)
+    except (OSError, ValueError):
+        pass
 
 
 def _sampler(prepared: PreparedRun) -> Any:

@@ -47,6 +47,9 @@ class RunSession:
         self.marks: list[tuple[str, int]] = []
         self._tracker: Any = None
         self._per_line: dict[tuple[CodeType, int], int] = {}
+        #: Why the automatic censuses could not be written (a full disk), or "": then
+        #: none is taken any more; the script never sees our error.
+        self.write_error = ""
 
     def on_stamp(self, tracker: Any, stamp: Any) -> None:
         """A tracker stamped: a ``track`` row (or a ``census`` row for the runner's own)."""
@@ -76,20 +79,25 @@ class RunSession:
     def census(self, code: CodeType, lineno: int, increment: int) -> None:
         """Census after a line whose execution grew memory by ``increment`` bytes (the
         profiler's callback; called from inside the traced frame's callees)."""
+        from ..errors import UsageError
         from ..units import format_bytes
 
         key = (code, lineno)
         done = self._per_line.get(key, 0)
-        if done >= CENSUS_PER_LINE or len(self.censuses) >= CENSUS_PER_RUN:
+        if done >= CENSUS_PER_LINE or len(self.censuses) >= CENSUS_PER_RUN or self.write_error:
             return
         self._per_line[key] = done + 1
-        tracker = self.census_tracker()
         frame = sys._getframe(1)
         while frame is not None and frame.f_code is not code:
             frame = frame.f_back
         where = (code.co_filename, lineno, function_name(code))
         try:
+            tracker = self.census_tracker()
             tracker.stamp_at(frame, f"line {lineno} grew {format_bytes(increment)}", where=where)
+        except OSError as exc:  # our files (a full disk): never an error of the script's
+            self.write_error = f"census.csv: {exc.strerror or exc}"
+        except UsageError as exc:  # the census files could not be created
+            self.write_error = str(exc)
         finally:
             del frame
 

@@ -1,0 +1,123 @@
+"""``run`` under faults: our errors never enter the user's script and never change its exit
+code (a full reports disk, a removed working folder, closed standard streams), and Ctrl-C
+prints what python prints."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+from test_runner import ROOT, folder, write
+
+from gpu_mem_track.runfolder.files import read_lines, read_meta, read_timeline
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX resource limits and signals")
+
+
+def run_limited(tmp_path, script, file_limit: int | None = None):
+    """``run`` with every file it writes limited to ``file_limit`` bytes (``EFBIG``, as a
+    full disk gives ``ENOSPC``: ``OSError`` on a write)."""
+
+    def limit() -> None:
+        if file_limit is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
+    command = [sys.executable, "-m", "gpu_mem_track", "run", "--out-dir", str(tmp_path / "reports")]
+    command += ["--run-name", "r", "--device", "cpu", str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300, preexec_fn=limit
+    )
+
+
+LOOP = """
+import sys
+total = 0
+try:
+    for i in range(20000):
+        total += i
+except OSError as exc:
+    print("the script caught", exc)
+    sys.exit(3)
+sys.exit(5)
+"""
+
+
+def test_a_full_reports_disk_while_the_script_runs_leaves_the_script_alone(tmp_path):
+    script = write(tmp_path / "loop.py", LOOP)
+    done = run_limited(tmp_path, script, file_limit=64 * 1024)  # timeline.csv outgrows it
+    assert done.returncode == 5, done.stderr
+    assert "the script caught" not in done.stdout and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpu_mem_track: could not write timeline.csv: File too large")
+    assert "lines.csv" not in last  # the small files were written
+    notes: list[str] = []
+    rows = list(read_timeline(folder(tmp_path) / "timeline.csv", notes))
+    assert rows and rows[0].event == "start"  # what was written reads back
+    assert read_meta(folder(tmp_path) / "meta.json").exit_code == 5
+    assert {r.line for r in read_lines(folder(tmp_path) / "lines.csv")} >= {5, 6}
+
+
+def test_reports_that_cannot_be_written_before_the_script_starts_stop_it_with_one_line(tmp_path):
+    script = write(tmp_path / "loop.py", LOOP)
+    done = run_limited(tmp_path, script, file_limit=0)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("gpu_mem_track: cannot write reports to ")
+    assert done.stderr.rstrip().endswith("File too large")
+    assert not (tmp_path / "reports" / "r").exists()  # nothing written half
+
+
+def test_a_script_that_removes_its_working_folder_keeps_its_exit_code(tmp_path):
+    script = write(
+        tmp_path / "gone.py",
+        """
+        import os, shutil, tempfile
+        away = tempfile.mkdtemp()
+        os.chdir(away)
+        shutil.rmtree(away)
+        print("bye")
+        """,
+    )
+    done = run_limited(tmp_path, script)
+    assert (done.returncode, done.stdout) == (0, "bye\n"), done.stderr
+    assert "Traceback" not in done.stderr
+    assert read_meta(folder(tmp_path) / "meta.json").exit_code == 0
+
+
+def test_a_script_that_closes_stdout_and_stderr_keeps_its_exit_code(tmp_path):
+    script = write(tmp_path / "closed.py", "import os\nprint('before', flush=True)\nos.close(1)\nos.close(2)\n")
+    done = run_limited(tmp_path, script)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "before\n", "")
+    assert read_meta(folder(tmp_path) / "meta.json").exit_code == 0
+
+
+def test_ctrl_c_prints_the_traceback_python_prints(tmp_path):
+    script = write(
+        tmp_path / "interrupted.py",
+        """
+        import os, signal
+
+
+        def wait():
+            os.kill(os.getpid(), signal.SIGINT)
+            while True:
+                pass
+
+
+        wait()
+        """,
+    )
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = run_limited(tmp_path, script)
+    assert done.returncode == 130
+    assert plain.stderr.startswith("Traceback (most recent call last):")
+    traceback = done.stderr[: done.stderr.index("gpu_mem_track:")]
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert traceback.splitlines()[-1] == "KeyboardInterrupt"
+    assert 'interrupted.py", line 11, in <module>' in traceback and ", in wait" in traceback
+    assert "gpu_mem_track" not in traceback  # none of our frames
