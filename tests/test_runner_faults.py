@@ -90,7 +90,8 @@ def test_a_script_that_removes_its_working_folder_keeps_its_exit_code(tmp_path):
 
 
 def test_a_script_that_closes_stdout_and_stderr_keeps_its_exit_code(tmp_path):
-    script = write(tmp_path / "closed.py", "import os\nprint('before', flush=True)\nos.close(1)\nos.close(2)\n")
+    source = "import os\nprint('before', flush=True)\nos.close(1)\nos.close(2)\n"
+    script = write(tmp_path / "closed.py", source)
     done = run_limited(tmp_path, script)
     assert (done.returncode, done.stdout, done.stderr) == (0, "before\n", "")
     assert read_meta(folder(tmp_path) / "meta.json").exit_code == 0
