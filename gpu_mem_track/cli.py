@@ -9,6 +9,7 @@ unreadable file), 130 after Ctrl-C. ``run`` exits with the script's own code.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -39,6 +40,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _negative_values(tokens: list[str]) -> list[str]:
+    """``--budget -5GiB`` as ``--budget=-5GiB``: argparse takes a value that starts with
+    ``-`` and is not a plain number for an option and says "expected one argument"; joined,
+    the command's own check names what is wrong with the value."""
+    joined: list[str] = []
+    for token in tokens:
+        if (
+            joined
+            and re.match(r"-\.?\d", token)
+            and joined[-1].startswith("--")
+            and "=" not in joined[-1]
+            and joined[-1] != "--"
+        ):
+            joined[-1] = f"{joined[-1]}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command in ``argv`` (default ``sys.argv[1:]``); returns the exit code.
 
@@ -48,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     head, script_args = split_run_argv(parser, sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(head)
+    args = parser.parse_args(_negative_values(head))
     if script_args is not None:  # everything after the script, verbatim (a literal -- too)
         args.args = script_args
     try:

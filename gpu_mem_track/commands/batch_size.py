@@ -37,10 +37,14 @@ def run(args: argparse.Namespace) -> int:
     from ..estimator.render import render_batch_size
     from ..units import parse_bytes
 
+    if args.budget is not None and args.budget.strip().startswith("-"):
+        raise UsageError(f"--budget: a memory budget is a positive size (e.g. 8GiB), not {args.budget}")
     try:
         budget = parse_bytes(args.budget) if args.budget is not None else None
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"--budget: {exc}") from None
+    if budget == 0:
+        raise UsageError(f"--budget: a memory budget is a positive size (e.g. 8GiB), not {args.budget}")
     distributed = DistOptions.parse(**dist_options(args))
     factory, inputs = load_model(args)
     simulation = simulation_options(args)

@@ -32,18 +32,30 @@ def split_run_argv(
             break
         if not token.startswith("-") or token == "-":
             break
-        name = token.split("=", 1)[0]
-        takes_value = "=" not in token and _expand(name, all_options) in value_options
+        name = _expand(token.split("=", 1)[0], all_options)
+        if name not in all_options and not _ambiguous(name, all_options):
+            # argparse would take the next token for the script and blame the top level
+            _run_parser(parser).error(f"unrecognized arguments: {token}")
+        takes_value = "=" not in token and name in value_options
         index += 2 if takes_value else 1
     if index >= len(tokens):
         return tokens, None
     return tokens[: index + 1], tokens[index + 1 :]
 
 
+def _run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices["run"]
+
+
+def _ambiguous(name: str, options: set[str]) -> bool:
+    """Whether ``name`` abbreviates several options (argparse says so itself)."""
+    return name.startswith("--") and sum(option.startswith(name) for option in options) > 1
+
+
 def _run_options(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
     """(options of ``run`` that take a value, all options of ``run``)."""
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run = commands.choices["run"]
+    run = _run_parser(parser)
     values: set[str] = set()
     every: set[str] = set()
     for action in run._actions:

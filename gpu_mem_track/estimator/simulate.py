@@ -84,7 +84,8 @@ def estimate(
     ``model`` is an ``nn.Module`` (its parameters are copied as meta tensors; the module
     is not changed) or a factory returning one (called with ``meta`` as the default
     device, so even a huge model costs nothing). ``inputs`` is a tensor, a shape
-    (``(64, 3, 32, 32)``), an :class:`~gpu_mem_track.estimator.specs.InputSpec`, or a sequence of
+    (``(64, 3, 32, 32)``), its text as the command line takes it (``"64x3x32x32"``,
+    ``"32x128:int64"``), an :class:`~gpu_mem_track.estimator.specs.InputSpec`, or a sequence of
     those, passed positionally (an ``InputSpec`` with a ``name`` by keyword).
     ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd"`` (momentum 0.9), ``"none"``, or a
     callable ``params -> Optimizer``. ``dtype`` casts the model's floating parameters,

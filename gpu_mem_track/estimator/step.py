@@ -19,7 +19,7 @@ from ..dtypes import dtype_name
 from ..errors import UsageError
 from .options import StepOptions
 from .records import OPTIMIZERS
-from .specs import InputSpec, callable_name
+from .specs import InputSpec, callable_name, parse_input
 
 __all__ = [
     "OPTIMIZERS",
@@ -41,7 +41,7 @@ __all__ = [
 #: tensor); SGD uses momentum 0.9 (one buffer per parameter); "none" skips the step.
 
 OptimizerLike = Union[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer], None]
-InputsLike = Union[torch.Tensor, InputSpec, Sequence[int], Sequence[Any]]
+InputsLike = Union[torch.Tensor, InputSpec, str, Sequence[int], Sequence[Any]]
 #: A user's step: ``step(model, optimizer, inputs)`` (optimizer None without one; inputs
 #: the list of input tensors); what it returns stays alive until its next call returns.
 StepFunction = Callable[[nn.Module, Union[torch.optim.Optimizer, None], list], Any]
@@ -84,9 +84,13 @@ def build_model(factory: Callable[[], Any], device: str) -> nn.Module:
 
 
 def as_specs(inputs: InputsLike) -> list[InputSpec | torch.Tensor]:
-    """Normalise ``inputs``: a tensor, an :class:`InputSpec`, a shape, or a sequence of those."""
+    """Normalise ``inputs``: a tensor, an :class:`InputSpec`, a shape, the shape text the
+    command line takes (``"64x256"``, ``"32x128:int64"``, ``"labels=32x128:int64"``; see
+    :func:`~gpu_mem_track.estimator.specs.parse_input`), or a sequence of those."""
     if isinstance(inputs, (torch.Tensor, InputSpec)):
         return [inputs]
+    if isinstance(inputs, str):
+        return [parse_input(inputs)]
     items = list(inputs)
     if items and all(isinstance(size, int) for size in items):
         return [InputSpec(tuple(items))]
@@ -96,8 +100,10 @@ def as_specs(inputs: InputsLike) -> list[InputSpec | torch.Tensor]:
             specs.append(item)
         elif isinstance(item, (tuple, list)) and item and all(isinstance(s, int) for s in item):
             specs.append(InputSpec(tuple(item)))
+        elif isinstance(item, str):
+            specs.append(parse_input(item))
         else:
-            raise UsageError(f"not an input: {item!r} (give a tensor, a shape or an InputSpec)")
+            raise UsageError(f"not an input: {item!r} (give a tensor, a shape, its text or an InputSpec)")
     if not specs:
         raise UsageError("no inputs given")
     return specs

@@ -60,8 +60,10 @@ def readable_script(script: str) -> Path:
     path = Path(script)
     if not path.exists():
         raise UsageError(f"no such script: {script}")
-    if path.is_dir():
-        raise UsageError(f"{script} is a folder, not a Python script")
+    if path.is_dir():  # python runs a folder's __main__.py
+        if not (path / "__main__.py").is_file():
+            raise UsageError(f"{script} is a folder without a __main__.py, not a Python script")
+        return path.resolve()
     try:
         with path.open("rb") as handle:
             handle.read(1)

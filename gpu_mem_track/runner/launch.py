@@ -53,10 +53,12 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
     saved_cwd = os.getcwd()
     # argv[0] as the user typed it, the rest verbatim: what ``python script ...`` gives.
     sys.argv[:] = [prepared.options.script, *prepared.options.args]
+    # python puts the script's folder first on sys.path (a folder or zip run: itself)
+    first = prepared.script if _runs_through_runpy(prepared.script) else prepared.script.parent
     if sys.path:
-        sys.path[0] = str(prepared.script.parent)
+        sys.path[0] = str(first)
     else:
-        sys.path.append(str(prepared.script.parent))
+        sys.path.append(str(first))
     add_stamp_listener(session)
     _Forks.watch(engine, session)
     handlers = _Terminated.install()
@@ -67,7 +69,7 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
             print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
             return 2
         try:
-            _run_main(prepared.script)
+            _run_main(prepared.script, prepared.options.script)
         finally:
             engine.stop()
         return 0
@@ -109,15 +111,30 @@ def _print_exception(exc: BaseException) -> None:
         pass
 
 
-def _run_main(script: Path) -> None:
+def _run_main(script: Path, typed: str) -> None:
     """Run ``script`` as ``__main__`` as ``python script`` does: ``__file__`` absolute,
     ``sys.argv`` left as set (``runpy.run_path`` would replace ``argv[0]`` with the path
-    it was given). A zip application goes through ``runpy``."""
-    if zipfile.is_zipfile(script):
-        runpy.run_path(str(script), run_name="__main__")
+    it was given). A zip application or a folder goes through ``runpy`` (its
+    ``__main__.py``), as python does, by the path as ``typed``. A ``SyntaxError`` names
+    the file (compiling bytes with a NUL names none)."""
+    if _runs_through_runpy(script):
+        argv0 = sys.argv[0]
+        try:
+            runpy.run_path(typed, run_name="__main__")
+        finally:
+            sys.argv[0] = argv0
         return
     with io.open_code(str(script)) as handle:
-        code = compile(handle.read(), str(script), "exec", dont_inherit=True)
+        source = handle.read()
+    try:
+        code = compile(source, str(script), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        if isinstance(exc, SyntaxError) and exc.filename:
+            raise
+        nul = source.find(b"\0")
+        line = source.count(b"\n", 0, nul) + 1 if nul >= 0 else None
+        why = "source code cannot contain null bytes" if nul >= 0 else str(exc)
+        raise SyntaxError(why, (str(script), line, None, None)) from None
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None)
     saved = sys.modules.get("__main__")
@@ -127,6 +144,10 @@ def _run_main(script: Path) -> None:
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved
+
+
+def _runs_through_runpy(script: Path) -> bool:
+    return script.is_dir() or zipfile.is_zipfile(script)
 
 
 class _Terminated(BaseException):

@@ -83,7 +83,7 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     # Absolute now: a script that calls os.chdir() must not move our reports.
     out_dir = Path(options.out_dir).absolute()
     check_out_dir(out_dir, options.out_dir)
-    traced = frozenset({str(script), *files})
+    traced = frozenset({str(script / "__main__.py" if script.is_dir() else script), *files})
     if rank is not None:
         folder = RunFolder(rank_folder(out_dir, options.run_name, script, rank, environ))
         follow = device.is_cuda and options.device in ("auto", "cuda")
