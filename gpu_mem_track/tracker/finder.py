@@ -148,6 +148,8 @@ class LiveTensorFinder:
         self._owner_refcount: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
         self._wanted = _WantedTypes()
         self._known: list[weakref.ref[Any]] = []
+        #: The ids of ``_known``'s tensors, while none of them died (else None).
+        self._known_ids: set[int] | None = None
         self._epoch: tuple[int, int, int] | None = None
         self.owners = Owners()
         self.last_scan = ""
@@ -161,6 +163,7 @@ class LiveTensorFinder:
             found = self._full_walk(tensor_types())
             self.last_scan = "full"
             self._known = list(map(weakref.ref, found))
+            self._known_ids = None
         self._epoch = epoch
         return found
 
@@ -176,6 +179,7 @@ class LiveTensorFinder:
         if not all(live):
             alive = list(itertools.compress(alive, live))
             self._known = list(itertools.compress(self._known, live))
+            self._known_ids = None
         young = gc.get_objects(0)
         young += gc.get_objects(1)
         wanted = self._wanted
@@ -183,12 +187,14 @@ class LiveTensorFinder:
             wanted.clear()
         hits = list(itertools.compress(young, map(wanted.__getitem__, map(type, young))))
         del young
-        known = set(map(id, alive)) if hits else set()
         for obj in hits:
             if wanted.is_tensor(type(obj)):
-                if id(obj) not in known:
+                if self._known_ids is None:  # made again only after deaths
+                    self._known_ids = set(map(id, alive))
+                if id(obj) not in self._known_ids:
                     alive.append(obj)
                     self._known.append(weakref.ref(obj))
+                    self._known_ids.add(id(obj))
             else:
                 self.owners.add(obj)
         return alive
