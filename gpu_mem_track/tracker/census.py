@@ -9,6 +9,11 @@ discovered modules and optimizers, the bases of views, the gradients of leaf ten
 (a ``.grad`` Python never touched exists only in C++ until read), and the inputs and
 saved-for-backward tensors a ``saved.SavedTensorRecorder`` recorded (otherwise only C++
 autograd nodes hold them).
+
+Two paths count storages. Plain, nameless tensors that own their storage alone (most of
+a big program's) go through ``bulk``: read in C-level passes, what they are remembered
+between censuses (``bulk.CensusMemo``). Every other tensor, and every tensor sharing a
+storage, goes through the general path (``_Storages``: owners by rank, views, names).
 """
 
 from __future__ import annotations
