@@ -37,14 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from ..estimator.render import render_batch_size
     from ..units import parse_bytes
 
-    if args.budget is not None and args.budget.strip().startswith("-"):
-        raise UsageError(f"--budget: a memory budget is a positive size (e.g. 8GiB), not {args.budget}")
+    if args.budget is not None and args.budget.strip().startswith("-"):  # as the finder says 0 B
+        raise UsageError(f"the memory budget must be positive, not {args.budget.strip()}")
     try:
         budget = parse_bytes(args.budget) if args.budget is not None else None
     except ValueError as exc:
         raise UsageError(f"--budget: {exc}") from None
-    if budget == 0:
-        raise UsageError(f"--budget: a memory budget is a positive size (e.g. 8GiB), not {args.budget}")
     distributed = DistOptions.parse(**dist_options(args))
     factory, inputs = load_model(args)
     simulation = simulation_options(args)
