@@ -52,6 +52,8 @@ class _Gone:
     pass
 
 
+#: Distinct group keys kept for sharing before the table is emptied (shapes that vary).
+_MAX_KEYS = 10_000
 #: Devices of plain tensors the general path looks at although not on the census's device.
 _ASK = frozenset({"meta", "?"})
 #: A memo entry for a tensor never seen: its reference is dead, so it never validates.
@@ -66,6 +68,9 @@ class CensusMemo:
 
     def __init__(self) -> None:
         self.facts: dict[int, tuple[Any, ...]] = {}
+        #: One group key object and one device text per group, shared by its tensors'
+        #: entries (an entry then costs about 300 B, its weak reference included).
+        self.keys: dict[Any, Any] = {}
 
 
 @dataclass
@@ -155,8 +160,20 @@ def _entries(
         map(is_, map(_CALL, map(_REF, entries)), plain),
         map(eq, map(_SIGNATURE, entries), signatures),
     )
+    keys = memo.keys
+    if len(keys) > _MAX_KEYS:
+        keys.clear()
     for index in itertools.compress(range(len(entries)), map(not_, valid)):
-        entries[index] = facts[ids[index]] = _facts(plain[index], signatures[index])
+        entry = _facts(plain[index], signatures[index])
+        # shared: one key and one device text per group, not one per tensor
+        entry = (
+            entry[0],
+            entry[1],
+            keys.setdefault(entry[2], entry[2]),
+            keys.setdefault(entry[3], entry[3]),
+            entry[4],
+        )
+        entries[index] = facts[ids[index]] = entry
     if len(facts) > 2 * len(ids) + 1024:  # entries of dead tensors outnumber the live
         memo.facts = dict(zip(ids, entries))
     return entries
