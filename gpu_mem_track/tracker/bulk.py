@@ -19,6 +19,9 @@ C++), without a version counter (inference tensors), with an empty storage, on t
 device, sharing its storage with another tensor, or reached by the general path too
 (``census.take_census`` moves those). Tensors on other devices are dropped here.
 
+Memory: the memo holds about 400 bytes per plain tensor (its entry and weak reference),
+bounded by the live tensors (entries of dead ones are dropped once they outnumber them).
+
 Limits, as both leave the version counter and the data pointer as they were: a tensor
 whose ``.data`` is replaced by another tensor starting at the same address keeps its
 previous shape and dtype in the census until its version changes, and a storage resized in
