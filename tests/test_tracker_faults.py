@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -130,6 +132,34 @@ def test_a_name_claimed_by_another_process_after_our_check_is_left_alone(
     assert tracker.run_name == "same-2"
     assert (reports / "same.csv").read_bytes() == theirs
     assert (reports / "same.log").read_bytes() == b"theirs\n"
+
+
+def test_a_full_disk_stops_the_report_files_not_the_program(tmp_path):
+    script = tmp_path / "full.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from gpu_mem_track import MemTracker
+
+            tracker = MemTracker(probe=False, device="cpu", run_name="full", verbosity=0)
+            stamps = [tracker.track(f"step {i}") for i in range(300)]
+            print(len(stamps), stamps[-1].label)
+            """
+        )
+    )
+
+    def limit() -> None:  # files over 16 KiB: EFBIG, as a full disk gives ENOSPC
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+
+    done = _python(script, tmp_path, preexec_fn=limit)
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err
+    assert out == "300 step 299\n"
+    assert err.count("gpu_mem_track: cannot write reports to ") == 1 and "Traceback" not in err
+    notes: list[str] = []
+    kept = read_stamps(tmp_path / "reports" / "full.csv", notes)
+    assert 0 < len(kept) < 300 and kept[0].label == "step 0"
 
 
 class _BadStr:

@@ -4,7 +4,10 @@ Each ``track()`` call takes a census of live tensors on the tracked device, read
 allocator, the driver and the process, and writes one stamp: a line with totals, the
 reconciliation ledger, and the tensor groups that appeared (``+``) or disappeared
 (``-``) since the previous call. Reports go to the stream (stdout by default), to a text
-log and to a CSV under the output folder, flushed at every call.
+log and to a CSV under the output folder, flushed at every call. When those files cannot
+be written any more (a full disk), one line on stderr says so, what was written is kept,
+and the stamps go on (returned, printed, heard by listeners): the program never fails
+because of its reports.
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class MemTracker(ClassicMethods):
         self._start = clock()
         self._memory_rows: list[dict[str, Any]] = []
         self._notes_shown: set[str] = set()
+        self._unwritable = ""  # why the report files could not be written, once they could not
         self._cuda_available: bool | None = None
         self._contexts: dict[str, int | None] = {}
         folder = path if path not in (None, "") else out_dir
@@ -414,11 +418,19 @@ class MemTracker(ClassicMethods):
             stream = self._stream or sys.stdout
             stream.write(text)
             stream.flush()
-        if self.files is not None:
-            self.files.write_text(text)
-            append_stamp(self.files.csv, stamp, self._rank_number)
-        else:
+        if self.files is None:
             self._memory_rows.extend(stamp_rows(stamp, self._rank_number))
+        elif not self._unwritable:
+            try:
+                self.files.write_text(text)
+                append_stamp(self.files.csv, stamp, self._rank_number)
+            except OSError as exc:  # a full disk must not stop the program being measured
+                self._unwritable = f"{self.files.folder}: {exc.strerror or exc}"
+                print(
+                    f"gpu_mem_track: cannot write reports to {self._unwritable}; this tracker's "
+                    "files stop here (what was written is kept), its stamps go on",
+                    file=sys.stderr,
+                )
         notify(self, stamp)
 
     @property
@@ -444,8 +456,11 @@ class MemTracker(ClassicMethods):
         self._notes_shown.add(message)
         if self.verbosity >= 1:
             print(message, file=self._stream or sys.stderr)
-        if self.files is not None:
-            self.files.write_text(f"# {message}\n")
+        if self.files is not None and not self._unwritable:
+            try:
+                self.files.write_text(f"# {message}\n")
+            except OSError:
+                pass  # said by the next stamp's write, which fails the same way
 
     # -- results ------------------------------------------------------------------------------
 
