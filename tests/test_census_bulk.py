@@ -84,3 +84,16 @@ def test_the_memo_forgets_dead_tensors():
         census([torch.zeros(1) for _ in range(1000)] + keep, memo)
     census(keep, memo)
     assert len(memo.facts) <= 2 * len(keep) + 1024
+
+
+def test_an_unchanged_heap_reuses_the_last_split_until_anything_changes():
+    memo = CensusMemo()
+    tensors = [torch.zeros(3) for _ in range(50)]
+    first = groups(census(tensors, memo))
+    assert groups(census(tensors, memo)) == first == [("Tensor", (3,), "float32", 50, 600)]
+    tensors[7].requires_grad_()  # no version change: it may now have a .grad
+    tensors[7].grad = torch.ones(3)
+    after = groups(census(tensors, memo))
+    assert ("Gradient", (3,), "float32", 1, 12) in after and after == groups(census(tensors))
+    tensors[9] = torch.zeros(2)  # another tensor in that place
+    assert groups(census(tensors, memo)) == groups(census(tensors))

@@ -71,6 +71,7 @@ class CensusMemo:
 
     def __init__(self) -> None:
         self.facts: dict[int, tuple[Any, ...]] = {}
+        self.last: _Split | None = None
         #: One group key object and one device text per group, shared by its tensors'
         #: entries (an entry then costs about 300 B, its weak reference included).
         self.keys: dict[Any, Any] = {}
@@ -117,24 +118,64 @@ def split(objects: list[Any], exclude: dict[int, Any], device: str, memo: Census
         keep = list(map(not_, map(exclude.__contains__, ids)))
         plain, ids = list(itertools.compress(plain, keep)), list(itertools.compress(ids, keep))
     pointers = _read(_POINTER, plain)  # the storage's address, as offsets of simple ones are 0
-    signatures = list(zip(_read(_VERSION, plain), pointers))  # inference tensors have no version
+    versions = _read(_VERSION, plain)  # inference tensors have none
     grads = _read(_REQUIRES_GRAD, plain)
-    entries = _entries(plain, ids, signatures, memo)
+    last = memo.last
+    if last is not None and last.same(device, ids, pointers, versions, grads, plain):
+        others.extend(itertools.compress(plain, last.general))  # nothing changed: as then
+        return Bulk(list(itertools.compress(plain, last.simple)), *last.bulk, others=others)
+    entries = _entries(plain, ids, list(zip(versions, pointers)), memo)
     devices = list(map(_DEVICE, entries))
     here = list(map(eq, devices, itertools.repeat(device)))
     has_key = map(is_not, map(_KEY, entries), itertools.repeat(None))
     simple = list(map(and_, map(and_, here, has_key), map(and_, map(not_, grads), map(truth, pointers))))
     # the general path: on the device but not simple, or meta (its bytes are reported skipped)
-    general = map(or_, map(and_, here, map(not_, simple)), map(_ASK.__contains__, devices))
+    general = list(map(or_, map(and_, here, map(not_, simple)), map(_ASK.__contains__, devices)))
     others.extend(itertools.compress(plain, general))
-    return Bulk(
-        tensors=list(itertools.compress(plain, simple)),
-        ids=list(itertools.compress(ids, simple)),
-        pointers=list(itertools.compress(pointers, simple)),
-        nbytes=list(itertools.compress(map(_NBYTES_OF, entries), simple)),
-        keys=list(itertools.compress(map(_KEY, entries), simple)),
-        others=others,
+    bulk = (
+        list(itertools.compress(ids, simple)),
+        list(itertools.compress(pointers, simple)),
+        list(itertools.compress(map(_NBYTES_OF, entries), simple)),
+        list(itertools.compress(map(_KEY, entries), simple)),
     )
+    refs = list(map(_REF, entries))
+    memo.last = _Split(device, ids, pointers, versions, grads, refs, simple, general, bulk)
+    return Bulk(list(itertools.compress(plain, simple)), *bulk, others=others)
+
+
+@dataclass
+class _Split:
+    """The last census's plain tensors (by id, data pointer, version, ``requires_grad`` and
+    weak reference) and how they were split: reused while none of these changed."""
+
+    device: str
+    ids: list[int]
+    pointers: list[Any]
+    versions: list[Any]
+    grads: list[Any]
+    refs: list[Any]
+    simple: list[bool]
+    general: list[bool]
+    bulk: tuple[list[int], list[int], list[int], list[Any]]
+
+    def same(
+        self,
+        device: str,
+        ids: list[int],
+        pointers: list[Any],
+        versions: list[Any],
+        grads: list[Any],
+        plain: list[Any],
+    ) -> bool:
+        """Whether the same tensors, unchanged, in the same order (C-level list compares)."""
+        return (
+            device == self.device
+            and ids == self.ids
+            and pointers == self.pointers
+            and versions == self.versions
+            and grads == self.grads
+            and all(map(is_, map(_CALL, self.refs), plain))
+        )
 
 
 def _read(getter: Any, tensors: list[Any]) -> list[Any]:
