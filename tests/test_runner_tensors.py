@@ -116,6 +116,14 @@ def test_run_reports_exact_tensor_bytes_per_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_memory_at_the_end_counts_the_scripts_globals_as_python_keeps_them(tmp_path):
+    script = write(tmp_path / "globals.py", "import torch\nkept = torch.ones(2**18)\n")
+    done = run(tmp_path, "--memory", "tensors", str(script))
+    assert done.returncode == 0, done.stderr
+    assert read_meta(folder(tmp_path) / "meta.json").end_memory == MIB
+
+
+@pytest.mark.slow
 def test_fsdp2_resharding_is_followed_like_the_census(tmp_path):
     """FSDP2 (one rank, gloo) frees its unsharded parameters with ``storage.resize_(0)``:
     the live bytes at the end match a census taken there, not census + the unsharded model."""

@@ -69,7 +69,7 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
             print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
             return 2
         try:
-            _run_main(prepared.script, prepared.options.script)
+            _run_main(prepared.script, prepared.options.script, session.script_globals)
         finally:
             engine.stop()
         return 0
@@ -111,16 +111,17 @@ def _print_exception(exc: BaseException) -> None:
         pass
 
 
-def _run_main(script: Path, typed: str) -> None:
+def _run_main(script: Path, typed: str, keep: list[Any]) -> None:
     """Run ``script`` as ``__main__`` as ``python script`` does: ``__file__`` absolute,
     ``sys.argv`` left as set (``runpy.run_path`` would replace ``argv[0]`` with the path
     it was given). A zip application or a folder goes through ``runpy`` (its
     ``__main__.py``), as python does, by the path as ``typed``. A ``SyntaxError`` names
-    the file (compiling bytes with a NUL names none)."""
+    the file (compiling bytes with a NUL names none). The script's globals are appended to
+    ``keep``: python keeps them until it exits, so the memory at the end counts them."""
     if _runs_through_runpy(script):
         argv0 = sys.argv[0]
         try:
-            runpy.run_path(typed, run_name="__main__")
+            keep.append(runpy.run_path(typed, run_name="__main__"))
         finally:
             sys.argv[0] = argv0
         return
@@ -137,6 +138,7 @@ def _run_main(script: Path, typed: str) -> None:
         raise SyntaxError(why, (str(script), line, None, None)) from None
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=str(script), __cached__=None, __loader__=None, __package__=None)
+    keep.append(main)
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = main  # pickle and friends find the script's classes here
     try:

@@ -165,6 +165,7 @@ def _execute(
         unwritten = [f"timeline.csv: {timeline.error.strerror or timeline.error}"] if timeline.error else []
         unwritten += [session.write_error] if session.write_error else []
         _write_reports(prepared, info, records, session, snapshot, stream, unwritten)
+        session.script_globals.clear()
     merge = snapshot.result if snapshot is not None else None
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
 

@@ -47,6 +47,9 @@ class RunSession:
         self.marks: list[tuple[str, int]] = []
         self._tracker: Any = None
         self._per_line: dict[tuple[CodeType, int], int] = {}
+        #: The script's module (or globals), kept until the reports are written, as python
+        #: keeps a script's globals until it exits (``launch.run_script`` fills it).
+        self.script_globals: list[Any] = []
         #: Why the automatic censuses could not be written (a full disk), or "": then
         #: none is taken any more; the script never sees our error.
         self.write_error = ""
