@@ -262,3 +262,26 @@ def test_a_line_sampler_reads_window_peaks_without_touching_torchs_peaks():
         assert gpu.memory.mark() == (1 << 20, 22 << 20)  # the new window starts from what is live
         assert torch.cuda.max_memory_allocated() == 4 << 20
         del y
+
+
+def test_empty_cache_records_a_segment_free_per_released_segment_with_its_frames(tmp_path):
+    path = tmp_path / "snap.pickle"
+    with simulated_gpu("h100-80gb"):
+        kept = torch.empty(2**20, device="cuda")  # 4 MiB in a 20 MiB segment, still in use
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        a = torch.empty(2**18, device="cuda")  # 1 MiB: a 2 MiB small-pool segment
+        b = torch.empty(2**24, device="cuda")  # 64 MiB: its own segment
+        del a, b
+        reserved = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        released = reserved - torch.cuda.memory_reserved()
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        del kept
+    trace = load_snapshot(path).device_trace(0)
+    frees = [e for e in trace if e.action == "segment_free"]
+    assert released == 66 << 20 and sorted(e.size for e in frees) == [2 << 20, 64 << 20]
+    for free in frees:
+        assert free.frames[0].name == "empty_cache" and free.frames[0].filename.endswith("memory.py")
+        assert any(f.filename == HERE for f in free.frames)
+    assert replay_snapshot(load_snapshot(path)).all_match

@@ -241,7 +241,7 @@ def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
         "memory_stats_as_nested_dict": lambda device=None: _nested(allocator.stats.as_dict()),
         "memory_summary": lambda device=None, abbreviated=False: summary(0, abbreviated),
         "mem_get_info": capacity_left,
-        "empty_cache": lambda: allocator.empty_cache(),
+        "empty_cache": gpu.memory.empty_cache,
         "reset_peak_memory_stats": reset_peaks,
         "reset_max_memory_allocated": reset_peaks,
         "reset_max_memory_cached": reset_peaks,

@@ -41,6 +41,17 @@ _OUR_DIR = str(Path(__file__).resolve().parents[1])
 _SKIPPED = (_TORCH_DIR, _OUR_DIR, "<frozen ")
 
 
+def _torch_frame(function: Callable[..., Any]) -> tuple[Frame, ...]:
+    """The frame of a torch Python function as a recorded stack shows it (its last line,
+    the call into C++)."""
+    code = function.__code__
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
+    return (Frame(code.co_filename, last, code.co_name),)
+
+
+_EMPTY_CACHE_FRAME = _torch_frame(torch.cuda.memory.empty_cache)
+
+
 def user_line(skipped: tuple[str, ...] = _SKIPPED) -> tuple[str, int]:
     """(filename, line) of the innermost frame outside torch and this package."""
     frame = sys._getframe(1)
@@ -167,6 +178,15 @@ class GpuMemory:
             self.block_frames.pop(handle, None)
             self._trace(seen)
 
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: release every unused cached segment; while history
+        is recorded each release is a ``segment_free`` entry whose stack starts in
+        ``torch.cuda.memory.empty_cache``, as a real recording's does (a replay groups the
+        entries into the one call by that frame)."""
+        seen = len(self.allocator.events)
+        self.allocator.empty_cache()
+        self._trace(seen, top=_EMPTY_CACHE_FRAME)
+
     @property
     def reserved(self) -> int:
         return self.allocator.reserved
@@ -178,12 +198,14 @@ class GpuMemory:
         history = self.history
         return history[-1].frames if history else ()
 
-    def _trace(self, seen: int, oom: SimulatedOutOfMemory | None = None) -> None:
+    def _trace(
+        self, seen: int, oom: SimulatedOutOfMemory | None = None, top: tuple[Frame, ...] = ()
+    ) -> None:
         events = self.allocator.events
         if self.history is None:
             events.clear()
             return
-        frames = python_frames()
+        frames = top + python_frames()
         now = int((time.perf_counter() - self.start) * 1e6)
         for event in events[seen:]:
             addr = (
