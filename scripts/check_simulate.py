@@ -334,6 +334,22 @@ SHAPES = {
 LAYERS = 32
 
 
+def _releases(diff: dict) -> str:
+    """Whether the simulated trace records ``empty_cache()``'s releases as the GPU's does."""
+    frees = diff["segment_frees"]
+    if frees["simulated"] == frees["recorded"]:
+        return (
+            f"Both traces record that `empty_cache()` as {frees['recorded']} `segment_free` entries "
+            "(one per released segment), so both replays start from the same reserved bytes."
+        )
+    return (
+        f"The simulated trace records {frees['simulated']} `segment_free` entries for that "
+        f"`empty_cache()`, the recording {frees['recorded']} (one per released segment), so the "
+        "replays start from different reserved bytes: an omission in the simulated GPU's history, "
+        "not in its allocator."
+    )
+
+
 def _why(r: dict) -> list[str]:
     """What the block-by-block figures say about each gap."""
     rec, sim, diff = r["recorded_trace"], r["simulated_trace"], r["differences"]
@@ -346,10 +362,7 @@ def _why(r: dict) -> list[str]:
     return [
         f"- The cache the step started in: the simulated allocator held {before:,} B reserved just before "
         f"the step's `empty_cache()` (the run's timeline), the recording {start:,} B ({same}); the "
-        "allocated bytes and every block live at the trace's start are identical. The simulated "
-        "snapshot's trace has no `segment_free` entry for that `empty_cache()` (the recording has one per "
-        "released segment), so its replay starts from the reserved bytes after the release: an omission "
-        "in the simulated GPU's history, not in its allocator.",
+        f"allocated bytes and every block live at the trace's start are identical. {_releases(diff)}",
         "- Peak allocated: the step ends with the same requests live on both sides; the allocated gap at "
         f"the end ({gap:,} B) is the block-size difference of those requests ({tails:,} B): a block handed "
         "out whole with an unsplit tail (a remainder of at most 1 MiB is not split off) on one side, cut "
