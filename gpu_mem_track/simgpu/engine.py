@@ -198,9 +198,7 @@ class GpuMemory:
         history = self.history
         return history[-1].frames if history else ()
 
-    def _trace(
-        self, seen: int, oom: SimulatedOutOfMemory | None = None, top: tuple[Frame, ...] = ()
-    ) -> None:
+    def _trace(self, seen: int, oom: SimulatedOutOfMemory | None = None, top: tuple[Frame, ...] = ()) -> None:
         events = self.allocator.events
         if self.history is None:
             events.clear()
