@@ -15,6 +15,7 @@ from torch import nn
 
 from gpu_mem_track import estimate, find_max_batch_size
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.estimator.specs import InputSpec
 from gpu_mem_track.estimator.target import UNBOUNDED, DoesNotFit, target_spec
 from gpu_mem_track.simgpu import simulated_gpu
 
@@ -176,3 +177,55 @@ def test_gradient_checkpointing_recomputes_on_the_simulated_gpu():
     plain = estimate(hf.tiny_gpt2, inputs)
     checkpointed = estimate(functools.partial(hf.tiny_gpt2, checkpointing=True), inputs)
     assert checkpointed.activation_bytes < plain.activation_bytes
+
+
+class TinyGPT(nn.Module):
+    """A small GPT of the benchmark's kind (``scripts/bench_simulate.py``): embeddings,
+    pre-norm blocks with SDPA attention and a GELU MLP, an untied LM head."""
+
+    def __init__(self, vocab: int = 1000, context: int = 64, d: int = 128, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.ln1, self.ln2, self.ln = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        b, t = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=2)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
+        return self.head(self.ln(x))
+
+
+def gpt_loss(logits: torch.Tensor) -> torch.Tensor:
+    targets = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
+    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_estimate_equals_a_simulated_run_of_the_same_training_loop(amp: torch.dtype | None):
+    """The loop as a user writes it (the model built on the CPU, then ``.cuda()``; AdamW;
+    ``zero_grad(set_to_none=True)``) on the estimator's simulated GPU: its second step's
+    peaks are ``estimate``'s (one warm-up step, the model made on meta by a factory)."""
+    with simulated_gpu(target_spec()):
+        model = TinyGPT().cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        x = torch.randint(0, 1000, (4, 64), device="cuda")
+        for _ in range(2):
+            torch.cuda.reset_peak_memory_stats()
+            with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+                loss = gpt_loss(model(x))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        simulated = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    est = estimate(
+        TinyGPT, InputSpec((4, 64), torch.long), optimizer="adamw", loss_fn=gpt_loss, amp=amp or False
+    )
+    assert (est.peak, est.reserved_peak) == simulated
