@@ -370,9 +370,11 @@ def _why(r: dict) -> list[str]:
         "state is made depends on what the backward pass allocated and freed before, and that differs:",
         f"- Backward: the simulation makes {backward['simulated'] - backward['recorded']:+,} allocations "
         f"against the GPU's. Only the simulation: {_shapes(backward['only_simulated'])}. Only the GPU: "
-        f"{_shapes(backward['only_recorded'])}. Temporaries of the ops' backward formulas as the "
-        "simulated GPU runs them (CPU and meta kernels) against CUDA's kernels: the simulated GPU's "
-        "op rules, to be matched to CUDA's.",
+        f"{_shapes(backward['only_recorded'])}. By their autograd nodes (the "
+        "recording's C++ frames against the simulated run's current node), nearly all are autograd "
+        "taking its out-of-place branches whenever a Python dispatch mode is on, as the simulation's "
+        "storage tracker is: gradients accumulated out of place (CUDA adds them in place) and max and "
+        "index backward scattering out of place (rows in `gpu_mem_track/gpumodel/differences.py`).",
         f"- Forward: only the GPU makes {_shapes(forward['only_recorded'])} (the two large ones at the "
         "loss's `torch.max` and `sum` over the logits, freed at once: far larger than those ops' outputs, "
         "so by all appearances scratch of CUDA's reduction kernels); only the simulation makes "

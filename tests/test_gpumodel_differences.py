@@ -85,3 +85,40 @@ def test_only_linear_shaped_einsums_are_run_as_linear_layers():
         ("ii,bsi->bsi", (torch.ones(4, 4), x)),
     ]:
         assert as_linear(equation, operands) is None, equation
+
+
+def _backward_allocations(forward, numel: int = 1 << 20) -> int:  # noqa: ANN001
+    """Blocks of ``numel`` float32 the simulated GPU allocates in ``forward(x).backward()``
+    for a ``(256, numel / 256)`` leaf ``x``, from its recorded trace."""
+    from gpu_mem_track.simgpu import simulated_gpu
+
+    with simulated_gpu("h100-80gb"):
+        x = torch.randn(256, numel // 256, device="cuda", requires_grad=True)
+        loss = forward(x)
+        torch.cuda.memory._record_memory_history(max_entries=10_000)
+        loss.backward()
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return sum(1 for e in trace if e["action"] == "alloc" and e["size"] == 4 * numel)
+
+
+def test_gradient_accumulation_is_out_of_place_on_the_simulated_gpu():
+    """``y`` feeds two products: their gradients (3g, 4g) meet in ``y``'s input buffer. CUDA
+    adds 4g into 3g in place (3 blocks: 3g, 4g, then 2x the sum for ``x``); under the
+    simulation's dispatch mode autograd adds out of place: a fourth block (the
+    differences table's row; a fix turns this 4 into 3)."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        return (y * 3).sum() + (y * 4).sum()
+
+    assert _backward_allocations(forward) == 4
+
+
+def test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu():
+    """CUDA's backward of ``max(dim)`` and of row indexing makes zeros and scatters (or
+    index_puts) into them: one block. Under a dispatch mode the formula takes its
+    out-of-place branch: two (the differences table's row)."""
+    rows = torch.arange(256)
+    assert _backward_allocations(lambda x: x.max(dim=-1).values.sum()) == 2
+    assert _backward_allocations(lambda x: x[rows.cuda(), :].sum()) == 2

@@ -100,6 +100,27 @@ DIFFERENCES: tuple[Difference, ...] = (
         "tests/test_gpumodel_differences.py::test_meta_and_cpu_storage_timelines_agree_for_an_einsum_lm",
     ),
     Difference(
+        "gradient accumulation in backward (a tensor used twice)",
+        "under any Python dispatch mode (the simulation's storage tracker is one) autograd's "
+        "InputBuffer counts every tensor as subclass-like and adds the two gradients out of place",
+        "added in place into the gradient autograd holds alone; out of place only when both are "
+        "shared (2 per layer in the recorded 2.7B step: the residual adds' pass-through gradients)",
+        "not reproduced: one extra gradient-sized block per accumulation (11 (batch, seq, d_model), "
+        "2 (batch, heads, seq, seq), 1 (batch, seq, d_ff) per layer of the recorded 2.7B step; 2 "
+        "logits-sized at the loss), freed at once; the step's peak stays within 0.001% "
+        "(scripts/check_simulate.py)",
+        "tests/test_gpumodel_differences.py::test_gradient_accumulation_is_out_of_place_on_the_simulated_gpu",
+    ),
+    Difference(
+        "backward formulas with a subclass branch (max/min over a dim, indexing)",
+        "under a Python dispatch mode: zeros, then an out-of-place scatter / index_put (2 blocks)",
+        "zeros, then scatter_ / index_put_ into them (1 block; the recording's MaxBackward0 and "
+        "IndexBackward0 allocate once)",
+        "not reproduced: one extra input-sized block, freed at once (per layer of the recorded step: "
+        "1 (batch, heads, seq, seq) at the softmax's max; once at the loss: 2 logits-sized)",
+        "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu",
+    ),
+    Difference(
         "kernel scratch buffers (reductions, index sorting in a loss's backward)",
         "none on meta",
         "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step",
