@@ -117,7 +117,8 @@ DIFFERENCES: tuple[Difference, ...] = (
         "zeros, then scatter_ / index_put_ into them (1 block; the recording's MaxBackward0 and "
         "IndexBackward0 allocate once)",
         "not reproduced: one extra input-sized block, freed at once (per layer of the recorded step: "
-        "1 (batch, heads, seq, seq) at the softmax's max; once at the loss: 2 logits-sized)",
+        "1 (batch, heads, seq, seq) at the softmax's max; once: 2 logits-sized at the loss, 1 "
+        "(vocab, d_model) at the token embedding's lookup)",
         "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu",
     ),
     Difference(
