@@ -161,13 +161,8 @@ def test_snapshot_records_the_simulated_allocator(tmp_path):
     allocs = [
         (e.action, e.size) for e in snapshot.device_traces[0] if e.action in ("alloc", "free_requested")
     ]
-    # b is freed when the script's module is, while the history is still recorded
-    assert allocs == [
-        ("alloc", 4),
-        ("alloc", 12 * 2**20),
-        ("free_requested", 4),
-        ("free_requested", 12 * 2**20),
-    ]
+    # b is a global of the script: as under python, it lives until the reports are written
+    assert allocs == [("alloc", 4), ("alloc", 12 * 2**20), ("free_requested", 4)]
     records = {r.line: r for r in read_lines(tmp_path / "reports" / "r" / "lines.csv")}
     assert records[2].peak == 512 and records[2].peak_exact  # PyTorch's oracle: 512 B blocks
     assert records[3].peak == 512 + 12 * 2**20
