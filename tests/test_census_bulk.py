@@ -97,3 +97,33 @@ def test_an_unchanged_heap_reuses_the_last_split_until_anything_changes():
     assert ("Gradient", (3,), "float32", 1, 12) in after and after == groups(census(tensors))
     tensors[9] = torch.zeros(2)  # another tensor in that place
     assert groups(census(tensors, memo)) == groups(census(tensors))
+
+
+def named_groups(result):
+    return sorted((g.kind, g.shape, g.dtype, g.count, g.nbytes, g.names) for g in result.groups)
+
+
+def test_named_tensors_counted_in_bulk_keep_their_kinds_and_names():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    kept = torch.zeros(5)  # a plain tensor with a program name
+    state = optimizer.state[model[0].weight]
+    head = state["exp_avg"][0]  # a named view of optimizer state: its storage is shared
+    roots = [("", model), ("", optimizer), ("kept", kept), ("head", head)]
+    tensors = [kept, head, *model.parameters(), *(p.grad for p in model.parameters())]
+    tensors += [v for s in optimizer.state.values() for v in s.values()]
+    by_roots = named_groups(take_census("cpu", list, roots))  # the general path alone
+    memo = CensusMemo()
+    for _ in range(3):  # the bulk, then its remembered split
+        in_bulk = take_census("cpu", lambda: list(tensors), roots, memo=memo)
+        assert named_groups(in_bulk) == by_roots
+    kinds = {(g.kind, g.names) for g in in_bulk.groups}
+    assert ("Gradient", ("1.weight.grad",)) in kinds
+    assert any(
+        kind == "Optimizer state" and {"exp_avg of 0.weight", "head (view)"} <= set(names)
+        for kind, names in kinds
+    )
+    assert ("Tensor", ("kept",)) in kinds

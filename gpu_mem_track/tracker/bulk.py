@@ -106,7 +106,7 @@ class Bulk:
         self.others.clear()
 
 
-def split(objects: list[Any], exclude: dict[int, Any], device: str, memo: CensusMemo) -> Bulk:
+def split(objects: list[Any], exclude: set[int] | dict[int, Any], device: str, memo: CensusMemo) -> Bulk:
     """Sort ``objects``: simple plain tensors on ``device`` into the bulk, plain tensors on
     other devices (but meta) away, the rest (and tensors whose id is in ``exclude``) into
     ``others``."""

@@ -18,9 +18,11 @@ storage, goes through the general path (``_Storages``: owners by rank, views, na
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
+from operator import not_, or_
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -81,7 +83,10 @@ def take_census(
         seen.add_roots(roots)
         if saved is not None:
             seen.add_saved(saved.known_tensors())
-        bulk = split(list(source()), seen.tensors, str(target), memo or CensusMemo())
+        # named tensors go through the bulk too (their kinds and names kept in ``seen``),
+        # but not the recorder's aliases of saved tensors (who owns their storage is ranked)
+        bulk = split(list(source()), seen.aliases, str(target), memo or CensusMemo())
+        seen.leave_to_bulk(bulk.ids)
         seen.add_objects(bulk.others)
         seen.add_relatives()
         storages = _Storages(seen, target)
@@ -133,6 +138,8 @@ class _Seen:
         self.storage_of: dict[int, Any] = {}
         #: Ids of the recorder's aliases of saved tensors (not views in the user's sense).
         self.aliases: set[int] = set()
+        #: Ids of the tensors the bulk counts (``leave_to_bulk``).
+        self.bulk: set[int] = set()
 
     def add(self, tensor: Any, kind: str | None, name: str | None) -> bool:
         """Add a tensor; of several kinds given for one tensor the first in ``KINDS`` wins."""
@@ -140,6 +147,11 @@ class _Seen:
         new = key not in self.tensors
         if new:
             self.tensors[key] = tensor
+        self.label(key, kind, name)
+        return new
+
+    def label(self, key: int, kind: str | None, name: str | None) -> None:
+        """Note a kind and a name for the tensor whose id is ``key``."""
         if kind is not None:
             current = self.kinds.get(key)
             if current is None or _RANK.get(kind, len(KINDS)) < _RANK.get(current, len(KINDS)):
@@ -148,7 +160,6 @@ class _Seen:
             names = self.names.setdefault(key, [])
             if name not in names:
                 names.append(name)
-        return new
 
     def add_roots(self, roots: Iterable[tuple[str, Any]]) -> None:
         for known in known_tensors(list(roots)):
@@ -170,6 +181,14 @@ class _Seen:
             if _is_tensor_class(type(obj)) and id(obj) not in tensors:
                 tensors[id(obj)] = obj
 
+    def leave_to_bulk(self, ids: list[int]) -> None:
+        """Forget the tensors the bulk counts (their kinds and names stay, for ``_groups``)."""
+        tensors = self.tensors
+        self.bulk = set(ids)
+        if tensors:
+            for tid in list(filter(tensors.__contains__, ids)):
+                del tensors[tid]
+
     def add_relatives(self) -> None:
         """View bases, and leaf gradients (which may exist only in C++ until read)."""
         queue = list(self.tensors.values())
@@ -182,7 +201,10 @@ class _Seen:
                     grad = tensor.grad
                     if grad is not None:
                         names = self.names.get(id(tensor))
-                        if self.add(grad, "Gradient", f"{names[0]}.grad" if names else None):
+                        name = f"{names[0]}.grad" if names else None
+                        if id(grad) in self.bulk:  # counted there, named here
+                            self.label(id(grad), "Gradient", name)
+                        elif self.add(grad, "Gradient", name):
                             queue.append(grad)
             except Exception:
                 continue
@@ -191,6 +213,7 @@ class _Seen:
     def clear(self) -> None:
         self.tensors.clear()
         self.aliases.clear()
+        self.bulk.clear()
 
 
 _TENSOR_CLASS: dict[type, bool] = {}
@@ -334,18 +357,41 @@ def _groups(
         group[0] += 1
         group[1] += nbytes
         group[2].extend(seen.names.get(tid, ()))
-    for (key, nbytes), count in Counter(zip(bulk.keys, bulk.nbytes)).items():
-        group = groups.get((*key, device))
-        if group is None:
-            group = groups[(*key, device)] = [0, 0, []]
-        group[0] += count
-        group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
+    _bulk_groups(seen, groups, device, on_cuda, bulk)
     result = [
         TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(dict.fromkeys(names)))
         for key, (count, nbytes, names) in groups.items()
     ]
     result.sort(key=lambda g: (_RANK.get(g.kind, len(KINDS)), -g.nbytes, g.shape, g.dtype))
     return tuple(result)
+
+
+def _bulk_groups(
+    seen: _Seen, groups: dict[tuple[Any, ...], list[Any]], device: str, on_cuda: bool, bulk: Bulk
+) -> None:
+    """Add the bulk's tensors to ``groups``: the nameless counted by (key, bytes) in C, the
+    named (parameters, gradients, optimizer state) one by one with their kind and names."""
+    kinds, names = seen.kinds, seen.names
+    named = list(map(or_, map(kinds.__contains__, bulk.ids), map(names.__contains__, bulk.ids)))
+    pairs = zip(bulk.keys, bulk.nbytes)
+    if any(named):
+        pairs = itertools.compress(pairs, map(not_, named))
+        for tid, key, nbytes in itertools.compress(zip(bulk.ids, bulk.keys, bulk.nbytes), named):
+            group = _group(groups, (kinds.get(tid, key[0]), key[1], key[2], device))
+            group[0] += 1
+            group[1] += cuda_block_bytes(nbytes) if on_cuda else nbytes
+            group[2].extend(names.get(tid, ()))
+    for (key, nbytes), count in Counter(pairs).items():
+        group = _group(groups, (*key, device))
+        group[0] += count
+        group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
+
+
+def _group(groups: dict[tuple[Any, ...], list[Any]], key: tuple[Any, ...]) -> list[Any]:
+    group = groups.get(key)
+    if group is None:
+        group = groups[key] = [0, 0, []]
+    return group
 
 
 def _pass_view_names(seen: _Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
