@@ -22,7 +22,7 @@ import itertools
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
-from operator import not_, or_
+from operator import itemgetter, not_, or_
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +43,7 @@ __all__ = ["FullScan", "LiveTensorFinder", "TensorSource", "full_scan", "take_ce
 #: A callable returning candidate objects; the census keeps the tensors among them.
 TensorSource = Callable[[], Iterable[Any]]
 
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
 _SPARSE_PARTS = {
     torch.sparse_coo: ("_indices", "_values"),
@@ -162,10 +163,21 @@ class _Seen:
                 names.append(name)
 
     def add_roots(self, roots: Iterable[tuple[str, Any]]) -> None:
+        tensors, kinds, names = self.tensors, self.kinds, self.names
         for known in known_tensors(list(roots)):
-            if _is_tensor_class(type(known.tensor)):
-                self.add(known.tensor, known.kind, known.name)
-        known = None  # type: ignore[assignment]  # drop the last reference promptly
+            tensor = known.tensor
+            if not _is_tensor_class(type(tensor)):
+                continue
+            key = id(tensor)
+            if key in tensors or key in kinds or key in names:
+                self.add(tensor, known.kind, known.name)
+                continue
+            tensors[key] = tensor  # first sight (most tensors): ``add`` without its checks
+            if known.kind is not None:
+                kinds[key] = known.kind
+            if known.name:
+                names[key] = [known.name]
+        known = tensor = None  # type: ignore[assignment]  # drop the last references promptly
 
     def add_saved(self, known: list[Known]) -> None:
         for item in known:
@@ -369,22 +381,28 @@ def _groups(
 def _bulk_groups(
     seen: _Seen, groups: dict[tuple[Any, ...], list[Any]], device: str, on_cuda: bool, bulk: Bulk
 ) -> None:
-    """Add the bulk's tensors to ``groups``: the nameless counted by (key, bytes) in C, the
-    named (parameters, gradients, optimizer state) one by one with their kind and names."""
+    """Add the bulk's tensors to ``groups``, counted by (key, bytes) in C; a named tensor's
+    key takes the kind the roots gave it (gradient, optimizer state), and its names join its
+    group in the order the roots named them (as the general path does)."""
     kinds, names = seen.kinds, seen.names
+    keys, sizes = bulk.keys, bulk.nbytes
     named = list(map(or_, map(kinds.__contains__, bulk.ids), map(names.__contains__, bulk.ids)))
-    pairs = zip(bulk.keys, bulk.nbytes)
+    group_of: dict[int, tuple[Any, ...]] = {}
     if any(named):
-        pairs = itertools.compress(pairs, map(not_, named))
-        for tid, key, nbytes in itertools.compress(zip(bulk.ids, bulk.keys, bulk.nbytes), named):
-            group = _group(groups, (kinds.get(tid, key[0]), key[1], key[2], device))
-            group[0] += 1
-            group[1] += cuda_block_bytes(nbytes) if on_cuda else nbytes
-            group[2].extend(names.get(tid, ()))
-    for (key, nbytes), count in Counter(pairs).items():
+        unnamed = list(map(not_, named))
+        ids, given = list(itertools.compress(bulk.ids, named)), list(itertools.compress(keys, named))
+        relabelled = list(
+            zip(map(kinds.get, ids, map(_FIRST, given)), map(_SECOND, given), map(_THIRD, given))
+        )
+        group_of = dict(zip(ids, zip(*zip(*relabelled), itertools.repeat(device))))
+        keys = list(itertools.compress(keys, unnamed)) + relabelled
+        sizes = list(itertools.compress(sizes, unnamed)) + list(itertools.compress(sizes, named))
+    for (key, nbytes), count in Counter(zip(keys, sizes)).items():
         group = _group(groups, (*key, device))
         group[0] += count
         group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
+    for tid in filter(group_of.__contains__, names):
+        groups[group_of[tid]][2].extend(names[tid])
 
 
 def _group(groups: dict[tuple[Any, ...], list[Any]], key: tuple[Any, ...]) -> list[Any]:
