@@ -113,17 +113,19 @@ def _settle(bulk: Bulk, seen: _Seen, owners: dict[Any, list[Any]]) -> list[tuple
     over the bulk only C-level passes."""
     if not bulk.tensors:
         return []
-    ids = set(bulk.ids)
-    reached = [tid for tid in seen.tensors if tid in ids]
-    if reached:
-        bulk.take_out(list(map(set(reached).__contains__, bulk.ids)))
+    ids = seen.bulk
+    reached = {tid for tid in seen.tensors if tid in ids}
     pointers = set(bulk.pointers)
     shared = {key for key in owners if key in pointers}
     if len(pointers) != len(bulk.pointers):
         shared.update(pointer for pointer, n in Counter(bulk.pointers).items() if n > 1)
-    if not shared:
+    if not shared and not reached:
         return []
-    moved = bulk.take_out(list(map(shared.__contains__, bulk.pointers)))
+    # one pass takes out both: the reached ones (already the general path's) and the shared
+    flags = list(map(shared.__contains__, bulk.pointers))
+    if reached:
+        flags = list(map(or_, flags, map(reached.__contains__, bulk.ids)))
+    moved = [tensor for tensor in bulk.take_out(flags) if id(tensor) not in reached]
     seen.add_objects(moved)
     return [(id(tensor), tensor) for tensor in moved]
 
