@@ -10,10 +10,13 @@ discovered modules and optimizers, the bases of views, the gradients of leaf ten
 saved-for-backward tensors a ``saved.SavedTensorRecorder`` recorded (otherwise only C++
 autograd nodes hold them).
 
-Two paths count storages. Plain, nameless tensors that own their storage alone (most of
-a big program's) go through ``bulk``: read in C-level passes, what they are remembered
-between censuses (``bulk.CensusMemo``). Every other tensor, and every tensor sharing a
-storage, goes through the general path (``_Storages``: owners by rank, views, names).
+Two paths count storages. Plain tensors that own their storage alone and need no
+``.grad`` read (most of a big program's: gradients, optimizer state, activations kept
+around) go through ``bulk``: read in C-level passes, what they are remembered between
+censuses (``bulk.CensusMemo``); the kinds and names the roots give them are kept in
+``_Seen`` and joined when grouping. Every other tensor, and every tensor sharing a storage,
+goes through the general path (``_Storages``: owners by rank, views, names). The
+recorder's aliases of saved tensors always take the general path.
 """
 
 from __future__ import annotations
