@@ -2,8 +2,9 @@
 
 Most live tensors of a big program are plain (exactly ``torch.Tensor`` or
 ``nn.Parameter``), own their storage whole and are the same objects from one census to
-the next (named ones too: their kinds and names are the census's business). For these the census needs the storage's identity and size and the
-tensor's group (kind, shape, dtype). ``split`` reads them in C-level passes (``map`` over
+the next (named ones too: their kinds and names are the census's business). For these
+the census needs the storage's identity and size and the tensor's group (kind, shape,
+dtype). ``split`` reads them in C-level passes (``map`` over
 the whole list, no Python code per tensor):
 
 - every census: the version counter, the data pointer and ``requires_grad``;
