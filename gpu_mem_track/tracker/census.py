@@ -201,10 +201,9 @@ class _Seen:
     def leave_to_bulk(self, ids: list[int]) -> None:
         """Forget the tensors the bulk counts (their kinds and names stay, for ``_groups``)."""
         tensors = self.tensors
-        self.bulk = set(ids)
-        if tensors:
-            for tid in list(filter(tensors.__contains__, ids)):
-                del tensors[tid]
+        self.bulk = bulk = set(ids)
+        for tid in [tid for tid in tensors if tid in bulk]:  # the roots' few, not the bulk's many
+            del tensors[tid]
 
     def add_relatives(self) -> None:
         """View bases, and leaf gradients (which may exist only in C++ until read)."""
@@ -391,9 +390,11 @@ def _bulk_groups(
     group in the order the roots named them (as the general path does)."""
     kinds, names = seen.kinds, seen.names
     keys, sizes = bulk.keys, bulk.nbytes
-    named = list(map(or_, map(kinds.__contains__, bulk.ids), map(names.__contains__, bulk.ids)))
+    # ids the roots labelled that the bulk still counts (the general path took back some)
+    labelled = {tid for tid in itertools.chain(names, kinds) if tid in seen.bulk and tid not in seen.tensors}
     group_of: dict[int, tuple[Any, ...]] = {}
-    if any(named):
+    if labelled:
+        named = list(map(labelled.__contains__, bulk.ids))
         unnamed = list(map(not_, named))
         ids, given = list(itertools.compress(bulk.ids, named)), list(itertools.compress(keys, named))
         relabelled = list(
