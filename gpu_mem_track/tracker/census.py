@@ -25,7 +25,7 @@ import itertools
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
-from operator import itemgetter, not_, or_
+from operator import itemgetter, or_
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -389,24 +389,25 @@ def _bulk_groups(
     key takes the kind the roots gave it (gradient, optimizer state), and its names join its
     group in the order the roots named them (as the general path does)."""
     kinds, names = seen.kinds, seen.names
-    keys, sizes = bulk.keys, bulk.nbytes
+    counts = Counter(zip(bulk.keys, bulk.nbytes))
     # ids the roots labelled that the bulk still counts (the general path took back some)
     labelled = {tid for tid in itertools.chain(names, kinds) if tid in seen.bulk and tid not in seen.tensors}
     group_of: dict[int, tuple[Any, ...]] = {}
-    if labelled:
+    if labelled:  # move them from their plain group to their kind's
         named = list(map(labelled.__contains__, bulk.ids))
-        unnamed = list(map(not_, named))
-        ids, given = list(itertools.compress(bulk.ids, named)), list(itertools.compress(keys, named))
+        ids, given = list(itertools.compress(bulk.ids, named)), list(itertools.compress(bulk.keys, named))
+        sizes = list(itertools.compress(bulk.nbytes, named))
+        counts.subtract(zip(given, sizes))
         relabelled = list(
             zip(map(kinds.get, ids, map(_FIRST, given)), map(_SECOND, given), map(_THIRD, given))
         )
+        counts.update(zip(relabelled, sizes))
         group_of = dict(zip(ids, zip(*zip(*relabelled), itertools.repeat(device))))
-        keys = list(itertools.compress(keys, unnamed)) + relabelled
-        sizes = list(itertools.compress(sizes, unnamed)) + list(itertools.compress(sizes, named))
-    for (key, nbytes), count in Counter(zip(keys, sizes)).items():
-        group = _group(groups, (*key, device))
-        group[0] += count
-        group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
+    for (key, nbytes), count in counts.items():
+        if count > 0:
+            group = _group(groups, (*key, device))
+            group[0] += count
+            group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
     for tid in filter(group_of.__contains__, names):
         groups[group_of[tid]][2].extend(names[tid])
 
