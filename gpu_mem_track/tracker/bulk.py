@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from operator import and_, attrgetter, eq, is_, is_not, itemgetter, not_, or_, truth
 from typing import Any
@@ -41,8 +42,9 @@ from typing import Any
 import torch
 
 from ..dtypes import dtype_name
+from ..units import cuda_block_bytes
 
-__all__ = ["Bulk", "CensusMemo", "split"]
+__all__ = ["Bulk", "CensusMemo", "add_groups", "settle", "split"]
 
 _PLAIN = {torch.Tensor: "Tensor", torch.nn.Parameter: "Parameter"}
 _VERSION = attrgetter("_version")
@@ -50,6 +52,7 @@ _REQUIRES_GRAD = attrgetter("requires_grad")
 _POINTER = torch.Tensor.data_ptr
 _CALL = weakref.ref.__call__
 _REF, _SIGNATURE, _KEY, _DEVICE, _NBYTES_OF = (itemgetter(i) for i in range(5))
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class _Gone:
@@ -242,3 +245,65 @@ def _facts(tensor: Any, signature: tuple[Any, Any]) -> tuple[Any, ...]:
     except Exception:
         return (weakref.ref(tensor), signature, None, "?", 0)  # the general path decides
     return (weakref.ref(tensor), signature, key, device, nbytes)
+
+
+def settle(bulk: Bulk, seen: Any, owners: dict[Any, list[Any]]) -> list[tuple[int, Any]]:
+    """Move to the general path the bulk tensors whose storage another tensor uses (the
+    general path's, found in ``owners``, or another bulk tensor's); return them as
+    ``(id, tensor)`` for its storage count. Bulk tensors the general path reached itself
+    (as relatives) just leave the bulk. Loops run over the general path's few tensors;
+    over the bulk only C-level passes."""
+    if not bulk.tensors:
+        return []
+    ids = seen.bulk
+    reached = {tid for tid in seen.tensors if tid in ids}
+    pointers = set(bulk.pointers)
+    shared = {key for key in owners if key in pointers}
+    if len(pointers) != len(bulk.pointers):
+        shared.update(pointer for pointer, n in Counter(bulk.pointers).items() if n > 1)
+    if not shared and not reached:
+        return []
+    # one pass takes out both: the reached ones (already the general path's) and the shared
+    flags = list(map(shared.__contains__, bulk.pointers))
+    if reached:
+        flags = list(map(or_, flags, map(reached.__contains__, bulk.ids)))
+    moved = [tensor for tensor in bulk.take_out(flags) if id(tensor) not in reached]
+    seen.add_objects(moved)
+    return [(id(tensor), tensor) for tensor in moved]
+
+
+def add_groups(
+    seen: Any, groups: dict[tuple[Any, ...], list[Any]], device: str, on_cuda: bool, bulk: Bulk
+) -> None:
+    """Add the bulk's tensors to ``groups``, counted by (key, bytes) in C; a named tensor's
+    key takes the kind the roots gave it (gradient, optimizer state), and its names join its
+    group in the order the roots named them (as the general path does)."""
+    kinds, names = seen.kinds, seen.names
+    counts = Counter(zip(bulk.keys, bulk.nbytes))
+    # ids the roots labelled that the bulk still counts (the general path took back some)
+    labelled = {tid for tid in itertools.chain(names, kinds) if tid in seen.bulk and tid not in seen.tensors}
+    group_of: dict[int, tuple[Any, ...]] = {}
+    if labelled:  # move them from their plain group to their kind's
+        named = list(map(labelled.__contains__, bulk.ids))
+        ids, given = list(itertools.compress(bulk.ids, named)), list(itertools.compress(bulk.keys, named))
+        sizes = list(itertools.compress(bulk.nbytes, named))
+        counts.subtract(zip(given, sizes))
+        relabelled = list(
+            zip(map(kinds.get, ids, map(_FIRST, given)), map(_SECOND, given), map(_THIRD, given))
+        )
+        counts.update(zip(relabelled, sizes))
+        group_of = dict(zip(ids, zip(*zip(*relabelled), itertools.repeat(device))))
+    for (key, nbytes), count in counts.items():
+        if count > 0:
+            group = _group(groups, (*key, device))
+            group[0] += count
+            group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
+    for tid in filter(group_of.__contains__, names):
+        groups[group_of[tid]][2].extend(names[tid])
+
+
+def _group(groups: dict[tuple[Any, ...], list[Any]], key: tuple[Any, ...]) -> list[Any]:
+    group = groups.get(key)
+    if group is None:
+        group = groups[key] = [0, 0, []]
+    return group

@@ -21,11 +21,8 @@ recorder's aliases of saved tensors always take the general path.
 
 from __future__ import annotations
 
-import itertools
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterable
-from operator import itemgetter, or_
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +30,7 @@ import torch
 from ..devices import parse_device
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
-from .bulk import Bulk, CensusMemo, split
+from .bulk import Bulk, CensusMemo, add_groups, settle, split
 from .finder import FullScan, LiveTensorFinder, full_scan, tensor_types
 from .naming import Known, known_tensors
 from .records import KINDS, Census, Skipped, TensorGroup
@@ -46,7 +43,6 @@ __all__ = ["FullScan", "LiveTensorFinder", "TensorSource", "full_scan", "take_ce
 #: A callable returning candidate objects; the census keeps the tensors among them.
 TensorSource = Callable[[], Iterable[Any]]
 
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
 _SPARSE_PARTS = {
     torch.sparse_coo: ("_indices", "_values"),
@@ -95,7 +91,7 @@ def take_census(
         seen.add_relatives()
         storages = _Storages(seen, target)
         storages.add(seen.tensors.items())
-        storages.add(_settle(bulk, seen, storages.owners))
+        storages.add(settle(bulk, seen, storages.owners))
         owners, skipped, views = storages.result()
         groups = _groups(seen, owners, str(target), target.type == "cuda", bulk)
     seen.clear()
@@ -106,31 +102,6 @@ def take_census(
         views=views,
         skipped=tuple(Skipped(r, c, b) for r, (c, b) in sorted(skipped.items())),
     )
-
-
-def _settle(bulk: Bulk, seen: _Seen, owners: dict[Any, list[Any]]) -> list[tuple[int, Any]]:
-    """Move to the general path the bulk tensors whose storage another tensor uses (the
-    general path's, found in ``owners``, or another bulk tensor's); return them as
-    ``(id, tensor)`` for its storage count. Bulk tensors the general path reached itself
-    (as relatives) just leave the bulk. Loops run over the general path's few tensors;
-    over the bulk only C-level passes."""
-    if not bulk.tensors:
-        return []
-    ids = seen.bulk
-    reached = {tid for tid in seen.tensors if tid in ids}
-    pointers = set(bulk.pointers)
-    shared = {key for key in owners if key in pointers}
-    if len(pointers) != len(bulk.pointers):
-        shared.update(pointer for pointer, n in Counter(bulk.pointers).items() if n > 1)
-    if not shared and not reached:
-        return []
-    # one pass takes out both: the reached ones (already the general path's) and the shared
-    flags = list(map(shared.__contains__, bulk.pointers))
-    if reached:
-        flags = list(map(or_, flags, map(reached.__contains__, bulk.ids)))
-    moved = [tensor for tensor in bulk.take_out(flags) if id(tensor) not in reached]
-    seen.add_objects(moved)
-    return [(id(tensor), tensor) for tensor in moved]
 
 
 class _Seen:
@@ -373,50 +344,13 @@ def _groups(
         group[0] += 1
         group[1] += nbytes
         group[2].extend(seen.names.get(tid, ()))
-    _bulk_groups(seen, groups, device, on_cuda, bulk)
+    add_groups(seen, groups, device, on_cuda, bulk)
     result = [
         TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(dict.fromkeys(names)))
         for key, (count, nbytes, names) in groups.items()
     ]
     result.sort(key=lambda g: (_RANK.get(g.kind, len(KINDS)), -g.nbytes, g.shape, g.dtype))
     return tuple(result)
-
-
-def _bulk_groups(
-    seen: _Seen, groups: dict[tuple[Any, ...], list[Any]], device: str, on_cuda: bool, bulk: Bulk
-) -> None:
-    """Add the bulk's tensors to ``groups``, counted by (key, bytes) in C; a named tensor's
-    key takes the kind the roots gave it (gradient, optimizer state), and its names join its
-    group in the order the roots named them (as the general path does)."""
-    kinds, names = seen.kinds, seen.names
-    counts = Counter(zip(bulk.keys, bulk.nbytes))
-    # ids the roots labelled that the bulk still counts (the general path took back some)
-    labelled = {tid for tid in itertools.chain(names, kinds) if tid in seen.bulk and tid not in seen.tensors}
-    group_of: dict[int, tuple[Any, ...]] = {}
-    if labelled:  # move them from their plain group to their kind's
-        named = list(map(labelled.__contains__, bulk.ids))
-        ids, given = list(itertools.compress(bulk.ids, named)), list(itertools.compress(bulk.keys, named))
-        sizes = list(itertools.compress(bulk.nbytes, named))
-        counts.subtract(zip(given, sizes))
-        relabelled = list(
-            zip(map(kinds.get, ids, map(_FIRST, given)), map(_SECOND, given), map(_THIRD, given))
-        )
-        counts.update(zip(relabelled, sizes))
-        group_of = dict(zip(ids, zip(*zip(*relabelled), itertools.repeat(device))))
-    for (key, nbytes), count in counts.items():
-        if count > 0:
-            group = _group(groups, (*key, device))
-            group[0] += count
-            group[1] += count * (cuda_block_bytes(nbytes) if on_cuda else nbytes)
-    for tid in filter(group_of.__contains__, names):
-        groups[group_of[tid]][2].extend(names[tid])
-
-
-def _group(groups: dict[tuple[Any, ...], list[Any]], key: tuple[Any, ...]) -> list[Any]:
-    group = groups.get(key)
-    if group is None:
-        group = groups[key] = [0, 0, []]
-    return group
 
 
 def _pass_view_names(seen: _Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
