@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fixtures import described, fixtures_folder  # noqa: E402
+from fixtures import described, fixtures_folder, shown  # noqa: E402
 
 from gpu_mem_track.allocator.replay import Replay, replay  # noqa: E402
 from gpu_mem_track.snapshotfile import load_snapshot  # noqa: E402
@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     data = [{**r, "analysis": r["analysis"].to_dict()} for r in results]
     for item in data:
         item["analysis"]["lines"] = item["analysis"]["lines"][:20]  # the largest; the rest in the folders
+        item["analysis"]["source"] = shown(Path(item["analysis"]["source"]))  # no machine's path
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     print(_markdown(results, folder))
     return 0 if all(r["passed"] for r in results) else 1
