@@ -10,21 +10,23 @@ from torch import nn
 from gpu_mem_track import MemTracker
 
 
-@pytest.mark.cuda
-def test_hidden_shrinks_by_the_saved_bytes_gc_cannot_see(tmp_path):
-    # Real GPU only: on the simulated GPU every tensor autograd saves has passed through a
-    # Python dispatch mode, which gives it a Python object that gc sees, so nothing saved
-    # is hidden there (see the next test).
-    device = "cuda:0"
-    torch.manual_seed(0)
-    # Every activation is 64 x 1024 float32 = 256 KiB (the dropout mask 64 KiB): small-pool
-    # blocks, multiples of 512 B, so the allocator adds no slack and hidden is exact.
+def _model_and_tracker(tmp_path, device: str):
+    """A dropout MLP on ``device`` after one warm-up step (cuBLAS workspaces and gradients
+    exist), watched by a tracker that writes nothing. Every activation is 64 x 1024 float32
+    = 256 KiB (the dropout mask 64 KiB): small-pool blocks, multiples of 512 B, so the
+    allocator adds no slack."""
     model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Dropout(0.5), nn.Linear(1024, 1024))
     model = model.to(device).train()
     x = torch.randn(64, 1024, device=device)
     tracker = MemTracker(device=device, out_dir=tmp_path, verbosity=0, probe=False)
     tracker.watch(model, x=x)
-    model(x).pow(2).mean().backward()  # warm-up: cuBLAS workspace and the gradients exist
+    model(x).pow(2).mean().backward()
+    return model, x, tracker
+
+
+def _forward_twice(tracker, model, x):
+    """Ledgers before and after a plain forward, then before and after the same forward
+    under the saved-activation recorder; returns them and the recorded forward's loss."""
     base = tracker.track().ledger
     loss = model(x).pow(2).mean()
     plain = tracker.track().ledger
@@ -32,7 +34,18 @@ def test_hidden_shrinks_by_the_saved_bytes_gc_cannot_see(tmp_path):
     rebase = tracker.track().ledger
     with tracker.saved_activations():
         loss = model(x).pow(2).mean()
-    recorded = tracker.track().ledger
+    return base, plain, rebase, tracker.track().ledger, loss
+
+
+@pytest.mark.cuda
+def test_hidden_shrinks_by_the_saved_bytes_gc_cannot_see(tmp_path):
+    # Real GPU only: on the simulated GPU every tensor autograd saves has passed through a
+    # Python dispatch mode, which gives it a Python object that gc sees, so nothing saved
+    # is hidden there (see the next test).
+    device = "cuda:0"
+    torch.manual_seed(0)
+    model, x, tracker = _model_and_tracker(tmp_path, device)
+    base, plain, rebase, recorded, loss = _forward_twice(tracker, model, x)
     # The same forward leaves the same bytes allocated either way.
     assert recorded.allocated - rebase.allocated == plain.allocated - base.allocated
     # Without the recorder the dropout mask (C++ only) is hidden; with it, nothing is.
@@ -48,23 +61,12 @@ def test_on_the_simulated_gpu_the_recorder_names_what_the_forward_saved(tmp_path
     if gpu is None:
         pytest.skip("the simulated GPU's own behaviour")
     device = "cuda:0"
-    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Dropout(0.5), nn.Linear(1024, 1024))
-    model = model.to(device).train()
-    x = torch.randn(64, 1024, device=device)
-    tracker = MemTracker(device=device, out_dir=tmp_path, verbosity=0, probe=False)
-    tracker.watch(model, x=x)
-    model(x).pow(2).mean().backward()
-    base = tracker.track().ledger
+    model, x, tracker = _model_and_tracker(tmp_path, device)
+    allocated_before = torch.cuda.memory_allocated()
+    base, plain, rebase, recorded, loss = _forward_twice(tracker, model, x)
     # hidden: two cuBLAS workspaces of the A100's default 8,519,680 B, one per handle (the
     # forward's thread and autograd's backward thread); nothing else
-    assert base.hidden == 2 * 8_519_680 and base.allocated == torch.cuda.memory_allocated()
-    loss = model(x).pow(2).mean()
-    plain = tracker.track().ledger
-    del loss
-    rebase = tracker.track().ledger
-    with tracker.saved_activations():
-        loss = model(x).pow(2).mean()
-    recorded = tracker.track().ledger
+    assert base.hidden == 2 * 8_519_680 and base.allocated == allocated_before
     # The same bytes either way; with the recorder all the forward kept is activation but
     # the loss (one 512-byte block), and nothing is hidden.
     assert recorded.allocated - rebase.allocated == plain.allocated - base.allocated
