@@ -254,48 +254,43 @@ def _tailed_blocks(replayed, until: int) -> int:  # noqa: ANN001
     return sum(1 for addr, size in live.items() if size == 26 << 20 and requests[addr] == 25 << 20)
 
 
-def estimated() -> dict:
+def _estimate(step, optimizer) -> tuple:  # noqa: ANN001
+    """The recorded model's estimate on the Hopper target with ``step``: the estimate, its
+    allocator figures, and the seconds it took."""
     started = time.perf_counter()
     est = estimate(
         LanguageModel,
         [InputSpec((BATCH, CONTEXT), torch.int64)],
-        step=recorded_step,
-        optimizer=LazyAdamW,
+        step=step,
+        optimizer=optimizer,
         gpu="hopper",
         alloc_conf="",
         warmup=0,
     )
-    return {
+    figures = {
         "peak_allocated": est.peak,
         "peak_reserved": est.reserved_peak,
         "reserved_at_peak": est.reserved_at_peak,
         "largest_free_at_peak": est.largest_free_block,
+    }
+    return est, figures, round(time.perf_counter() - started, 1)
+
+
+def estimated() -> dict:
+    est, figures, seconds = _estimate(recorded_step, LazyAdamW)
+    return {
+        **figures,
         "cublas_workspace": est.cublas_workspace,
         "parameters": est.parameters,
         "peak_phase": est.peak_phase.phase,
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": seconds,
     }
 
 
 def estimated_amp() -> dict:
     """The forward-amp recording's step given as ``--step`` the way it was written."""
-    started = time.perf_counter()
-    est = estimate(
-        LanguageModel,
-        [InputSpec((BATCH, CONTEXT), torch.int64)],
-        step=autocast_forward,
-        optimizer="none",
-        gpu="hopper",
-        alloc_conf="",
-        warmup=0,
-    )
-    return {
-        "peak_allocated": est.peak,
-        "peak_reserved": est.reserved_peak,
-        "reserved_at_peak": est.reserved_at_peak,
-        "largest_free_at_peak": est.largest_free_block,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    _, figures, seconds = _estimate(autocast_forward, "none")
+    return {**figures, "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> None:
