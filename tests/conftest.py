@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from dataclasses import dataclass
 
 import pytest
 import torch
+
+# The census's native reader is not built behind the tests' backs (no background builds
+# into the user's cache): tests/test_native_census.py builds it in a temporary folder and
+# runs the census tests again with it.
+os.environ.setdefault("GPU_MEM_TRACK_NATIVE", "off")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -93,11 +93,37 @@ class Bulk:
     nbytes: list[int] = field(default_factory=list)
     keys: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
+    #: Tensors sharing a storage that the bulk resolved itself (the Python bulk moves
+    #: every shared storage to the general path: always 0 here).
+    views: int = 0
+    _members: set[int] | None = field(default=None, repr=False)
+
+    def membership(self) -> set[int]:
+        """The ids the bulk counts (made once per census, after ``split``)."""
+        if self._members is None:
+            self._members = set(self.ids)
+        return self._members
+
+    def members(self, ids: list[int]) -> list[bool]:
+        """Whether the bulk counts each of ``ids``."""
+        return list(map(self.membership().__contains__, ids))
+
+    def settle(self, seen: Any, owners: dict[Any, list[Any]]) -> list[tuple[int, Any]]:
+        """``settle`` (module function) for this bulk."""
+        return settle(self, seen, owners)
+
+    def add_groups(
+        self, seen: Any, groups: dict[tuple[Any, ...], list[Any]], device: str, on_cuda: bool
+    ) -> None:
+        """``add_groups`` (module function) for this bulk."""
+        add_groups(seen, groups, device, on_cuda, self)
 
     def take_out(self, flags: list[bool]) -> list[Any]:
         """Remove the tensors whose flag is true; return them."""
         keep = list(map(not_, flags))
         taken = list(itertools.compress(self.tensors, flags))
+        if self._members is not None:
+            self._members.difference_update(map(id, taken))
         self.tensors = list(itertools.compress(self.tensors, keep))
         self.ids = list(itertools.compress(self.ids, keep))
         self.pointers = list(itertools.compress(self.pointers, keep))
@@ -255,7 +281,7 @@ def settle(bulk: Bulk, seen: Any, owners: dict[Any, list[Any]]) -> list[tuple[in
     over the bulk only C-level passes."""
     if not bulk.tensors:
         return []
-    ids = seen.bulk
+    ids = bulk.membership()
     reached = {tid for tid in seen.tensors if tid in ids}
     pointers = set(bulk.pointers)
     shared = {key for key in owners if key in pointers}
@@ -281,7 +307,8 @@ def add_groups(
     kinds, names = seen.kinds, seen.names
     counts = Counter(zip(bulk.keys, bulk.nbytes))
     # ids the roots labelled that the bulk still counts (the general path took back some)
-    labelled = {tid for tid in itertools.chain(names, kinds) if tid in seen.bulk and tid not in seen.tensors}
+    members = bulk.membership()
+    labelled = {tid for tid in itertools.chain(names, kinds) if tid in members and tid not in seen.tensors}
     group_of: dict[int, tuple[Any, ...]] = {}
     if labelled:  # move them from their plain group to their kind's
         named = list(map(labelled.__contains__, bulk.ids))

@@ -21,18 +21,21 @@ recorder's aliases of saved tensors always take the general path.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import native
 from ..devices import parse_device
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
-from .bulk import Bulk, CensusMemo, add_groups, settle, split
+from .bulk import Bulk, CensusMemo, split
 from .finder import FullScan, LiveTensorFinder, full_scan, tensor_types
 from .naming import Known, known_tensors
+from .nativebulk import NativeBulk
 from .records import KINDS, Census, Skipped, TensorGroup
 
 if TYPE_CHECKING:
@@ -85,14 +88,17 @@ def take_census(
             seen.add_saved(saved.known_tensors())
         # named tensors go through the bulk too (their kinds and names kept in ``seen``),
         # but not the recorder's aliases of saved tensors (who owns their storage is ranked)
-        bulk = split(list(source()), seen.aliases, str(target), memo or CensusMemo())
-        seen.leave_to_bulk(bulk.ids)
+        objects = list(source())
+        bulk = _split(objects, seen.aliases, str(target), memo)
+        del objects
+        seen.leave_to_bulk(bulk.members)
         seen.add_objects(bulk.others)
         seen.add_relatives()
         storages = _Storages(seen, target)
         storages.add(seen.tensors.items())
-        storages.add(settle(bulk, seen, storages.owners))
+        storages.add(bulk.settle(seen, storages.owners))
         owners, skipped, views = storages.result()
+        views += bulk.views
         groups = _groups(seen, owners, str(target), target.type == "cuda", bulk)
     seen.clear()
     bulk.clear()
@@ -115,8 +121,10 @@ class _Seen:
         self.storage_of: dict[int, Any] = {}
         #: Ids of the recorder's aliases of saved tensors (not views in the user's sense).
         self.aliases: set[int] = set()
-        #: Ids of the tensors the bulk counts (``leave_to_bulk``).
+        #: Ids of the named tensors the bulk counts (``leave_to_bulk``, ``add_relatives``).
         self.bulk: set[int] = set()
+        #: Which of some ids the bulk counts (``leave_to_bulk``).
+        self.in_bulk: Callable[[list[int]], list[bool]] = lambda ids: [False] * len(ids)
 
     def add(self, tensor: Any, kind: str | None, name: str | None) -> bool:
         """Add a tensor; of several kinds given for one tensor the first in ``KINDS`` wins."""
@@ -169,38 +177,51 @@ class _Seen:
             if _is_tensor_class(type(obj)) and id(obj) not in tensors:
                 tensors[id(obj)] = obj
 
-    def leave_to_bulk(self, ids: list[int]) -> None:
-        """Forget the tensors the bulk counts (their kinds and names stay, for ``_groups``)."""
+    def leave_to_bulk(self, members: Callable[[list[int]], list[bool]]) -> None:
+        """Forget the tensors the bulk counts (their kinds and names stay, for ``_groups``);
+        ``members(ids)`` says which ids it counts."""
         tensors = self.tensors
-        self.bulk = bulk = set(ids)
-        for tid in [tid for tid in tensors if tid in bulk]:  # the roots' few, not the bulk's many
+        ids = list(tensors)  # the roots' few, not the bulk's many
+        inside = list(itertools.compress(ids, members(ids))) if ids else []
+        self.in_bulk = members
+        self.bulk = set(inside)
+        for tid in inside:
             del tensors[tid]
 
     def add_relatives(self) -> None:
-        """View bases, and leaf gradients (which may exist only in C++ until read)."""
+        """View bases, and leaf gradients (which may exist only in C++ until read), in
+        rounds (relatives of relatives), each asking the bulk about its gradients at once."""
         queue = list(self.tensors.values())
-        for tensor in queue:  # grows while iterating: relatives of relatives
-            try:
-                base = tensor._base
-                if base is not None and self.add(base, None, None):
-                    queue.append(base)
-                if tensor.is_leaf:  # .grad of a non-leaf warns and is always None
-                    grad = tensor.grad
-                    if grad is not None:
-                        names = self.names.get(id(tensor))
-                        name = f"{names[0]}.grad" if names else None
-                        if id(grad) in self.bulk:  # counted there, named here
-                            self.label(id(grad), "Gradient", name)
-                        elif self.add(grad, "Gradient", name):
-                            queue.append(grad)
-            except Exception:
-                continue
-        del queue
+        while queue:
+            grads: list[tuple[int, Any]] = []
+            found: list[Any] = []
+            for tensor in queue:
+                try:
+                    base = tensor._base
+                    if base is not None and self.add(base, None, None):
+                        found.append(base)
+                    if tensor.is_leaf:  # .grad of a non-leaf warns and is always None
+                        grad = tensor.grad
+                        if grad is not None:
+                            grads.append((id(tensor), grad))
+                except Exception:
+                    continue
+            inside = self.in_bulk([id(grad) for _, grad in grads]) if grads else []
+            for (tid, grad), counted in zip(grads, inside):
+                names = self.names.get(tid)
+                name = f"{names[0]}.grad" if names else None
+                if counted:  # counted there, named here
+                    self.bulk.add(id(grad))
+                    self.label(id(grad), "Gradient", name)
+                elif self.add(grad, "Gradient", name):
+                    found.append(grad)
+            queue = found
 
     def clear(self) -> None:
         self.tensors.clear()
         self.aliases.clear()
         self.bulk.clear()
+        self.in_bulk = lambda ids: [False] * len(ids)
 
 
 _TENSOR_CLASS: dict[type, bool] = {}
@@ -319,8 +340,29 @@ def _tally(skipped: dict[str, list[int]], reason: str, nbytes: int) -> None:
     entry[1] += nbytes
 
 
+def _split(objects: list[Any], aliases: set[int], device: str, memo: CensusMemo | None) -> Bulk | NativeBulk:
+    """The bulk of this census: read by the native reader when there is one and no torch
+    function mode could answer attribute reads differently (the simulated GPU's does),
+    else through Python (``bulk.split``)."""
+    reader = native.census_scan() if not _function_modes() else None
+    if reader is not None:
+        try:
+            return NativeBulk(reader, objects, aliases, device)
+        except Exception:  # a device text torch's C++ does not parse: the Python path reads it
+            pass
+    elif len(objects) >= native.AUTO_BUILD_TENSORS:
+        native.request_build()
+    return split(objects, aliases, device, memo or CensusMemo())
+
+
+def _function_modes() -> bool:
+    """Whether a torch function mode may be active (True when this torch cannot say)."""
+    enabled = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+    return True if enabled is None else bool(enabled())
+
+
 def _groups(
-    seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool, bulk: Bulk
+    seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool, bulk: Bulk | NativeBulk
 ) -> tuple[TensorGroup, ...]:
     """Group owned storages by (kind, shape, dtype), the bulk's included; views' names go
     to their storage's owner."""
@@ -344,7 +386,7 @@ def _groups(
         group[0] += 1
         group[1] += nbytes
         group[2].extend(seen.names.get(tid, ()))
-    add_groups(seen, groups, device, on_cuda, bulk)
+    bulk.add_groups(seen, groups, device, on_cuda)
     result = [
         TensorGroup(*key, count=count, nbytes=nbytes, names=tuple(dict.fromkeys(names)))
         for key, (count, nbytes, names) in groups.items()

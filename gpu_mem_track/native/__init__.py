@@ -1,0 +1,186 @@
+"""Native code, built on the user's machine against the torch they have.
+
+One module so far: ``census_scan`` (``census_scan.cpp``), the census's native reader. It
+reads each plain tensor's storage, shape, dtype, device and flags in one C++ pass, where
+the same reads through torch's Python bindings cost 85-190 ns each: with it a census of
+100,000 small tensors costs about what a bare ``gc.get_objects()`` does, without it
+several times more (``reports/bench_census_tensors.md``). The census gives the same
+result either way (``tests/test_native_census.py`` compares them).
+
+Nothing is compiled at install time. The module is built (``build.py``, about 20 s of one
+core) into the user's cache folder:
+
+- by ``python -m gpu_mem_track.native.build`` (or ``make native``);
+- in the background, once per torch build, when a census first meets
+  :data:`AUTO_BUILD_TENSORS` plain tensors; censuses use it once it is there.
+
+``GPU_MEM_TRACK_NATIVE`` chooses: ``auto`` (the default, as above), ``off`` (never load
+nor build: the census reads through Python only). Without a C++ compiler or torch's
+headers, or when the built module does not match the torch in use, the census reads
+through Python and ``status()`` says why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["AUTO_BUILD_TENSORS", "census_scan", "mode", "request_build", "status", "use"]
+
+#: Plain tensors in one census from which an automatic build starts.
+AUTO_BUILD_TENSORS = 20_000
+#: The ABI number of census_scan.cpp this Python code speaks.
+ABI = 1
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {
+    "loaded": False,
+    "module": None,
+    "note": "not loaded yet",
+    "requested": False,
+    "builder": None,
+}
+
+
+def mode() -> str:
+    """``"auto"`` or ``"off"`` (``GPU_MEM_TRACK_NATIVE``; anything else counts as auto)."""
+    return "off" if os.environ.get("GPU_MEM_TRACK_NATIVE", "auto").strip().lower() == "off" else "auto"
+
+
+def census_scan() -> ModuleType | None:
+    """The native census reader, or None (off, not built, or not matching this torch).
+
+    Looked for once per process, and once more when a build this process started in the
+    background has ended: a module built while the program runs is used from then on."""
+    if _state["module"] is not None:
+        return _state["module"]
+    if mode() == "off":
+        _state["note"] = "off (GPU_MEM_TRACK_NATIVE=off)"
+        return None
+    with _lock:
+        if not _state["loaded"]:
+            builder = _state["builder"]
+            if builder is not None and builder.poll() is None:
+                return None  # still being built
+            _state["module"], _state["note"] = _load()
+            _state["loaded"] = True
+    return _state["module"]
+
+
+def _load(path: Path | None = None) -> tuple[ModuleType | None, str]:
+    try:
+        from . import build
+    except Exception as error:  # pragma: no cover - our own module
+        return None, f"cannot plan the build: {error}"
+    try:
+        target = build.plan()
+    except Exception as error:
+        return None, f"cannot plan the build: {type(error).__name__}: {error}"
+    module_path = path or target.module
+    if not module_path.is_file():
+        if target.failed:
+            return None, f"its build failed: see {target.folder / 'build.log'}"
+        return None, target.missing or "not built (python -m gpu_mem_track.native.build builds it)"
+    try:
+        spec = importlib.util.spec_from_file_location(build.MODULE, module_path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as error:
+        return None, f"cannot load {module_path}: {type(error).__name__}: {error}"
+    if getattr(module, "ABI", None) != ABI or getattr(module, "TORCH", None) != target.torch_version:
+        return None, f"{module_path} was built for another version"
+    problem = _self_check(module)
+    if problem:
+        return None, f"{module_path} disagrees with torch: {problem}"
+    return module, f"loaded from {module_path}"
+
+
+def _self_check(module: ModuleType) -> str:
+    """Compare the module's reading of a few tensors with torch's own; '' when equal."""
+    import torch
+
+    base = torch.zeros(3, 4)
+    view = base[1:]
+    parameter = torch.nn.Parameter(torch.ones(5, dtype=torch.float16), requires_grad=False)
+    objects = [base, view, parameter, torch.ones(2, requires_grad=True), "not a tensor"]
+    try:
+        scan = module.Scan(objects, torch.Tensor, torch.nn.Parameter, "cpu", None)
+        codes = list(scan.codes())
+        moved = scan.settle(set(), set(), set())
+        entries, _ = scan.groups(6, 0, {})
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    expected = [(0, 6, (3, 4), 48, 1), (2, 0, (5,), 10, 1)]
+    if codes != [1, 1, 1, 2, 2] or moved != [] or scan.views != 1 or sorted(entries) != expected:
+        return f"read {codes}, {moved}, {scan.views}, {entries}"
+    return ""
+
+
+def status() -> str:
+    """One line: whether the native reader is in use, and why not."""
+    census_scan()
+    return str(_state["note"])
+
+
+def request_build() -> bool:
+    """Start building the module in the background (once per process, ``auto`` mode only,
+    never when a build failed before). True when a build was started."""
+    if mode() == "off" or _state["requested"] or _state["module"] is not None:
+        return False
+    _state["requested"] = True
+    try:
+        from . import build
+
+        target = build.plan()
+        if target.built or target.failed or target.missing:
+            return False
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH", "")]))
+        builder = subprocess.Popen(
+            [sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except Exception:
+        return False
+    with _lock:
+        _state["builder"] = builder
+        _state["loaded"] = False  # look again once the build has ended
+        _state["note"] = "being built in the background"
+    return True
+
+
+class use:
+    """Context manager for tests and benchmarks: make ``census_scan()`` return ``module``
+    (None: the Python path) inside the block."""
+
+    def __init__(self, module: ModuleType | None) -> None:
+        self.module = module
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> ModuleType | None:
+        self._saved = dict(_state)
+        _state.update(
+            loaded=True,
+            module=self.module,
+            note="given" if self.module else "disabled",
+            requested=True,
+            builder=None,
+        )
+        return self.module
+
+    def __exit__(self, *exc: object) -> None:
+        _state.clear()
+        _state.update(self._saved)

@@ -1,0 +1,219 @@
+"""Compile the census's native reader (``census_scan.cpp``) against the torch in use.
+
+The module is built once per torch build, Python and source, into the cache folder
+(``$GPU_MEM_TRACK_CACHE``, else ``$XDG_CACHE_HOME/gpu_mem_track``, else
+``~/.cache/gpu_mem_track``), under ``native/<key>/``. It needs a C++ compiler (``$CXX``,
+else ``c++``, ``g++`` or ``clang++``) and the C++ headers that torch's wheels ship
+(``torch/include``); it links against torch's own libraries, nothing else.
+
+A build writes ``build.log`` next to the module; a failed one leaves ``failed`` there, so
+an automatic build is not tried again for that key (``python -m gpu_mem_track.native.build``
+always tries). A lock file keeps concurrent processes (the ranks of one launch) from
+building the same key twice.
+
+    python -m gpu_mem_track.native.build [--quiet]
+
+exits 0 when the module is built (or was), 1 when the build failed, 2 when it cannot be
+tried here (no compiler, no torch headers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BuildPlan", "build", "cache_root", "find_compiler", "main", "plan"]
+
+SOURCE = Path(__file__).with_name("census_scan.cpp")
+MODULE = "census_scan"
+#: A lock older than this belongs to a build that died: it is taken over.
+STALE_LOCK_SECONDS = 900
+#: Longest a compile may take before it is stopped and counted as failed.
+COMPILE_TIMEOUT_SECONDS = 900
+
+
+def cache_root() -> Path:
+    """The folder the native modules are built into (see the module doc)."""
+    given = os.environ.get("GPU_MEM_TRACK_CACHE")
+    if given:
+        return Path(given)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "gpu_mem_track"
+
+
+def find_compiler() -> str | None:
+    """The C++ compiler to use: ``$CXX``, else the first of c++, g++, clang++ on PATH."""
+    given = os.environ.get("CXX")
+    if given:
+        return shutil.which(given) or (given if os.path.isfile(given) else None)
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Where the module of this torch build goes, and what is missing to build it."""
+
+    folder: Path
+    module: Path
+    torch_version: str
+    missing: str  # "" when the build can be tried
+
+    @property
+    def built(self) -> bool:
+        return self.module.is_file()
+
+    @property
+    def failed(self) -> bool:
+        return (self.folder / "failed").is_file()
+
+
+def _torch_facts() -> tuple[str, Path, str, str]:
+    import torch
+
+    git = getattr(torch.version, "git_version", "") or ""
+    abi = str(int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return torch.__version__, Path(torch.__file__).parent, git, abi
+
+
+def plan(root: Path | None = None) -> BuildPlan:
+    """The build plan for the torch imported here (imports torch)."""
+    version, torch_dir, git, abi = _torch_facts()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    key_text = "\n".join([SOURCE.read_text(), version, git, abi, sys.version, suffix, str(torch_dir)])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    folder = (root or cache_root()) / "native" / key
+    missing = ""
+    if not (torch_dir / "include" / "torch" / "csrc" / "autograd" / "python_variable.h").is_file():
+        missing = f"torch's C++ headers are not installed ({torch_dir / 'include'})"
+    elif find_compiler() is None:
+        missing = "no C++ compiler found (set CXX, or install g++ or clang++)"
+    elif sys.platform == "win32":
+        missing = "building on Windows is not supported"
+    return BuildPlan(folder, folder / f"{MODULE}{suffix}", version, missing)
+
+
+def _command(compiler: str, output: Path, standard: str) -> list[str]:
+    version, torch_dir, _, abi = _torch_facts()
+    include = torch_dir / "include"
+    lib = torch_dir / "lib"
+    return [
+        compiler,
+        "-O2",
+        "-shared",
+        "-fPIC",
+        f"-std={standard}",
+        "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f'-DGPU_MEM_TRACK_TORCH="{version}"',
+        f"-I{include}",
+        f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(SOURCE),
+        "-o",
+        str(output),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch",
+        "-ltorch_cpu",
+        "-ltorch_python",
+        f"-Wl,-rpath,{lib}",
+    ]
+
+
+def build(root: Path | None = None, quiet: bool = True) -> BuildPlan:
+    """Build the module unless built already; returns the plan (``built`` says whether it
+    is there now). Raises nothing for a failed compile: ``failed`` and ``build.log`` say."""
+    target = plan(root)
+    if target.built or target.missing:
+        return target
+    target.folder.mkdir(parents=True, exist_ok=True)
+    lock = target.folder / ".lock"
+    if not _take_lock(lock):
+        return target  # another process is building it
+    try:
+        compiler = find_compiler()
+        assert compiler is not None
+        log_lines: list[str] = []
+        partial = target.folder / f".{MODULE}.{os.getpid()}.tmp"
+        ok = False
+        for standard in ("c++17", "c++20"):  # torch's headers need 17 up to 2.x, some 20
+            command = _command(compiler, partial, standard)
+            log_lines.append("$ " + " ".join(command))
+            if not quiet:
+                print(f"building the census's native reader ({standard}) ...", file=sys.stderr)
+            try:
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_SECONDS, check=False
+                )
+            except (OSError, subprocess.TimeoutExpired) as error:
+                log_lines.append(f"{type(error).__name__}: {error}")
+                continue
+            log_lines.append(done.stdout + done.stderr)
+            if done.returncode == 0 and partial.is_file():
+                ok = True
+                break
+        (target.folder / "build.log").write_text("\n".join(log_lines))
+        if ok:
+            os.replace(partial, target.module)
+            (target.folder / "failed").unlink(missing_ok=True)
+        else:
+            partial.unlink(missing_ok=True)
+            (target.folder / "failed").write_text(f"see {target.folder / 'build.log'}\n")
+    finally:
+        lock.unlink(missing_ok=True)
+    return target
+
+
+def _take_lock(lock: Path) -> bool:
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                if time.time() - lock.stat().st_mtime < STALE_LOCK_SECONDS:
+                    return False
+                lock.unlink()  # a build that died: take over
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_mem_track.native.build",
+        description="Build the census's native reader for the torch imported here.",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print nothing; the exit code says how it went")
+    args = parser.parse_args(argv)
+    target = plan()
+    if target.missing:
+        if not args.quiet:
+            print(f"cannot build the native reader: {target.missing}", file=sys.stderr)
+        return 2
+    target = build(quiet=args.quiet)
+    if not args.quiet:
+        if target.built:
+            print(f"native reader for torch {target.torch_version}: {target.module}")
+        else:
+            print(f"native reader not built: see {target.folder / 'build.log'}", file=sys.stderr)
+    return 0 if target.built else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,558 @@
+// The census's native reader: reads every plain tensor of a census in one C++ pass.
+//
+// Built on demand against the torch the user has (gpu_mem_track/native/build.py), loaded
+// only when its ABI number and torch's version match (gpu_mem_track/native/__init__.py).
+// Python reads of a tensor's data pointer, version or requires_grad cost 85-190 ns each
+// through torch's bindings; here the same facts cost a few ns, so a census of 100,000
+// small tensors no longer costs several times a bare gc.get_objects().
+//
+// A Scan is made from the census's candidate objects (a list) and keeps no reference to
+// them: it records each object's address, and the caller keeps the list alive while it
+// asks the Scan (settle, groups, lookup). Only objects whose type is exactly torch.Tensor
+// or nn.Parameter are read; everything else goes to the census's general path.
+//
+// Codes, per object:
+//   DROP      a plain tensor on another device (not meta): not counted
+//   BULK      a plain tensor counted here: strided, with a storage at a non-null address,
+//             not requiring grad, on the census's device
+//   GENERAL   anything else (another class, meta, sparse, requiring grad, no storage,
+//             an error while reading): the census's Python path decides
+//   EXCLUDED  an id the caller excluded (its own aliases of saved tensors)
+//   MOVED     BULK until settle() gave it to the general path (its storage is used by a
+//             general-path tensor, by a tensor the caller labelled, or by a view whose
+//             base is elsewhere)
+//   REACHED   BULK until settle() learnt the general path holds it already
+//   MEMBER    BULK, sharing its storage with a better-ranked BULK tensor (a view): owns
+//             nothing
+#include <Python.h>
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifndef GPU_MEM_TRACK_TORCH
+#error "build with -DGPU_MEM_TRACK_TORCH=\"<torch.__version__>\" (gpu_mem_track/native/build.py does)"
+#endif
+
+namespace {
+
+constexpr int kAbi = 1;
+
+enum Code : uint8_t { DROP = 0, BULK = 1, GENERAL = 2, EXCLUDED = 3, MOVED = 4, REACHED = 5, MEMBER = 6 };
+
+struct Rec {
+  uintptr_t obj = 0;   // the object's address (Python's id)
+  uintptr_t ptr = 0;   // the storage's data pointer
+  uintptr_t impl = 0;  // the TensorImpl
+  uintptr_t base = 0;  // a view's base's TensorImpl, else 0
+  int64_t nbytes = 0;  // the storage's bytes
+  int64_t numel = 0;
+  int64_t shape_at = 0;  // where its sizes start in Scan::sizes
+  int32_t ndim = 0;
+  int16_t dtype = 0;
+  uint8_t parameter = 0;
+  uint8_t code = GENERAL;
+  uint8_t view = 0;
+};
+
+// Open addressing, linear probing; key 0 is "empty" (no address or pointer is 0 here).
+class FlatMap {
+ public:
+  explicit FlatMap(size_t expected = 0) {
+    size_t capacity = 16;
+    while (capacity < expected * 2 + 2) capacity <<= 1;
+    keys_.assign(capacity, 0);
+    values_.assign(capacity, -1);
+    mask_ = capacity - 1;
+  }
+  // The value slot of key, inserted with -1 when absent.
+  int64_t& slot(uintptr_t key) {
+    size_t at = hash(key) & mask_;
+    while (keys_[at] != 0 && keys_[at] != key) at = (at + 1) & mask_;
+    keys_[at] = key;
+    return values_[at];
+  }
+  int64_t get(uintptr_t key) const {
+    size_t at = hash(key) & mask_;
+    while (keys_[at] != 0) {
+      if (keys_[at] == key) return values_[at];
+      at = (at + 1) & mask_;
+    }
+    return -1;
+  }
+
+ private:
+  static size_t hash(uintptr_t key) {
+    uint64_t k = key;
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return static_cast<size_t>(k);
+  }
+  std::vector<uintptr_t> keys_;
+  std::vector<int64_t> values_;
+  size_t mask_;
+};
+
+struct ScanObject {
+  PyObject_HEAD
+  std::vector<Rec>* recs;
+  std::vector<int64_t>* sizes;
+  Py_ssize_t views;  // MEMBER records: tensors sharing a storage resolved here
+};
+
+void scan_dealloc(ScanObject* self) {
+  delete self->recs;
+  delete self->sizes;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+// The set or other iterable of ints ``ids`` as a FlatMap of keys (value 1).
+bool read_ids(PyObject* ids, FlatMap** out) {
+  *out = nullptr;
+  if (ids == Py_None) return true;
+  Py_ssize_t size = PyObject_Length(ids);
+  if (size < 0) return false;
+  auto* map = new FlatMap(static_cast<size_t>(size));
+  PyObject* iter = PyObject_GetIter(ids);
+  if (iter == nullptr) {
+    delete map;
+    return false;
+  }
+  PyObject* item;
+  while ((item = PyIter_Next(iter)) != nullptr) {
+    uintptr_t key = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(item));
+    Py_DECREF(item);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();  // not an int (a storage key the general path made up): never ours
+      continue;
+    }
+    if (key != 0) map->slot(key) = 1;
+  }
+  Py_DECREF(iter);
+  if (PyErr_Occurred()) {
+    delete map;
+    return false;
+  }
+  *out = map;
+  return true;
+}
+
+void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector<int64_t>& sizes) {
+  const at::Tensor& tensor = THPVariable_Unpack(obj);
+  if (!tensor.defined()) return;
+  rec.impl = reinterpret_cast<uintptr_t>(tensor.unsafeGetTensorImpl());
+  const c10::Device device = tensor.device();
+  if (device.type() == c10::DeviceType::Meta) return;
+  if (device != target) {
+    rec.code = DROP;
+    return;
+  }
+  if (tensor.layout() != c10::kStrided || !tensor.has_storage() || tensor.requires_grad()) return;
+  const c10::StorageImpl* storage = tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+  if (storage == nullptr) return;
+  const uintptr_t ptr = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
+  if (ptr == 0) return;
+  const c10::IntArrayRef shape = tensor.sizes();
+  rec.ptr = ptr;
+  rec.nbytes = static_cast<int64_t>(storage->nbytes());
+  rec.numel = tensor.numel();
+  rec.dtype = static_cast<int16_t>(tensor.scalar_type());
+  rec.view = tensor.is_view() ? 1 : 0;
+  if (rec.view) rec.base = reinterpret_cast<uintptr_t>(tensor._base().unsafeGetTensorImpl());
+  rec.shape_at = static_cast<int64_t>(sizes.size());
+  rec.ndim = static_cast<int32_t>(shape.size());
+  sizes.insert(sizes.end(), shape.begin(), shape.end());
+  rec.code = BULK;
+}
+
+// A view whose base is not among the objects read goes to the general path from the
+// start: it finds the base (``_base``) and lets it own the storage, so a named view is
+// named "(view)" there. One pass over the records with the bases asked in a small map.
+void general_orphan_views(std::vector<Rec>& recs) {
+  size_t views = 0;
+  for (const Rec& rec : recs) views += rec.code == BULK && rec.view;
+  if (views == 0) return;
+  FlatMap bases(views);
+  for (const Rec& rec : recs)
+    if (rec.code == BULK && rec.view && rec.base != 0) bases.slot(rec.base) = 0;
+  for (const Rec& rec : recs)
+    if (rec.impl != 0 && bases.get(rec.impl) == 0) bases.slot(rec.impl) = 1;
+  for (Rec& rec : recs)
+    if (rec.code == BULK && rec.view && (rec.base == 0 || bases.get(rec.base) != 1)) rec.code = GENERAL;
+}
+
+// Scan(objects, tensor_type, parameter_type, device, exclude_ids_or_None)
+int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject *objects, *tensor_type, *parameter_type, *exclude;
+  const char* device_text;
+  if (!PyArg_ParseTuple(args, "O!OOsO", &PyList_Type, &objects, &tensor_type, &parameter_type, &device_text,
+                        &exclude))
+    return -1;
+  FlatMap* excluded = nullptr;
+  if (!read_ids(exclude, &excluded)) return -1;
+  try {
+    const c10::Device target{std::string(device_text)};
+    Py_ssize_t count = PyList_GET_SIZE(objects);
+    self->recs->assign(static_cast<size_t>(count), Rec{});
+    self->sizes->clear();
+    for (Py_ssize_t i = 0; i < count; i++) {
+      PyObject* obj = PyList_GET_ITEM(objects, i);
+      Rec& rec = (*self->recs)[static_cast<size_t>(i)];
+      rec.obj = reinterpret_cast<uintptr_t>(obj);
+      PyObject* cls = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+      if (cls != tensor_type && cls != parameter_type) continue;  // GENERAL
+      if (excluded != nullptr && excluded->get(rec.obj) == 1) {
+        rec.code = EXCLUDED;
+        continue;
+      }
+      rec.parameter = cls == parameter_type ? 1 : 0;
+      try {
+        read_tensor(obj, target, rec, *self->sizes);
+      } catch (...) {
+        rec.code = GENERAL;
+        rec.ptr = 0;
+      }
+    }
+  } catch (const std::exception& error) {
+    delete excluded;
+    PyErr_SetString(PyExc_ValueError, error.what());
+    return -1;
+  }
+  delete excluded;
+  general_orphan_views(*self->recs);
+  return 0;
+}
+
+PyObject* scan_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<ScanObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->recs = new std::vector<Rec>();
+  self->sizes = new std::vector<int64_t>();
+  self->views = 0;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// codes(): bytes, one code per object.
+PyObject* scan_codes(ScanObject* self, PyObject*) {
+  const auto& recs = *self->recs;
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(recs.size()));
+  if (out == nullptr) return nullptr;
+  char* data = PyBytes_AS_STRING(out);
+  for (size_t i = 0; i < recs.size(); i++) data[i] = static_cast<char>(recs[i].code);
+  return out;
+}
+
+// general(): bytes, 1 where the object goes to the general path now (for itertools.compress).
+PyObject* scan_general(ScanObject* self, PyObject*) {
+  const auto& recs = *self->recs;
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(recs.size()));
+  if (out == nullptr) return nullptr;
+  char* data = PyBytes_AS_STRING(out);
+  for (size_t i = 0; i < recs.size(); i++) data[i] = recs[i].code == GENERAL ? 1 : 0;
+  return out;
+}
+
+// lookup(ids): for each id, True when its object is counted here (BULK or MEMBER). One
+// pass over the records with the asked ids in a small map: ask in batches, not one by one.
+PyObject* scan_lookup(ScanObject* self, PyObject* ids) {
+  const auto& recs = *self->recs;
+  PyObject* seq = PySequence_Fast(ids, "lookup() takes a sequence of ids");
+  if (seq == nullptr) return nullptr;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  FlatMap asked(static_cast<size_t>(count));
+  std::vector<uintptr_t> keys(static_cast<size_t>(count), 0);
+  for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    uintptr_t key = PyLong_Check(item) ? reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(item)) : 0;
+    if (PyErr_Occurred()) {
+      PyErr_Clear();  // not an address: never ours
+      key = 0;
+    }
+    keys[static_cast<size_t>(i)] = key;
+    if (key != 0) asked.slot(key) = 0;
+  }
+  Py_DECREF(seq);
+  if (count > 0) {
+    for (const Rec& rec : recs)
+      if (rec.code == BULK || rec.code == MEMBER) {
+        int64_t found = asked.get(rec.obj);
+        if (found == 0) asked.slot(rec.obj) = 1;
+      }
+  }
+  PyObject* out = PyList_New(count);
+  if (out == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < count; i++) {
+    const uintptr_t key = keys[static_cast<size_t>(i)];
+    PyObject* flag = key != 0 && asked.get(key) == 1 ? Py_True : Py_False;
+    Py_INCREF(flag);
+    PyList_SET_ITEM(out, i, flag);
+  }
+  return out;
+}
+
+// Lower is the better owner: a parameter before a tensor, a base before a view, the
+// larger tensor, the first found (the census's Python ranking for unlabelled tensors).
+bool better(const Rec& a, size_t ia, const Rec& b, size_t ib) {
+  if (a.parameter != b.parameter) return a.parameter > b.parameter;
+  if (a.view != b.view) return a.view < b.view;
+  if (a.numel != b.numel) return a.numel > b.numel;
+  return ia < ib;
+}
+
+// settle(owner_keys, reached_ids, labelled_ids) -> list of indices moved to the general path.
+PyObject* scan_settle(ScanObject* self, PyObject* args) {
+  PyObject *owner_keys, *reached_ids, *labelled_ids;
+  if (!PyArg_ParseTuple(args, "OOO", &owner_keys, &reached_ids, &labelled_ids)) return nullptr;
+  FlatMap *owners = nullptr, *reached = nullptr, *labelled = nullptr;
+  if (!read_ids(owner_keys, &owners) || !read_ids(reached_ids, &reached) || !read_ids(labelled_ids, &labelled)) {
+    delete owners;
+    delete reached;
+    delete labelled;
+    return nullptr;
+  }
+  auto& recs = *self->recs;
+  self->views = 0;
+  size_t bulk = 0;
+  for (Rec& rec : recs) {
+    if (rec.code != BULK) continue;
+    if (reached && reached->get(rec.obj) == 1) {
+      rec.code = REACHED;
+      continue;
+    }
+    bulk++;
+  }
+  // per storage: its first BULK record (the head, which keeps the chain's tail), then a
+  // chain through the rest; one map access per record
+  FlatMap heads(bulk);
+  std::vector<int64_t> next(recs.size(), -1);
+  std::vector<int64_t> tail(recs.size(), -1);
+  std::vector<uint8_t> is_head(recs.size(), 0);
+  for (size_t i = 0; i < recs.size(); i++) {
+    if (recs[i].code != BULK) continue;
+    int64_t& head = heads.slot(recs[i].ptr);
+    if (head < 0) {
+      head = static_cast<int64_t>(i);
+      tail[i] = head;
+      is_head[i] = 1;
+    } else {
+      size_t first = static_cast<size_t>(head);
+      next[static_cast<size_t>(tail[first])] = static_cast<int64_t>(i);
+      tail[first] = static_cast<int64_t>(i);
+    }
+  }
+  PyObject* moved = PyList_New(0);
+  if (moved == nullptr) {
+    delete owners;
+    delete reached;
+    delete labelled;
+    return nullptr;
+  }
+  bool failed = false;
+  for (size_t i = 0; i < recs.size() && !failed; i++) {
+    if (!is_head[i]) continue;
+    // one storage: its BULK records from i along next
+    const bool alone = next[i] < 0;
+    bool give_up = owners && owners->get(recs[i].ptr) == 1;
+    if (alone && !recs[i].view && !give_up) continue;  // the common case: nothing to settle
+    size_t best = i;
+    for (int64_t j = static_cast<int64_t>(i); j >= 0 && !give_up; j = next[static_cast<size_t>(j)]) {
+      const Rec& rec = recs[static_cast<size_t>(j)];
+      if (!alone && labelled && labelled->get(rec.obj) == 1) give_up = true;
+      if (rec.view) {  // its base must be a member of this storage, else the general path finds it
+        bool found = false;
+        for (int64_t k = static_cast<int64_t>(i); k >= 0 && !found; k = next[static_cast<size_t>(k)])
+          found = recs[static_cast<size_t>(k)].impl == rec.base;
+        if (!found) give_up = true;
+      }
+      if (better(rec, static_cast<size_t>(j), recs[best], best)) best = static_cast<size_t>(j);
+    }
+    for (int64_t j = static_cast<int64_t>(i); j >= 0; j = next[static_cast<size_t>(j)]) {
+      Rec& rec = recs[static_cast<size_t>(j)];
+      if (give_up) {
+        rec.code = MOVED;
+        PyObject* index = PyLong_FromLongLong(j);
+        if (index == nullptr || PyList_Append(moved, index) < 0) failed = true;
+        Py_XDECREF(index);
+      } else if (static_cast<size_t>(j) != best) {
+        rec.code = MEMBER;
+        self->views++;
+      }
+    }
+  }
+  delete owners;
+  delete reached;
+  delete labelled;
+  if (failed) {
+    Py_DECREF(moved);
+    return nullptr;
+  }
+  return moved;
+}
+
+struct GroupKey {
+  int64_t kind, dtype, nbytes;
+  const int64_t* shape;
+  int32_t ndim;
+  bool operator==(const GroupKey& o) const {
+    return kind == o.kind && dtype == o.dtype && nbytes == o.nbytes && ndim == o.ndim &&
+           std::memcmp(shape, o.shape, sizeof(int64_t) * static_cast<size_t>(ndim)) == 0;
+  }
+};
+
+uint64_t key_hash(const GroupKey& key) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  };
+  mix(static_cast<uint64_t>(key.kind));
+  mix(static_cast<uint64_t>(key.dtype));
+  mix(static_cast<uint64_t>(key.nbytes));
+  mix(static_cast<uint64_t>(key.ndim));
+  for (int32_t d = 0; d < key.ndim; d++) mix(static_cast<uint64_t>(key.shape[d]));
+  return h;
+}
+
+// groups(tensor_kind, parameter_kind, kinds) -> (entries, where)
+//   entries: [(index of one member, kind, shape tuple, storage bytes, count)], one per distinct
+//   (kind, dtype, shape, bytes) among the owners counted here; kinds: {id: kind} for the
+//   tensors the caller labelled; where: {id: entry number} for those counted here.
+PyObject* scan_groups(ScanObject* self, PyObject* args) {
+  long long tensor_kind, parameter_kind;
+  PyObject* kinds;
+  if (!PyArg_ParseTuple(args, "LLO!", &tensor_kind, &parameter_kind, &PyDict_Type, &kinds)) return nullptr;
+  FlatMap labelled(static_cast<size_t>(PyDict_Size(kinds)));
+  {
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kinds, &pos, &key, &value)) {
+      uintptr_t id = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(key));
+      long long kind = PyLong_AsLongLong(value);
+      if (PyErr_Occurred()) return nullptr;
+      if (id != 0) labelled.slot(id) = kind;
+    }
+  }
+  const auto& recs = *self->recs;
+  const int64_t* sizes = self->sizes->data();
+  std::vector<GroupKey> keys;
+  std::vector<int64_t> counts, firsts;
+  std::vector<std::vector<int64_t>> buckets(1024);
+  size_t bucket_mask = buckets.size() - 1;
+  PyObject* where = PyDict_New();
+  if (where == nullptr) return nullptr;
+  for (size_t i = 0; i < recs.size(); i++) {
+    const Rec& rec = recs[i];
+    if (rec.code != BULK) continue;
+    int64_t kind = rec.parameter ? parameter_kind : tensor_kind;
+    const int64_t given = labelled.get(rec.obj);  // -1: not labelled; -2: named, kind kept
+    const bool named = given != -1;
+    if (given >= 0) kind = given;
+    GroupKey key{kind, rec.dtype, rec.nbytes, sizes + rec.shape_at, rec.ndim};
+    auto& bucket = buckets[key_hash(key) & bucket_mask];
+    int64_t found = -1;
+    for (int64_t at : bucket)
+      if (keys[static_cast<size_t>(at)] == key) {
+        found = at;
+        break;
+      }
+    if (found < 0) {
+      found = static_cast<int64_t>(keys.size());
+      keys.push_back(key);
+      counts.push_back(0);
+      firsts.push_back(static_cast<int64_t>(i));
+      bucket.push_back(found);
+      if (keys.size() > buckets.size() * 2) {  // grow: rehash the distinct keys
+        buckets.assign(buckets.size() * 4, {});
+        bucket_mask = buckets.size() - 1;
+        for (size_t k = 0; k < keys.size(); k++)
+          buckets[key_hash(keys[k]) & bucket_mask].push_back(static_cast<int64_t>(k));
+      }
+    }
+    counts[static_cast<size_t>(found)]++;
+    if (named) {
+      PyObject* id = PyLong_FromVoidPtr(reinterpret_cast<void*>(rec.obj));
+      PyObject* entry = PyLong_FromLongLong(found);
+      int failed = id == nullptr || entry == nullptr || PyDict_SetItem(where, id, entry) < 0;
+      Py_XDECREF(id);
+      Py_XDECREF(entry);
+      if (failed) {
+        Py_DECREF(where);
+        return nullptr;
+      }
+    }
+  }
+  PyObject* entries = PyList_New(static_cast<Py_ssize_t>(keys.size()));
+  if (entries == nullptr) {
+    Py_DECREF(where);
+    return nullptr;
+  }
+  for (size_t k = 0; k < keys.size(); k++) {
+    const GroupKey& key = keys[k];
+    PyObject* shape = PyTuple_New(key.ndim);
+    if (shape == nullptr) {
+      Py_DECREF(entries);
+      Py_DECREF(where);
+      return nullptr;
+    }
+    for (int32_t d = 0; d < key.ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(key.shape[d]));
+    PyObject* entry = Py_BuildValue("(LLNLL)", static_cast<long long>(firsts[k]), static_cast<long long>(key.kind),
+                                    shape, static_cast<long long>(key.nbytes), static_cast<long long>(counts[k]));
+    if (entry == nullptr) {
+      Py_DECREF(entries);
+      Py_DECREF(where);
+      return nullptr;
+    }
+    PyList_SET_ITEM(entries, static_cast<Py_ssize_t>(k), entry);
+  }
+  return Py_BuildValue("(NN)", entries, where);
+}
+
+PyObject* scan_views(ScanObject* self, void*) { return PyLong_FromSsize_t(self->views); }
+
+PyMethodDef scan_methods[] = {
+    {"codes", reinterpret_cast<PyCFunction>(scan_codes), METH_NOARGS, "bytes: each object's code"},
+    {"general", reinterpret_cast<PyCFunction>(scan_general), METH_NOARGS,
+     "bytes: 1 where an object goes to the general path"},
+    {"lookup", reinterpret_cast<PyCFunction>(scan_lookup), METH_O,
+     "lookup(ids) -> [bool]: whether each id's object is counted here"},
+    {"settle", reinterpret_cast<PyCFunction>(scan_settle), METH_VARARGS,
+     "settle(owner_keys, reached_ids, labelled_ids) -> [index]: objects moved to the general path"},
+    {"groups", reinterpret_cast<PyCFunction>(scan_groups), METH_VARARGS,
+     "groups(tensor_kind, parameter_kind, {id: kind}) -> (entries, {id: entry})"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef scan_getset[] = {
+    {"views", reinterpret_cast<getter>(scan_views), nullptr, "tensors sharing a storage resolved here", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject ScanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "census_scan", "The census's native reader.", -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_census_scan(void) {
+  ScanType.tp_name = "census_scan.Scan";
+  ScanType.tp_basicsize = sizeof(ScanObject);
+  ScanType.tp_flags = Py_TPFLAGS_DEFAULT;
+  ScanType.tp_doc = "Scan(objects, tensor_type, parameter_type, device, exclude_ids)";
+  ScanType.tp_new = scan_new;
+  ScanType.tp_init = reinterpret_cast<initproc>(scan_init);
+  ScanType.tp_dealloc = reinterpret_cast<destructor>(scan_dealloc);
+  ScanType.tp_methods = scan_methods;
+  ScanType.tp_getset = scan_getset;
+  if (PyType_Ready(&ScanType) < 0) return nullptr;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  Py_INCREF(&ScanType);
+  if (PyModule_AddObject(module, "Scan", reinterpret_cast<PyObject*>(&ScanType)) < 0 ||
+      PyModule_AddIntConstant(module, "ABI", kAbi) < 0 ||
+      PyModule_AddStringConstant(module, "TORCH", GPU_MEM_TRACK_TORCH) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

@@ -1,0 +1,239 @@
+"""The census's native reader (``gpu_mem_track.native``): built here against this torch,
+it must count exactly what the Python reads count. The census and tracker tests run again
+below with it in use (imported from their modules)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+# The census and tracker tests, collected here again: the autouse fixture below runs them
+# with the native reader.
+from test_census import *  # noqa: F403, E402
+from test_tracker import *  # noqa: F403, E402
+from torch import nn
+
+from gpu_mem_track import MemTracker, native
+from gpu_mem_track.native import build
+from gpu_mem_track.tracker import census as census_module
+from gpu_mem_track.tracker.census import full_scan, take_census
+from gpu_mem_track.tracker.nativebulk import NativeBulk
+
+
+@pytest.fixture(scope="session")
+def reader(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native-cache")
+    target = build.plan(root)
+    if target.missing:
+        pytest.skip(f"the native reader cannot be built here: {target.missing}")
+    target = build.build(root)
+    assert target.built, (target.folder / "build.log").read_text()[-3000:]
+    module, note = native._load(target.module)
+    assert module is not None, note
+    return module
+
+
+@pytest.fixture(autouse=True)
+def native_reader(reader):
+    with native.use(reader):
+        assert native.census_scan() is reader
+        yield reader
+
+
+def both(objects, roots=(), device="cpu"):
+    """The census of ``objects`` read natively and through Python."""
+    source = lambda: list(objects)  # noqa: E731
+    fast = take_census(device, source, roots)
+    with native.use(None):
+        slow = take_census(device, source, roots)
+    return fast, slow
+
+
+def zoo():
+    """Tensors of every kind the bulk may meet, and what shares their storages."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = torch.quantize_per_tensor(torch.zeros(10), 0.1, 0, torch.quint8)
+    base = torch.zeros(6, 4)
+    offset = torch.empty(0).set_(torch.zeros(20).untyped_storage(), 8, (3,))
+    resized = torch.zeros(32)
+    resized.untyped_storage().resize_(0)  # FSDP2's freed parameter
+    swapped = torch.zeros(5)
+    swapped.data = torch.ones(7, dtype=torch.float64)
+    with torch.inference_mode():
+        inference = torch.ones(9)
+    param = nn.Parameter(torch.zeros(3, 3))
+    frozen = nn.Parameter(torch.zeros(2, 2), requires_grad=False)
+    frozen_view = frozen[0]
+    shared_a = torch.zeros(8)
+    shared_b = torch.empty(0).set_(shared_a.untyped_storage(), 0, (2, 4))
+    orphan_view = torch.arange(10.0)[2:5]  # its base has no Python object
+    return {
+        "plain": [torch.zeros(4), torch.zeros(4), torch.ones(2, 3, dtype=torch.float16)],
+        "views": [base, base[1], base[2:4], base.t(), base.view(24), base.expand(2, 6, 4)],
+        "offset": [offset],
+        "resized to nothing": [resized],
+        ".data swapped": [swapped],
+        "inference": [inference],
+        "parameters": [param, frozen, frozen_view],
+        "shared without a view": [shared_a, shared_b],
+        "view of an unseen base": [orphan_view],
+        "requires grad": [torch.zeros(3, requires_grad=True)],
+        "odd": [torch.eye(3).to_sparse(), torch.zeros(2, device="meta"), quantized, "text", 3, None],
+        "empty": [torch.zeros(0), torch.zeros(0, 3)],
+        "dtypes": [torch.zeros(3, dtype=dtype) for dtype in (torch.bool, torch.complex64, torch.bfloat16)],
+    }
+
+
+@pytest.mark.parametrize("case", sorted(zoo()))
+def test_the_native_reader_counts_what_python_counts(case):
+    fast, slow = both(zoo()[case])
+    assert fast == slow
+
+
+def test_every_case_at_once_and_named_by_roots():
+    cases = zoo()
+    objects = [obj for group in cases.values() for obj in group]
+    roots = [
+        ("kept", cases["plain"][0]),
+        ("frozen", cases["parameters"][1]),
+        ("b", cases["shared without a view"][1]),
+    ]
+    fast, slow = both(objects, roots)
+    assert fast == slow
+    assert fast.views == slow.views > 0
+
+
+def test_a_training_step_with_optimizer_state_and_names():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    kept = [torch.randn(16) for _ in range(50)]
+    slices = [tensor[:4] for tensor in kept[:10]]
+    roots = [("model", model), ("optimizer", optimizer), ("kept", kept)]
+    fast, slow = both(full_scan(), roots)
+    assert fast == slow
+    assert {g.kind for g in fast.groups} >= {"Parameter", "Gradient", "Optimizer state", "Tensor"}
+    del slices
+
+
+def test_a_tracker_stamps_the_same_with_and_without_it():
+    model = nn.Linear(16, 16)
+    batch = [torch.randn(8, 16) for _ in range(20)]  # noqa: F841 - named by the frame
+    stamps = []
+    for reader_in_use in (True, False):
+        tracker = MemTracker(out_dir=None, verbosity=0, probe=False, device="cpu")
+        tracker.watch(model)
+        if reader_in_use:
+            stamps.append(tracker.track())
+        else:
+            with native.use(None):
+                stamps.append(tracker.track())
+    assert stamps[0].ledger.tensors == stamps[1].ledger.tensors
+    assert stamps[0].changes == stamps[1].changes
+
+
+def test_a_census_under_a_torch_function_mode_reads_through_python(monkeypatch):
+    made = []
+    monkeypatch.setattr(census_module, "NativeBulk", lambda *a: made.append(a) or NativeBulk(*a))
+    tensors = [torch.zeros(3), torch.zeros(5)]
+    take_census("cpu", lambda: tensors)
+    assert len(made) == 1
+
+    class Passing(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        under_mode = take_census("cpu", lambda: tensors)
+    assert len(made) == 1  # not used under the mode
+    assert under_mode.nbytes == 32
+
+
+def test_the_census_holds_no_tensor_after_a_native_read():
+    import weakref
+
+    tensor = torch.zeros(100)
+    ref = weakref.ref(tensor)
+    objects = [tensor, tensor[:3]]
+    take_census("cpu", lambda: objects)
+    del tensor, objects
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_module_that_reads_differently_is_refused():
+    class Wrong:
+        ABI = native.ABI
+
+        class Scan:
+            def __init__(self, objects, *args):
+                self.views = 0
+
+            def codes(self):
+                return bytes(5)
+
+            def settle(self, *args):
+                return []
+
+            def groups(self, *args):
+                return [], {}
+
+    assert native._self_check(Wrong) != ""
+
+
+def test_a_failed_build_is_recorded_and_not_retried_automatically(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "/bin/false")
+    target = build.build(tmp_path)
+    assert not target.built and target.failed
+    assert "/bin/false" in (target.folder / "build.log").read_text()
+    assert build.plan(tmp_path).failed
+
+
+def test_no_compiler_is_named_as_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert "no C++ compiler" in build.plan(tmp_path).missing
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track.native.build"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "GPU_MEM_TRACK_CACHE": str(tmp_path)},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        == "cannot build the native reader: no C++ compiler found (set CXX, or install g++ or clang++)"
+    )
+
+
+def test_a_big_census_without_the_reader_asks_for_one_build_in_the_background(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "auto")
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "AUTO_BUILD_TENSORS", 10)
+    monkeypatch.setattr(native.subprocess, "Popen", lambda command, **kw: started.append(command) or _Done())
+    tensors = [torch.zeros(1) for _ in range(12)]
+    with native.use(None):
+        native._state.update(loaded=False, requested=False)
+        take_census("cpu", lambda: tensors[:5])
+        assert started == []  # small: no build
+        take_census("cpu", lambda: tensors)
+        take_census("cpu", lambda: tensors)
+        assert started == [[sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"]]
+        monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "off")
+        native._state.update(requested=False)
+        take_census("cpu", lambda: tensors)
+        assert len(started) == 1  # off: never
+
+
+class _Done:
+    def poll(self):
+        return 0
