@@ -163,8 +163,9 @@ def test_the_census_holds_no_tensor_after_a_native_read():
     tensor = torch.zeros(100)
     ref = weakref.ref(tensor)
     objects = [tensor, tensor[:3]]
-    take_census("cpu", lambda: objects)
-    del tensor, objects
+    take_census("cpu", objects.copy)
+    objects.clear()
+    del tensor
     gc.collect()
     assert ref() is None
 
