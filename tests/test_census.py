@@ -308,7 +308,7 @@ def test_the_census_keeps_no_tensor_alive():
 
 
 @pytest.mark.skipif(not finder_module._YOUNG_SCAN_WORKS, reason="no generational gc on this Python")
-def test_young_scan_finds_tensors_born_since_the_last_walk_and_walks_after_promotion():
+def test_young_scan_finds_tensors_born_since_the_last_walk_also_after_a_collection():
     finder = LiveTensorFinder()
     was_enabled = gc.isenabled()
     gc.disable()  # no automatic collection may run between the calls below
@@ -320,12 +320,25 @@ def test_young_scan_finds_tensors_born_since_the_last_walk_and_walks_after_promo
         assert finder.last_scan == "young"
         assert young == take_census("cpu", full_scan, [])
         assert sum(g.count for g in young.groups if g.shape == (123,)) == 3
-        gc.collect(1)  # survivors move to the oldest generation: the next call must walk
+        born.append(torch.zeros(77))
+        # survivors move to the oldest generation; the finder took the young tensors just before
+        gc.collect(1)
         promoted = take_census("cpu", finder, [])
-        assert finder.last_scan == "full"
-        assert promoted == young
+        assert finder.last_scan == "young"
+        assert promoted == take_census("cpu", full_scan, [])
+        assert sum(g.count for g in promoted.groups if g.shape == (77,)) == 1
         del born[0]
         assert take_census("cpu", finder, []) == take_census("cpu", full_scan, [])
+        # a collection the finder did not see: the next call walks the heap
+        gc.callbacks.remove(finder_module._before_promotion)
+        try:
+            born.append(torch.zeros(55))
+            gc.collect(1)
+        finally:
+            gc.callbacks.append(finder_module._before_promotion)
+        unseen = take_census("cpu", finder, [])
+        assert finder.last_scan == "full"
+        assert unseen == take_census("cpu", full_scan, [])
     finally:
         if was_enabled:
             gc.enable()

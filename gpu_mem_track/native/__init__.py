@@ -31,7 +31,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["AUTO_BUILD_TENSORS", "census_scan", "mode", "request_build", "status", "use"]
+__all__ = [
+    "AUTO_BUILD_TENSORS",
+    "build_now",
+    "census_scan",
+    "loaded",
+    "mode",
+    "request_build",
+    "status",
+    "use",
+]
 
 #: Plain tensors in one census from which an automatic build starts.
 AUTO_BUILD_TENSORS = 20_000
@@ -70,6 +79,11 @@ def census_scan() -> ModuleType | None:
                 return None  # still being built
             _state["module"], _state["note"] = _load()
             _state["loaded"] = True
+    return _state["module"]
+
+
+def loaded() -> ModuleType | None:
+    """The native census reader if already loaded (never looks for it)."""
     return _state["module"]
 
 
@@ -121,6 +135,23 @@ def _self_check(module: ModuleType) -> str:
     if codes != [1, 1, 1, 2, 2] or moved != [] or scan.views != 1 or sorted(entries) != expected:
         return f"read {codes}, {moved}, {scan.views}, {entries}"
     return ""
+
+
+def build_now(quiet: bool = True) -> ModuleType | None:
+    """Build the module here and now unless built (waits for the compiler), then load it.
+    None when off, or when it cannot be built or loaded (``status()`` says why)."""
+    if mode() == "off":
+        return census_scan()
+    from . import build
+
+    try:
+        build.build(quiet=quiet)
+    except Exception as error:
+        _state["note"] = f"cannot build: {type(error).__name__}: {error}"
+        return None
+    with _lock:
+        _state.update(loaded=False, builder=None)
+    return census_scan()
 
 
 def status() -> str:

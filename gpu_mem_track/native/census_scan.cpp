@@ -28,6 +28,7 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -59,32 +60,37 @@ struct Rec {
 };
 
 // Open addressing, linear probing; key 0 is "empty" (no address or pointer is 0 here).
+// Key and value share a slot, so an access costs one cache miss; reset() keeps the memory.
 class FlatMap {
  public:
-  explicit FlatMap(size_t expected = 0) {
+  explicit FlatMap(size_t expected = 0) { reset(expected); }
+  void reset(size_t expected) {
     size_t capacity = 16;
     while (capacity < expected * 2 + 2) capacity <<= 1;
-    keys_.assign(capacity, 0);
-    values_.assign(capacity, -1);
+    slots_.assign(capacity, Slot{0, -1});
     mask_ = capacity - 1;
   }
   // The value slot of key, inserted with -1 when absent.
   int64_t& slot(uintptr_t key) {
     size_t at = hash(key) & mask_;
-    while (keys_[at] != 0 && keys_[at] != key) at = (at + 1) & mask_;
-    keys_[at] = key;
-    return values_[at];
+    while (slots_[at].key != 0 && slots_[at].key != key) at = (at + 1) & mask_;
+    slots_[at].key = key;
+    return slots_[at].value;
   }
   int64_t get(uintptr_t key) const {
     size_t at = hash(key) & mask_;
-    while (keys_[at] != 0) {
-      if (keys_[at] == key) return values_[at];
+    while (slots_[at].key != 0) {
+      if (slots_[at].key == key) return slots_[at].value;
       at = (at + 1) & mask_;
     }
     return -1;
   }
 
  private:
+  struct Slot {
+    uintptr_t key;
+    int64_t value;
+  };
   static size_t hash(uintptr_t key) {
     uint64_t k = key;
     k ^= k >> 33;
@@ -92,10 +98,18 @@ class FlatMap {
     k ^= k >> 33;
     return static_cast<size_t>(k);
   }
-  std::vector<uintptr_t> keys_;
-  std::vector<int64_t> values_;
-  size_t mask_;
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
 };
+
+// Memory kept from one census to the next (the GIL serialises every use): fresh pages
+// for a few MB of records per census would cost more than reading the tensors.
+struct Spare {
+  std::vector<Rec>* recs = nullptr;
+  std::vector<int64_t>* sizes = nullptr;
+  FlatMap storages;
+};
+Spare spare;
 
 struct ScanObject {
   PyObject_HEAD
@@ -105,8 +119,16 @@ struct ScanObject {
 };
 
 void scan_dealloc(ScanObject* self) {
-  delete self->recs;
-  delete self->sizes;
+  if (spare.recs == nullptr) {
+    spare.recs = self->recs;  // kept for the next census
+  } else {
+    delete self->recs;
+  }
+  if (spare.sizes == nullptr) {
+    spare.sizes = self->sizes;
+  } else {
+    delete self->sizes;
+  }
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -199,7 +221,29 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
     Py_ssize_t count = PyList_GET_SIZE(objects);
     self->recs->assign(static_cast<size_t>(count), Rec{});
     self->sizes->clear();
+    self->sizes->reserve(static_cast<size_t>(count) * 2);
+    // The objects, their TensorImpls and StorageImpls lie all over the heap: ask for each
+    // a few iterations ahead, so the reads of one tensor overlap the waits of the next.
+    auto impl_at = [&](Py_ssize_t j) -> c10::TensorImpl* {
+      PyObject* ahead = PyList_GET_ITEM(objects, j);
+      PyObject* kind = reinterpret_cast<PyObject*>(Py_TYPE(ahead));
+      if (kind != tensor_type && kind != parameter_type) return nullptr;
+      return THPVariable_Unpack(ahead).unsafeGetTensorImpl();
+    };
     for (Py_ssize_t i = 0; i < count; i++) {
+      if (i + 16 < count) __builtin_prefetch(PyList_GET_ITEM(objects, i + 16));
+      if (i + 8 < count) {
+        if (const c10::TensorImpl* ahead = impl_at(i + 8)) {
+          __builtin_prefetch(ahead);
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead) + 64);
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead) + 128);
+        }
+      }
+      if (i + 4 < count) {
+        const c10::TensorImpl* ahead = impl_at(i + 4);
+        if (ahead != nullptr && ahead->has_storage())
+          __builtin_prefetch(ahead->storage().unsafeGetStorageImpl());
+      }
       PyObject* obj = PyList_GET_ITEM(objects, i);
       Rec& rec = (*self->recs)[static_cast<size_t>(i)];
       rec.obj = reinterpret_cast<uintptr_t>(obj);
@@ -230,8 +274,10 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
 PyObject* scan_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<ScanObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
-  self->recs = new std::vector<Rec>();
-  self->sizes = new std::vector<int64_t>();
+  self->recs = spare.recs != nullptr ? spare.recs : new std::vector<Rec>();
+  self->sizes = spare.sizes != nullptr ? spare.sizes : new std::vector<int64_t>();
+  spare.recs = nullptr;
+  spare.sizes = nullptr;
   self->views = 0;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -304,6 +350,13 @@ bool better(const Rec& a, size_t ia, const Rec& b, size_t ib) {
 }
 
 // settle(owner_keys, reached_ids, labelled_ids) -> list of indices moved to the general path.
+//
+// A storage one BULK tensor alone uses stays BULK, unless the general path uses it too
+// (owner_keys) or the tensor is a view (its base lies elsewhere: the general path finds
+// it). Of a storage several BULK tensors share, the best-ranked owns it and the others
+// become MEMBERs (views); all move to the general path instead when the general path
+// uses the storage, when the caller labelled one of them (it ranks labels), or when a
+// view's base is not among them.
 PyObject* scan_settle(ScanObject* self, PyObject* args) {
   PyObject *owner_keys, *reached_ids, *labelled_ids;
   if (!PyArg_ParseTuple(args, "OOO", &owner_keys, &reached_ids, &labelled_ids)) return nullptr;
@@ -325,69 +378,72 @@ PyObject* scan_settle(ScanObject* self, PyObject* args) {
     }
     bulk++;
   }
-  // per storage: its first BULK record (the head, which keeps the chain's tail), then a
-  // chain through the rest; one map access per record
-  FlatMap heads(bulk);
-  std::vector<int64_t> next(recs.size(), -1);
-  std::vector<int64_t> tail(recs.size(), -1);
-  std::vector<uint8_t> is_head(recs.size(), 0);
+  // one pass: the first sight of a storage keeps its index; a second sight lists both
+  FlatMap& first = spare.storages;
+  first.reset(bulk);
+  std::vector<int64_t> shared;
   for (size_t i = 0; i < recs.size(); i++) {
     if (recs[i].code != BULK) continue;
-    int64_t& head = heads.slot(recs[i].ptr);
-    if (head < 0) {
-      head = static_cast<int64_t>(i);
-      tail[i] = head;
-      is_head[i] = 1;
+    int64_t& seen = first.slot(recs[i].ptr);
+    if (seen == -1) {
+      seen = static_cast<int64_t>(i);
     } else {
-      size_t first = static_cast<size_t>(head);
-      next[static_cast<size_t>(tail[first])] = static_cast<int64_t>(i);
-      tail[first] = static_cast<int64_t>(i);
+      if (seen >= 0) shared.push_back(seen);
+      shared.push_back(static_cast<int64_t>(i));
+      seen = -2;
     }
   }
+  std::vector<uint8_t> in_shared(recs.size(), 0);
+  for (int64_t i : shared) in_shared[static_cast<size_t>(i)] = 1;
   PyObject* moved = PyList_New(0);
-  if (moved == nullptr) {
-    delete owners;
-    delete reached;
-    delete labelled;
-    return nullptr;
-  }
-  bool failed = false;
+  bool failed = moved == nullptr;
+  auto move = [&](size_t i) {
+    recs[i].code = MOVED;
+    PyObject* index = PyLong_FromSsize_t(static_cast<Py_ssize_t>(i));
+    if (index == nullptr || PyList_Append(moved, index) < 0) failed = true;
+    Py_XDECREF(index);
+  };
   for (size_t i = 0; i < recs.size() && !failed; i++) {
-    if (!is_head[i]) continue;
-    // one storage: its BULK records from i along next
-    const bool alone = next[i] < 0;
-    bool give_up = owners && owners->get(recs[i].ptr) == 1;
-    if (alone && !recs[i].view && !give_up) continue;  // the common case: nothing to settle
-    size_t best = i;
-    for (int64_t j = static_cast<int64_t>(i); j >= 0 && !give_up; j = next[static_cast<size_t>(j)]) {
-      const Rec& rec = recs[static_cast<size_t>(j)];
-      if (!alone && labelled && labelled->get(rec.obj) == 1) give_up = true;
-      if (rec.view) {  // its base must be a member of this storage, else the general path finds it
+    const Rec& rec = recs[i];
+    if (rec.code == BULK && !in_shared[i] && (rec.view || (owners && owners->get(rec.ptr) == 1))) move(i);
+  }
+  std::sort(shared.begin(), shared.end(), [&recs](int64_t a, int64_t b) {
+    const Rec &x = recs[static_cast<size_t>(a)], &y = recs[static_cast<size_t>(b)];
+    return x.ptr != y.ptr ? x.ptr < y.ptr : a < b;
+  });
+  for (size_t at = 0; at < shared.size() && !failed;) {
+    size_t end = at;
+    while (end < shared.size() && recs[static_cast<size_t>(shared[end])].ptr == recs[static_cast<size_t>(shared[at])].ptr) end++;
+    const uintptr_t ptr = recs[static_cast<size_t>(shared[at])].ptr;
+    bool give_up = owners && owners->get(ptr) == 1;
+    size_t best = static_cast<size_t>(shared[at]);
+    for (size_t k = at; k < end && !give_up; k++) {
+      const size_t j = static_cast<size_t>(shared[k]);
+      const Rec& rec = recs[j];
+      if (labelled && labelled->get(rec.obj) == 1) give_up = true;
+      if (rec.view) {
         bool found = false;
-        for (int64_t k = static_cast<int64_t>(i); k >= 0 && !found; k = next[static_cast<size_t>(k)])
-          found = recs[static_cast<size_t>(k)].impl == rec.base;
+        for (size_t m = at; m < end && !found; m++) found = recs[static_cast<size_t>(shared[m])].impl == rec.base;
         if (!found) give_up = true;
       }
-      if (better(rec, static_cast<size_t>(j), recs[best], best)) best = static_cast<size_t>(j);
+      if (better(rec, j, recs[best], best)) best = j;
     }
-    for (int64_t j = static_cast<int64_t>(i); j >= 0; j = next[static_cast<size_t>(j)]) {
-      Rec& rec = recs[static_cast<size_t>(j)];
+    for (size_t k = at; k < end; k++) {
+      const size_t j = static_cast<size_t>(shared[k]);
       if (give_up) {
-        rec.code = MOVED;
-        PyObject* index = PyLong_FromLongLong(j);
-        if (index == nullptr || PyList_Append(moved, index) < 0) failed = true;
-        Py_XDECREF(index);
-      } else if (static_cast<size_t>(j) != best) {
-        rec.code = MEMBER;
+        move(j);
+      } else if (j != best) {
+        recs[j].code = MEMBER;
         self->views++;
       }
     }
+    at = end;
   }
   delete owners;
   delete reached;
   delete labelled;
-  if (failed) {
-    Py_DECREF(moved);
+  if (failed || PyList_Sort(moved) < 0) {  // in the objects' order, as the Python bulk gives them
+    Py_XDECREF(moved);
     return nullptr;
   }
   return moved;
@@ -512,6 +568,76 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
 
 PyObject* scan_views(ScanObject* self, void*) { return PyLong_FromSsize_t(self->views); }
 
+// untrack(refs): take weak references without a callback out of the collector's lists
+// (they can be in no cycle), so scans of the young objects never read them.
+PyObject* untrack(PyObject*, PyObject* refs) {
+  PyObject* seq = PySequence_Fast(refs, "untrack() takes a sequence of weak references");
+  if (seq == nullptr) return nullptr;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  Py_ssize_t done = 0;
+  for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject* ref = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyWeakref_CheckRefExact(ref)) continue;
+    if (reinterpret_cast<PyWeakReference*>(ref)->wr_callback != nullptr) continue;
+    if (PyObject_GC_IsTracked(ref)) {
+      PyObject_GC_UnTrack(ref);
+      done++;
+    }
+  }
+  Py_DECREF(seq);
+  return PyLong_FromSsize_t(done);
+}
+
+// alive(refs) -> (objects, live): the objects the weak references still refer to, in
+// order, and None when every one does, else bytes with 1 for each live reference.
+PyObject* alive(PyObject*, PyObject* refs) {
+  if (!PyList_Check(refs)) {
+    PyErr_SetString(PyExc_TypeError, "alive() takes a list of weak references");
+    return nullptr;
+  }
+  const Py_ssize_t count = PyList_GET_SIZE(refs);
+  std::vector<PyObject*> objects(static_cast<size_t>(count), nullptr);
+  Py_ssize_t live = 0;
+  for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject* ref = PyList_GET_ITEM(refs, i);
+    if (!PyWeakref_Check(ref)) {
+      PyErr_SetString(PyExc_TypeError, "alive() takes a list of weak references");
+      return nullptr;
+    }
+    PyObject* obj = PyWeakref_GET_OBJECT(ref);
+    if (obj != Py_None) {
+      objects[static_cast<size_t>(i)] = obj;
+      live++;
+    }
+  }
+  PyObject* out = PyList_New(live);
+  if (out == nullptr) return nullptr;
+  PyObject* mask = Py_None;
+  Py_INCREF(mask);
+  if (live != count) {
+    Py_DECREF(mask);
+    mask = PyBytes_FromStringAndSize(nullptr, count);
+    if (mask == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+  }
+  Py_ssize_t at = 0;
+  for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject* obj = objects[static_cast<size_t>(i)];
+    if (mask != Py_None) PyBytes_AS_STRING(mask)[i] = obj != nullptr ? 1 : 0;
+    if (obj == nullptr) continue;
+    Py_INCREF(obj);
+    PyList_SET_ITEM(out, at++, obj);
+  }
+  return Py_BuildValue("(NN)", out, mask);
+}
+
+PyMethodDef module_methods[] = {
+    {"untrack", untrack, METH_O, "untrack(refs) -> count: weak references out of the collector's lists"},
+    {"alive", alive, METH_O, "alive(refs) -> (objects, None or bytes): what weak references still refer to"},
+    {nullptr, nullptr, 0, nullptr}};
+
 PyMethodDef scan_methods[] = {
     {"codes", reinterpret_cast<PyCFunction>(scan_codes), METH_NOARGS, "bytes: each object's code"},
     {"general", reinterpret_cast<PyCFunction>(scan_general), METH_NOARGS,
@@ -530,7 +656,7 @@ PyGetSetDef scan_getset[] = {
 
 PyTypeObject ScanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "census_scan", "The census's native reader.", -1, nullptr};
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "census_scan", "The census's native reader.", -1, module_methods};
 
 }  // namespace
 

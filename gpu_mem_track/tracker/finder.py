@@ -24,11 +24,13 @@ import gc
 import itertools
 import sys
 import weakref
-from operator import is_not
+from operator import is_not, not_
 from typing import Any
 
 import torch
 from torch import nn
+
+from .. import native
 
 __all__ = ["FullScan", "LiveTensorFinder", "Owners", "full_scan", "owner_types", "tensor_types"]
 
@@ -68,6 +70,27 @@ _MAX_CACHED_TYPES = 10_000
 def _gc_epoch() -> tuple[int, int, int]:
     stats = gc.get_stats()
     return (stats[1]["collections"], stats[2]["collections"], gc.get_freeze_count())
+
+
+#: The finders whose known tensors a collection must not make stale (see ``_before_promotion``).
+_WATCHING: weakref.WeakSet[LiveTensorFinder] = weakref.WeakSet()
+
+
+def _before_promotion(phase: str, info: dict[str, Any]) -> None:
+    """``gc.callbacks`` entry: before a collection that moves young objects into the
+    oldest generation (generation 1 or 2), each live finder takes the young tensors into
+    its known ones, so its next call can still scan only the young objects. Removes
+    itself once no finder is left."""
+    if not _WATCHING:
+        try:
+            gc.callbacks.remove(_before_promotion)
+        except ValueError:
+            pass
+        return
+    if info.get("generation", 0) < 1:
+        return
+    for finder in list(_WATCHING):
+        finder._around_collection(phase)
 
 
 class Owners:
@@ -137,49 +160,89 @@ class LiveTensorFinder:
     whose count stays equal while an instance appears and an unrelated reference to it
     goes is missed by full walks until its count changes; young scans look at every class.
 
-    Between walks, while no gen-1 or gen-2 collection has run, the tensors alive are
-    those the last call found (held by weak reference) plus the tensors among the young
-    objects (generations 0 and 1, a few thousand objects): a young scan. ``last_scan``
-    says which of ``"full"`` and ``"young"`` the last call did.
+    Between walks, the tensors alive are those the last call found (held by weak
+    reference) plus the tensors among the young objects (generations 0 and 1, a few
+    thousand objects): a young scan. A collection that moves young objects into the
+    oldest generation would hide the tensors born since; so a ``gc.callbacks`` entry
+    takes them into the known ones just before such a collection (the cost of a young
+    scan, at gen-1 and gen-2 collections only). Only a collection the entry did not see
+    (``gc.freeze()``, a collection during a census in another thread) makes the next
+    call walk the heap. ``last_scan`` says which of ``"full"`` and ``"young"`` the last
+    call did.
+
+    With the native reader (``gpu_mem_track.native``) the weak references are taken out
+    of the collector's lists (they hold no callback and cannot be in a cycle), so they
+    never count among the young objects a scan reads.
     """
 
     def __init__(self) -> None:
         self._empty_refcount: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
         self._owner_refcount: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
         self._wanted = _WantedTypes()
+        #: The tensors the last call returned, by weak reference, in order; their ids alongside.
         self._known: list[weakref.ref[Any]] = []
-        #: The ids of ``_known``'s tensors, while none of them died (else None).
-        self._known_ids: set[int] | None = None
+        self._ids: list[int] = []
+        self._id_set: set[int] = set()
+        #: Young tensors taken before a collection since the last call (known ones among them).
+        self._pending: list[weakref.ref[Any]] = []
         self._epoch: tuple[int, int, int] | None = None
         self.owners = Owners()
         self.last_scan = ""
+        #: Inside ``__call__``: a collection now (another thread's) only makes the state stale.
+        self._busy = False
+        #: Whether the state was current when the collection under way began.
+        self._current = False
 
     def __call__(self) -> list[Any]:
-        epoch = _gc_epoch()
-        if _YOUNG_SCAN_WORKS and epoch == self._epoch:
-            found = self._young_scan()
-            self.last_scan = "young"
-        else:
-            found = self._full_walk(tensor_types())
-            self.last_scan = "full"
-            self._known = list(map(weakref.ref, found))
-            self._known_ids = None
-        self._epoch = epoch
+        self._busy = True
+        try:
+            epoch = _gc_epoch()
+            if _YOUNG_SCAN_WORKS and epoch == self._epoch:
+                found = self._young_scan()
+                self.last_scan = "young"
+            else:
+                found = self._full_walk(tensor_types())
+                self.last_scan = "full"
+                self._known = _refs(found)
+                self._ids = list(map(id, found))
+                self._id_set = set(self._ids)
+            self._pending = []
+            # a collection by another thread meanwhile: the state may miss tensors
+            self._epoch = epoch if _gc_epoch() == epoch else None
+        finally:
+            self._busy = False
+        if _YOUNG_SCAN_WORKS and self not in _WATCHING:
+            _WATCHING.add(self)
+            if _before_promotion not in gc.callbacks:
+                gc.callbacks.append(_before_promotion)
         return found
 
     def roots(self) -> list[tuple[str, Any]]:
         """The live optimizers and top-level modules found so far (see ``Owners``)."""
         return self.owners.roots()
 
-    def _young_scan(self) -> list[Any]:
-        """The tensors found before that still live (``_known``, kept in order: a census
-        can then reuse what it learnt of them) and the young tensors not among them."""
-        alive = list(map(_CALL, self._known))
-        live = list(map(is_not, alive, itertools.repeat(None)))
-        if not all(live):
-            alive = list(itertools.compress(alive, live))
-            self._known = list(itertools.compress(self._known, live))
-            self._known_ids = None
+    def _around_collection(self, phase: str) -> None:
+        """Before a gen-1 or gen-2 collection: take the young tensors (and models and
+        optimizers); after it: the state is current again if it was before."""
+        try:
+            if phase == "start":
+                self._current = not self._busy and self._epoch is not None and self._epoch == _gc_epoch()
+                if self._current:
+                    tensors = self._young_hits()
+                    self._pending.extend(_refs(tensors, load=False))
+                    del tensors
+                    if len(self._pending) > 2 * len(self._known) + 10_000:  # bounded by the live
+                        self._pending = [ref for ref in self._pending if ref() is not None]
+            elif phase == "stop":
+                self._epoch = _gc_epoch() if self._current else None
+                self._current = False
+        except Exception:  # never into the program's allocation: walk the heap next time
+            self._epoch = None
+            self._current = False
+
+    def _young_hits(self) -> list[Any]:
+        """The tensors among the young objects; the models and optimizers among them go to
+        ``owners``."""
         young = gc.get_objects(0)
         young += gc.get_objects(1)
         wanted = self._wanted
@@ -187,16 +250,35 @@ class LiveTensorFinder:
             wanted.clear()
         hits = list(itertools.compress(young, map(wanted.__getitem__, map(type, young))))
         del young
+        tensors = []
         for obj in hits:
             if wanted.is_tensor(type(obj)):
-                if self._known_ids is None:  # made again only after deaths
-                    self._known_ids = set(map(id, alive))
-                if id(obj) not in self._known_ids:
-                    alive.append(obj)
-                    self._known.append(weakref.ref(obj))
-                    self._known_ids.add(id(obj))
+                tensors.append(obj)
             else:
                 self.owners.add(obj)
+        return tensors
+
+    def _young_scan(self) -> list[Any]:
+        """The tensors found before that still live (``_known``, kept in order) and the
+        young tensors (or taken before a collection) not among them."""
+        alive, live = _alive(self._known)
+        if live is not None:  # some died
+            self._id_set.difference_update(itertools.compress(self._ids, map(not_, live)))
+            self._known = list(itertools.compress(self._known, live))
+            self._ids = list(itertools.compress(self._ids, live))
+        candidates = self._young_hits()
+        candidates += [obj for obj in map(_CALL, self._pending) if obj is not None]
+        born = []
+        known = self._id_set
+        for obj in candidates:
+            key = id(obj)
+            if key not in known:
+                known.add(key)
+                born.append(obj)
+        if born:
+            alive += born
+            self._known += _refs(born)
+            self._ids += map(id, born)
         return alive
 
     def _full_walk(self, classes: list[type]) -> list[Any]:
@@ -241,6 +323,31 @@ class LiveTensorFinder:
                 self._empty_refcount.pop(cls, None)
             else:
                 self._empty_refcount[cls] = count
+
+
+def _alive(refs: list[weakref.ref[Any]]) -> tuple[list[Any], Any]:
+    """The objects ``refs`` still refer to, and None when all do, else a flag per reference
+    (the native reader's one pass when loaded)."""
+    reader = getattr(native.loaded(), "alive", None)
+    if reader is not None:
+        return reader(refs)  # type: ignore[no-any-return]
+    objects = list(map(_CALL, refs))
+    live = list(map(is_not, objects, itertools.repeat(None)))
+    if all(live):
+        return objects, None
+    return list(itertools.compress(objects, live)), live
+
+
+def _refs(tensors: list[Any], load: bool = True) -> list[weakref.ref[Any]]:
+    """Weak references to ``tensors``, out of the collector's lists when the native reader
+    can take them out (they hold no callback, so they can be in no cycle): young scans
+    then never read them. ``load``: look for the reader if not loaded yet (not from
+    within a collection)."""
+    refs = list(map(weakref.ref, tensors))
+    untrack = getattr(native.census_scan() if load else native.loaded(), "untrack", None)
+    if untrack is not None:
+        untrack(refs)
+    return refs
 
 
 class _WantedTypes(dict):  # type: ignore[type-arg]
