@@ -4,7 +4,7 @@ PYTHON ?= python3
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install install-torch install-package demo test test-slow test-all test-gpu bench lint format clean
+.PHONY: install install-torch install-package demo native test test-slow test-all test-gpu bench lint format clean
 
 # Looks packages up without importing them (importing torch alone takes seconds).
 # install-torch: torch, when none is importable. install-package: the package from this
@@ -29,6 +29,11 @@ install: install-package
 demo: install-package
 	$(PYTHON) scripts/vgg_demo.py
 
+# The census's native reader (gpu_mem_track/native), built for the torch installed into the
+# cache folder; a census otherwise builds it in the background once it meets 20,000 tensors.
+native: install-package
+	$(PYTHON) -m gpu_mem_track.native.build
+
 # The quick suite: tests marked slow (subprocesses that import torch, the VGG demo) are
 # left to `make test-all`, which runs everything.
 test: install
@@ -48,6 +53,8 @@ test-gpu: install
 bench: install
 	@$(PYTHON) -c "import memory_profiler" 2>/dev/null || $(PYTHON) -m pip install memory_profiler
 	$(PYTHON) scripts/bench_census.py
+	$(PYTHON) scripts/bench_census.py --tensor-counts 1000,10000,100000,1000000 --repeats 5 \
+		--out reports/bench_census_tensors.md
 	$(PYTHON) scripts/bench_runner.py
 	$(PYTHON) scripts/bench_ranks.py
 	$(PYTHON) scripts/bench_simulate.py

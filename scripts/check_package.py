@@ -9,7 +9,8 @@ a folder outside the checkout, runs:
 
 - ``gpu-mem-track --version`` (must print the version of ``gpu_mem_track/_version.py``);
 - ``python -c "import gpu_mem_track"`` (must import from the venv, not the checkout);
-- the package data: ``html/report.css``, ``html/report.js`` and ``py.typed`` installed;
+- the package data: ``html/report.css``, ``html/report.js``, ``native/census_scan.cpp`` and
+  ``py.typed`` installed;
 - the demo, ``python -m gpu_mem_track.examples.vgg_demo --device cpu`` (small images);
 - ``gpu-mem-track run --html`` on a two-line script (the page embeds the style sheet).
 
@@ -90,10 +91,12 @@ def check_import(python: Path, scratch: Path, work: Path) -> Check:
 def check_data(python: Path, scratch: Path, work: Path) -> Check:
     code = (
         "from importlib.resources import files; p = files('gpu_mem_track');"
-        "print(all((p / n).is_file() for n in ('py.typed', 'html/report.css', 'html/report.js')))"
+        "print(all((p / n).is_file() for n in ('py.typed', 'html/report.css', 'html/report.js', "
+        "'native/census_scan.cpp')))"
     )
     done = sh(python, "-c", code, cwd=scratch)
-    return "package data (py.typed, report.css, report.js)", done.stdout.strip() == "True", done.stderr
+    found = done.stdout.strip() == "True"
+    return "package data (py.typed, report.css, report.js, census_scan.cpp)", found, done.stderr
 
 
 def check_demo(python: Path, scratch: Path, work: Path) -> Check:

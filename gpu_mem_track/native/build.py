@@ -129,6 +129,7 @@ def _command(compiler: str, output: Path, standard: str) -> list[str]:
         "-ltorch_cpu",
         "-ltorch_python",
         f"-Wl,-rpath,{lib}",
+        *(["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []),
     ]
 
 

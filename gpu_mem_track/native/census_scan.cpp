@@ -57,10 +57,13 @@ struct Rec {
   uint8_t parameter = 0;
   uint8_t code = GENERAL;
   uint8_t view = 0;
+  uint8_t shares = 0;  // its storage has other holders (another tensor, perhaps)
 };
 
 // Open addressing, linear probing; key 0 is "empty" (no address or pointer is 0 here).
 // Key and value share a slot, so an access costs one cache miss; reset() keeps the memory.
+// A 64 Kibit filter answers most misses of a small map without hashing into it (most
+// lookups ask a map of a few hundred keys about each of the census's tensors).
 class FlatMap {
  public:
   explicit FlatMap(size_t expected = 0) { reset(expected); }
@@ -69,16 +72,21 @@ class FlatMap {
     while (capacity < expected * 2 + 2) capacity <<= 1;
     slots_.assign(capacity, Slot{0, -1});
     mask_ = capacity - 1;
+    filter_.assign(kFilterWords, 0);
   }
   // The value slot of key, inserted with -1 when absent.
   int64_t& slot(uintptr_t key) {
-    size_t at = hash(key) & mask_;
+    const uint64_t h = hash(key);
+    filter_[(h >> 48) >> 6] |= uint64_t{1} << ((h >> 48) & 63);
+    size_t at = static_cast<size_t>(h) & mask_;
     while (slots_[at].key != 0 && slots_[at].key != key) at = (at + 1) & mask_;
     slots_[at].key = key;
     return slots_[at].value;
   }
   int64_t get(uintptr_t key) const {
-    size_t at = hash(key) & mask_;
+    const uint64_t h = hash(key);
+    if (!(filter_[(h >> 48) >> 6] & (uint64_t{1} << ((h >> 48) & 63)))) return -1;
+    size_t at = static_cast<size_t>(h) & mask_;
     while (slots_[at].key != 0) {
       if (slots_[at].key == key) return slots_[at].value;
       at = (at + 1) & mask_;
@@ -87,18 +95,21 @@ class FlatMap {
   }
 
  private:
+  static constexpr size_t kFilterWords = 1024;  // 65,536 bits: 8 KiB
   struct Slot {
     uintptr_t key;
     int64_t value;
   };
-  static size_t hash(uintptr_t key) {
+  static uint64_t hash(uintptr_t key) {
     uint64_t k = key;
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33;
-    return static_cast<size_t>(k);
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    return k ^ (k >> 33);
   }
   std::vector<Slot> slots_;
+  std::vector<uint64_t> filter_;
   size_t mask_ = 0;
 };
 
@@ -115,6 +126,7 @@ struct ScanObject {
   PyObject_HEAD
   std::vector<Rec>* recs;
   std::vector<int64_t>* sizes;
+  std::vector<uintptr_t>* objs;  // each record's object address, for lookup()
   Py_ssize_t views;  // MEMBER records: tensors sharing a storage resolved here
 };
 
@@ -129,6 +141,7 @@ void scan_dealloc(ScanObject* self) {
   } else {
     delete self->sizes;
   }
+  delete self->objs;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -180,6 +193,7 @@ void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector
   if (ptr == 0) return;
   const c10::IntArrayRef shape = tensor.sizes();
   rec.ptr = ptr;
+  rec.shares = tensor.storage().use_count() > 1 ? 1 : 0;
   rec.nbytes = static_cast<int64_t>(storage->nbytes());
   rec.numel = tensor.numel();
   rec.dtype = static_cast<int16_t>(tensor.scalar_type());
@@ -222,28 +236,7 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
     self->recs->assign(static_cast<size_t>(count), Rec{});
     self->sizes->clear();
     self->sizes->reserve(static_cast<size_t>(count) * 2);
-    // The objects, their TensorImpls and StorageImpls lie all over the heap: ask for each
-    // a few iterations ahead, so the reads of one tensor overlap the waits of the next.
-    auto impl_at = [&](Py_ssize_t j) -> c10::TensorImpl* {
-      PyObject* ahead = PyList_GET_ITEM(objects, j);
-      PyObject* kind = reinterpret_cast<PyObject*>(Py_TYPE(ahead));
-      if (kind != tensor_type && kind != parameter_type) return nullptr;
-      return THPVariable_Unpack(ahead).unsafeGetTensorImpl();
-    };
     for (Py_ssize_t i = 0; i < count; i++) {
-      if (i + 16 < count) __builtin_prefetch(PyList_GET_ITEM(objects, i + 16));
-      if (i + 8 < count) {
-        if (const c10::TensorImpl* ahead = impl_at(i + 8)) {
-          __builtin_prefetch(ahead);
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead) + 64);
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead) + 128);
-        }
-      }
-      if (i + 4 < count) {
-        const c10::TensorImpl* ahead = impl_at(i + 4);
-        if (ahead != nullptr && ahead->has_storage())
-          __builtin_prefetch(ahead->storage().unsafeGetStorageImpl());
-      }
       PyObject* obj = PyList_GET_ITEM(objects, i);
       Rec& rec = (*self->recs)[static_cast<size_t>(i)];
       rec.obj = reinterpret_cast<uintptr_t>(obj);
@@ -268,6 +261,8 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
   }
   delete excluded;
   general_orphan_views(*self->recs);
+  self->objs->resize(self->recs->size());
+  for (size_t i = 0; i < self->recs->size(); i++) (*self->objs)[i] = (*self->recs)[i].obj;
   return 0;
 }
 
@@ -278,6 +273,7 @@ PyObject* scan_new(PyTypeObject* type, PyObject*, PyObject*) {
   self->sizes = spare.sizes != nullptr ? spare.sizes : new std::vector<int64_t>();
   spare.recs = nullptr;
   spare.sizes = nullptr;
+  self->objs = new std::vector<uintptr_t>();
   self->views = 0;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -322,12 +318,13 @@ PyObject* scan_lookup(ScanObject* self, PyObject* ids) {
     if (key != 0) asked.slot(key) = 0;
   }
   Py_DECREF(seq);
-  if (count > 0) {
-    for (const Rec& rec : recs)
-      if (rec.code == BULK || rec.code == MEMBER) {
-        int64_t found = asked.get(rec.obj);
-        if (found == 0) asked.slot(rec.obj) = 1;
-      }
+  if (count > 0) {  // over the addresses alone (8 B each), reading a record only on a hit
+    const auto& objs = *self->objs;
+    for (size_t i = 0; i < objs.size(); i++) {
+      if (asked.get(objs[i]) != 0) continue;
+      const uint8_t code = recs[i].code;
+      if (code == BULK || code == MEMBER) asked.slot(objs[i]) = 1;
+    }
   }
   PyObject* out = PyList_New(count);
   if (out == nullptr) return nullptr;
@@ -369,21 +366,20 @@ PyObject* scan_settle(ScanObject* self, PyObject* args) {
   }
   auto& recs = *self->recs;
   self->views = 0;
-  size_t bulk = 0;
-  for (Rec& rec : recs) {
-    if (rec.code != BULK) continue;
-    if (reached && reached->get(rec.obj) == 1) {
-      rec.code = REACHED;
-      continue;
-    }
-    bulk++;
+  if (reached != nullptr) {
+    for (Rec& rec : recs)
+      if (rec.code == BULK && reached->get(rec.obj) == 1) rec.code = REACHED;
   }
-  // one pass: the first sight of a storage keeps its index; a second sight lists both
+  // A storage whose only holder is its tensor (use count 1) is shared with no other
+  // tensor; the others go through a map: the first sight of a storage keeps its index,
+  // a second sight lists both.
+  size_t holders = 0;
+  for (const Rec& rec : recs) holders += rec.code == BULK && rec.shares;
   FlatMap& first = spare.storages;
-  first.reset(bulk);
+  first.reset(holders);
   std::vector<int64_t> shared;
   for (size_t i = 0; i < recs.size(); i++) {
-    if (recs[i].code != BULK) continue;
+    if (recs[i].code != BULK || !recs[i].shares) continue;
     int64_t& seen = first.slot(recs[i].ptr);
     if (seen == -1) {
       seen = static_cast<int64_t>(i);
@@ -601,34 +597,42 @@ PyObject* alive(PyObject*, PyObject* refs) {
   for (Py_ssize_t i = 0; i < count; i++) {
     PyObject* ref = PyList_GET_ITEM(refs, i);
     if (!PyWeakref_Check(ref)) {
+      for (PyObject* held : objects) Py_XDECREF(held);
       PyErr_SetString(PyExc_TypeError, "alive() takes a list of weak references");
       return nullptr;
     }
-    PyObject* obj = PyWeakref_GET_OBJECT(ref);
-    if (obj != Py_None) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject* obj = nullptr;  // a new reference, or NULL when dead
+    if (PyWeakref_GetRef(ref, &obj) < 0) {
+      for (PyObject* held : objects) Py_XDECREF(held);
+      return nullptr;
+    }
+#else
+    PyObject* obj = PyWeakref_GET_OBJECT(ref);  // borrowed, Py_None when dead
+    if (obj == Py_None) {
+      obj = nullptr;
+    } else {
+      Py_INCREF(obj);
+    }
+#endif
+    if (obj != nullptr) {
       objects[static_cast<size_t>(i)] = obj;
       live++;
     }
   }
   PyObject* out = PyList_New(live);
-  if (out == nullptr) return nullptr;
-  PyObject* mask = Py_None;
-  Py_INCREF(mask);
-  if (live != count) {
-    Py_DECREF(mask);
-    mask = PyBytes_FromStringAndSize(nullptr, count);
-    if (mask == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
+  PyObject* mask = live == count ? Py_None : PyBytes_FromStringAndSize(nullptr, count);
+  if (out == nullptr || mask == nullptr) {
+    Py_XDECREF(out);
+    for (PyObject* held : objects) Py_XDECREF(held);
+    return nullptr;
   }
+  if (mask == Py_None) Py_INCREF(mask);
   Py_ssize_t at = 0;
   for (Py_ssize_t i = 0; i < count; i++) {
     PyObject* obj = objects[static_cast<size_t>(i)];
     if (mask != Py_None) PyBytes_AS_STRING(mask)[i] = obj != nullptr ? 1 : 0;
-    if (obj == nullptr) continue;
-    Py_INCREF(obj);
-    PyList_SET_ITEM(out, at++, obj);
+    if (obj != nullptr) PyList_SET_ITEM(out, at++, obj);  // the reference taken above
   }
   return Py_BuildValue("(NN)", out, mask);
 }
