@@ -21,7 +21,7 @@ from torch import nn
 
 from gpu_mem_track import MemTracker, native
 from gpu_mem_track.native import build
-from gpu_mem_track.tracker import census as census_module
+from gpu_mem_track.tracker import nativebulk as nativebulk_module
 from gpu_mem_track.tracker.census import full_scan, take_census
 from gpu_mem_track.tracker.nativebulk import NativeBulk
 
@@ -142,7 +142,7 @@ def test_a_tracker_stamps_the_same_with_and_without_it():
 
 def test_a_census_under_a_torch_function_mode_reads_through_python(monkeypatch):
     made = []
-    monkeypatch.setattr(census_module, "NativeBulk", lambda *a: made.append(a) or NativeBulk(*a))
+    monkeypatch.setattr(nativebulk_module, "NativeBulk", lambda *a: made.append(a) or NativeBulk(*a))
     tensors = [torch.zeros(3), torch.zeros(5)]
     take_census("cpu", lambda: tensors)
     assert len(made) == 1

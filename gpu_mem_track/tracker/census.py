@@ -10,13 +10,15 @@ discovered modules and optimizers, the bases of views, the gradients of leaf ten
 saved-for-backward tensors a ``saved.SavedTensorRecorder`` recorded (otherwise only C++
 autograd nodes hold them).
 
-Two paths count storages. Plain tensors that own their storage alone and need no
-``.grad`` read (most of a big program's: gradients, optimizer state, activations kept
-around) go through ``bulk``: read in C-level passes, what they are remembered between
-censuses (``bulk.CensusMemo``); the kinds and names the roots give them are kept in
-``_Seen`` and joined when grouping. Every other tensor, and every tensor sharing a storage,
-goes through the general path (``_Storages``: owners by rank, views, names). The
-recorder's aliases of saved tensors always take the general path.
+Two paths count storages. Plain tensors that need no ``.grad`` read (most of a big
+program's: gradients, optimizer state, activations kept around) go through the bulk: read
+by the native reader in one C++ pass when it is built (``nativebulk``, see
+``gpu_mem_track.native``; views whose base it read too, and storages shared among them,
+are settled there), else in C-level Python passes, what they are remembered between
+censuses (``bulk``: only tensors owning their storage alone). The kinds and names the
+roots give them are kept in ``_Seen`` and joined when grouping. Every other tensor goes
+through the general path (``_Storages``: owners by rank, views, names). The recorder's
+aliases of saved tensors always take the general path. Both bulks count the same.
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import native
 from ..devices import parse_device
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
-from .bulk import Bulk, CensusMemo, split
+from .bulk import Bulk, CensusMemo
 from .finder import FullScan, LiveTensorFinder, full_scan, tensor_types
 from .naming import Known, known_tensors
-from .nativebulk import NativeBulk
+from .nativebulk import NativeBulk, read_bulk
 from .records import KINDS, Census, Skipped, TensorGroup
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def take_census(
         # named tensors go through the bulk too (their kinds and names kept in ``seen``),
         # but not the recorder's aliases of saved tensors (who owns their storage is ranked)
         objects = list(source())
-        bulk = _split(objects, seen.aliases, str(target), memo)
+        bulk = read_bulk(objects, seen.aliases, str(target), memo)
         del objects
         seen.leave_to_bulk(bulk.members)
         seen.add_objects(bulk.others)
@@ -338,27 +339,6 @@ def _tally(skipped: dict[str, list[int]], reason: str, nbytes: int) -> None:
     entry = skipped.setdefault(reason, [0, 0])
     entry[0] += 1
     entry[1] += nbytes
-
-
-def _split(objects: list[Any], aliases: set[int], device: str, memo: CensusMemo | None) -> Bulk | NativeBulk:
-    """The bulk of this census: read by the native reader when there is one and no torch
-    function mode could answer attribute reads differently (the simulated GPU's does),
-    else through Python (``bulk.split``)."""
-    reader = native.census_scan() if not _function_modes() else None
-    if reader is not None:
-        try:
-            return NativeBulk(reader, objects, aliases, device)
-        except Exception:  # a device text torch's C++ does not parse: the Python path reads it
-            pass
-    elif len(objects) >= native.AUTO_BUILD_TENSORS:
-        native.request_build()
-    return split(objects, aliases, device, memo or CensusMemo())
-
-
-def _function_modes() -> bool:
-    """Whether a torch function mode may be active (True when this torch cannot say)."""
-    enabled = getattr(torch._C, "_is_torch_function_mode_enabled", None)
-    return True if enabled is None else bool(enabled())
 
 
 def _groups(

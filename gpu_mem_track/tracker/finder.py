@@ -7,8 +7,9 @@ one walk of the heap with no Python-level loop over the million objects (1.1-1.7
 cost of a bare ``gc.get_objects()``, depending on what the heap holds; see
 ``reports/bench_census.md``). The walk's cost grows with the number of classes asked
 about, so rarely used classes are asked about only when their reference count shows
-they may have new instances. Between collections that move objects into the oldest
-generation, only young objects are scanned.
+they may have new instances. Between walks only young objects are scanned: a
+``gc.callbacks`` entry takes the young tensors just before each collection that would
+move them into the oldest generation, so only a collection it did not see forces a walk.
 
 The same walks find the program's ``nn.Module`` and ``torch.optim.Optimizer`` objects
 wherever it keeps them (function locals included), so the census can name parameters

@@ -90,8 +90,8 @@ class MemTracker(ClassicMethods):
             by ``gpu-mem-track probe`` (True: read from the probe's cache; when there is
             none, a note says once how to measure it; nothing is ever measured from here),
             skip it (False), or a callable ``device -> ProbeResult | None``.
-        census: ``"fast"`` (``census.LiveTensorFinder``: a heap walk only after a collection
-            that moved objects into the oldest generation, else a scan of the young ones) or
+        census: ``"fast"`` (``census.LiveTensorFinder``: a heap walk at the first call and
+            after a collection it did not see, else a scan of the young objects) or
             ``"full"`` (filter all of ``gc.get_objects()``; slower, to check the fast one).
         reader: the memory reader (default: CUDA allocator + NVML, or process RSS on CPU).
         source: the object source for the census (default: per ``census``). A source with

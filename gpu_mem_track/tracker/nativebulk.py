@@ -1,4 +1,5 @@
-"""The census's bulk read by the native reader (``gpu_mem_track.native``'s ``census_scan``).
+"""The census's bulk read by the native reader (``gpu_mem_track.native``'s ``census_scan``),
+and ``read_bulk``, which picks the reader for one census.
 
 The same part of the census as ``bulk`` (plain tensors: exactly ``torch.Tensor`` or
 ``nn.Parameter``), read in one C++ pass instead of several attribute reads each, and
@@ -24,11 +25,13 @@ from typing import Any
 
 import torch
 
+from .. import native
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
+from .bulk import Bulk, CensusMemo, split
 from .records import KINDS
 
-__all__ = ["NativeBulk"]
+__all__ = ["NativeBulk", "read_bulk"]
 
 _KIND = {kind: rank for rank, kind in enumerate(KINDS)}
 #: What ``groups`` is told of a tensor named by the roots without a kind: keep its class's.
@@ -88,3 +91,27 @@ class NativeBulk:
     def clear(self) -> None:
         self._objects = []
         self.others.clear()
+
+
+def read_bulk(
+    objects: list[Any], aliases: set[int], device: str, memo: CensusMemo | None
+) -> Bulk | NativeBulk:
+    """The bulk of one census: read by the native reader when it is loaded and no torch
+    function mode could answer attribute reads its own way (the simulated GPU's does),
+    else through Python (``bulk.split``), which asks for the reader to be built once a
+    census meets ``native.AUTO_BUILD_TENSORS`` objects."""
+    reader = native.census_scan() if not _function_modes() else None
+    if reader is not None:
+        try:
+            return NativeBulk(reader, objects, aliases, device)
+        except Exception:  # a device text torch's C++ does not parse: the Python path reads it
+            pass
+    elif len(objects) >= native.AUTO_BUILD_TENSORS:
+        native.request_build()
+    return split(objects, aliases, device, memo or CensusMemo())
+
+
+def _function_modes() -> bool:
+    """Whether a torch function mode may be active (True when this torch cannot say)."""
+    enabled = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+    return True if enabled is None else bool(enabled())
