@@ -344,6 +344,25 @@ def test_young_scan_finds_tensors_born_since_the_last_walk_also_after_a_collecti
             gc.enable()
 
 
+@pytest.mark.skipif(not finder_module._YOUNG_SCAN_WORKS, reason="no generational gc on this Python")
+def test_the_gc_callback_leaves_with_the_last_finder_and_a_collection_mid_census_forces_a_walk(monkeypatch):
+    monkeypatch.setattr(finder_module, "_WATCHING", weakref.WeakSet())  # this test's finder alone
+    finder = LiveTensorFinder()
+    finder()
+    assert finder_module._before_promotion in gc.callbacks
+    finder._busy = True  # as if another thread collected while this finder was in a census
+    finder._around_collection("start")
+    finder._around_collection("stop")
+    finder._busy = False
+    finder()
+    assert finder.last_scan == "full"
+    finder()
+    assert finder.last_scan == "young"
+    del finder
+    gc.collect()  # no finder left: the callback removes itself
+    assert finder_module._before_promotion not in gc.callbacks
+
+
 def test_a_base_owns_its_storage_before_a_larger_expanded_view():
     b = torch.zeros(1)
     census = take_census("cpu", lambda: [b.expand(1000, 1000), b], [("b", b)])

@@ -91,8 +91,11 @@ def plan(root: Path | None = None) -> BuildPlan:
     """The build plan for the torch imported here (imports torch)."""
     version, torch_dir, git, abi = _torch_facts()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    key_text = "\n".join([SOURCE.read_text(), version, git, abi, sys.version, suffix, str(torch_dir)])
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    # the libraries' size and time too: a torch rebuilt from the same commit is another build
+    libraries = sorted((torch_dir / "lib").glob("libtorch*"))
+    stamps = [f"{lib.name}:{lib.stat().st_size}:{int(lib.stat().st_mtime)}" for lib in libraries]
+    facts = [SOURCE.read_text(), version, git, abi, sys.version, suffix, str(torch_dir), *stamps]
+    key = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
     folder = (root or cache_root()) / "native" / key
     missing = ""
     if not (torch_dir / "include" / "torch" / "csrc" / "autograd" / "python_variable.h").is_file():

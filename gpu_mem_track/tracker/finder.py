@@ -212,7 +212,7 @@ class LiveTensorFinder:
             self._epoch = epoch if _gc_epoch() == epoch else None
         finally:
             self._busy = False
-        if _YOUNG_SCAN_WORKS and self not in _WATCHING:
+        if _YOUNG_SCAN_WORKS:
             _WATCHING.add(self)
             if _before_promotion not in gc.callbacks:
                 gc.callbacks.append(_before_promotion)
