@@ -110,6 +110,27 @@ def test_every_case_at_once_and_named_by_roots():
     assert fast.views == slow.views > 0
 
 
+def test_a_named_base_and_its_unnamed_views_are_settled_natively(native_reader, monkeypatch):
+    data = torch.zeros(300, 4)
+    rows = list(data.unbind(0))
+    moved = []
+    settle = nativebulk_module.NativeBulk.settle
+
+    def spy(self, seen, owners):
+        given = settle(self, seen, owners)
+        moved.extend(given)
+        return given
+
+    monkeypatch.setattr(nativebulk_module.NativeBulk, "settle", spy)
+    fast, slow = both([data, *rows], [("data", data)])
+    assert fast == slow
+    assert fast.views == 300 and fast.storages == 1
+    assert moved == []  # the base owns, named; its views stay in the bulk
+    fast, slow = both([data, *rows], [("data", data), ("first", rows[0])])
+    assert fast == slow  # a named view: the general path ranks and names
+    assert len(moved) == 301
+
+
 def test_a_training_step_with_optimizer_state_and_names():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)

@@ -42,7 +42,7 @@ __all__ = [
     "use",
 ]
 
-#: Plain tensors in one census from which an automatic build starts.
+#: Tensors found by one census from which an automatic build starts.
 AUTO_BUILD_TENSORS = 20_000
 #: The ABI number of census_scan.cpp this Python code speaks.
 ABI = 1

@@ -1,10 +1,11 @@
 // The census's native reader: reads every plain tensor of a census in one C++ pass.
 //
 // Built on demand against the torch the user has (gpu_mem_track/native/build.py), loaded
-// only when its ABI number and torch's version match (gpu_mem_track/native/__init__.py).
-// Python reads of a tensor's data pointer, version or requires_grad cost 85-190 ns each
-// through torch's bindings; here the same facts cost a few ns, so a census of 100,000
-// small tensors no longer costs several times a bare gc.get_objects().
+// only when its ABI number and torch's version match and it reads a few tensors as torch
+// does (gpu_mem_track/native/__init__.py). Python reads of a tensor's data pointer,
+// version or requires_grad cost 85-190 ns each through torch's bindings; here all of a
+// tensor's facts cost some tens of ns together (mostly waiting for memory), so a census of
+// 100,000 small tensors no longer costs several times a bare gc.get_objects().
 //
 // A Scan is made from the census's candidate objects (a list) and keeps no reference to
 // them: it records each object's address, and the caller keeps the list alive while it
@@ -19,8 +20,8 @@
 //             an error while reading): the census's Python path decides
 //   EXCLUDED  an id the caller excluded (its own aliases of saved tensors)
 //   MOVED     BULK until settle() gave it to the general path (its storage is used by a
-//             general-path tensor, by a tensor the caller labelled, or by a view whose
-//             base is elsewhere)
+//             general-path tensor, by a labelled tensor that does not own it, or by a
+//             view whose base is elsewhere)
 //   REACHED   BULK until settle() learnt the general path holds it already
 //   MEMBER    BULK, sharing its storage with a better-ranked BULK tensor (a view): owns
 //             nothing
@@ -352,8 +353,8 @@ bool better(const Rec& a, size_t ia, const Rec& b, size_t ib) {
 // (owner_keys) or the tensor is a view (its base lies elsewhere: the general path finds
 // it). Of a storage several BULK tensors share, the best-ranked owns it and the others
 // become MEMBERs (views); all move to the general path instead when the general path
-// uses the storage, when the caller labelled one of them (it ranks labels), or when a
-// view's base is not among them.
+// uses the storage, when the caller labelled one of them but the owner (it ranks and
+// names by labels), or when a view's base is not among them.
 PyObject* scan_settle(ScanObject* self, PyObject* args) {
   PyObject *owner_keys, *reached_ids, *labelled_ids;
   if (!PyArg_ParseTuple(args, "OOO", &owner_keys, &reached_ids, &labelled_ids)) return nullptr;
@@ -407,22 +408,37 @@ PyObject* scan_settle(ScanObject* self, PyObject* args) {
     const Rec &x = recs[static_cast<size_t>(a)], &y = recs[static_cast<size_t>(b)];
     return x.ptr != y.ptr ? x.ptr < y.ptr : a < b;
   });
+  FlatMap members;
   for (size_t at = 0; at < shared.size() && !failed;) {
     size_t end = at;
     while (end < shared.size() && recs[static_cast<size_t>(shared[end])].ptr == recs[static_cast<size_t>(shared[at])].ptr) end++;
     const uintptr_t ptr = recs[static_cast<size_t>(shared[at])].ptr;
     bool give_up = owners && owners->get(ptr) == 1;
+    // is a view's base among the storage's tensors? (a map for a storage of many views)
+    const bool many = end - at > 16;
+    if (many) {
+      members.reset(end - at);
+      for (size_t k = at; k < end; k++) members.slot(recs[static_cast<size_t>(shared[k])].impl) = 1;
+    }
+    auto member = [&](uintptr_t impl) {
+      if (many) return members.get(impl) == 1;
+      for (size_t m = at; m < end; m++)
+        if (recs[static_cast<size_t>(shared[m])].impl == impl) return true;
+      return false;
+    };
     size_t best = static_cast<size_t>(shared[at]);
     for (size_t k = at; k < end && !give_up; k++) {
       const size_t j = static_cast<size_t>(shared[k]);
       const Rec& rec = recs[j];
-      if (labelled && labelled->get(rec.obj) == 1) give_up = true;
-      if (rec.view) {
-        bool found = false;
-        for (size_t m = at; m < end && !found; m++) found = recs[static_cast<size_t>(shared[m])].impl == rec.base;
-        if (!found) give_up = true;
-      }
+      if (rec.view && !member(rec.base)) give_up = true;  // its base is elsewhere
       if (better(rec, j, recs[best], best)) best = j;
+    }
+    // A label (a kind or a name the program gives) ranks and names: resolved here only
+    // when the owner is the one labelled tensor (a named base and its unnamed views),
+    // as a label can only raise a tensor's rank.
+    for (size_t k = at; k < end && !give_up && labelled; k++) {
+      const size_t j = static_cast<size_t>(shared[k]);
+      if (j != best && labelled->get(recs[j].obj) == 1) give_up = true;
     }
     for (size_t k = at; k < end; k++) {
       const size_t j = static_cast<size_t>(shared[k]);
