@@ -55,6 +55,7 @@ bench: install
 	$(PYTHON) scripts/bench_census.py
 	$(PYTHON) scripts/bench_census.py --tensor-counts 1000,10000,100000,1000000 --repeats 5 \
 		--out reports/bench_census_tensors.md
+	$(PYTHON) scripts/bench_census_mixes.py
 	$(PYTHON) scripts/bench_runner.py
 	$(PYTHON) scripts/bench_ranks.py
 	$(PYTHON) scripts/bench_simulate.py
