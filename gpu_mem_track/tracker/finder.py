@@ -168,7 +168,10 @@ class LiveTensorFinder:
     takes them into the known ones just before such a collection (the cost of a young
     scan, at gen-1 and gen-2 collections only). Only a collection the entry did not see
     (``gc.freeze()``, a collection during a census in another thread) makes the next
-    call walk the heap. ``last_scan`` says which of ``"full"`` and ``"young"`` the last
+    call walk the heap. Not seen at all: ``gc.freeze()`` then ``gc.unfreeze()`` between
+    two calls (the young objects move to the oldest generation without a collection, and
+    the freeze count is back where it was); the tensors born before them are missed
+    until the next walk. ``last_scan`` says which of ``"full"`` and ``"young"`` the last
     call did.
 
     With the native reader (``gpu_mem_track.native``) the weak references are taken out
