@@ -56,6 +56,8 @@ def test_a_full_reports_disk_while_the_script_runs_leaves_the_script_alone(tmp_p
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("gpu_mem_track: could not write timeline.csv: File too large")
     assert "lines.csv" not in last  # the small files were written
+    (reports,) = [line for line in done.stderr.splitlines() if line.startswith("Reports: ")]
+    assert reports.endswith("(report.txt, lines.csv)")  # timeline.csv is named as not written
     notes: list[str] = []
     rows = list(read_timeline(folder(tmp_path) / "timeline.csv", notes))
     assert rows and rows[0].event == "start"  # what was written reads back

@@ -154,6 +154,16 @@ def test_lines_csv_has_rise_and_older_files_without_it_still_read(tmp_path):
     assert "x = f()" not in render_summary(info, [record], tmp_path)
 
 
+def test_the_summary_lists_only_the_report_files_that_were_written(tmp_path):
+    info = read_meta_like()
+    last = render_summary(info, [], tmp_path).splitlines()[-1]
+    assert last.endswith("(report.txt, lines.csv, timeline.csv)")
+    last = render_summary(info, [], tmp_path, unwritten={"report.txt", "timeline.csv"}).splitlines()[-1]
+    assert last.startswith("Reports: ") and last.endswith("(lines.csv)")
+    gone = {"report.txt", "lines.csv", "timeline.csv"}
+    assert render_summary(info, [], tmp_path, unwritten=gone).rstrip().endswith("(none written)")
+
+
 def read_meta_like():
     from gpu_mem_track.runfolder.records import RunInfo
 

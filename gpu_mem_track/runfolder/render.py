@@ -4,7 +4,7 @@ short summary printed when the run ends. They return strings and never print."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,12 @@ def render_summary(
     folder: Path,
     top: int = 5,
     snapshot: SnapshotMerge | None = None,
+    unwritten: Collection[str] = (),
 ) -> str:
     """The few lines printed at the end of a run: the ``top`` lines (0: all) that raised
-    memory most, and how a ``--snapshot`` was used."""
+    memory most, how a ``--snapshot`` was used, and the report files in ``folder``,
+    without those named in ``unwritten`` (file names that could not be written: a full
+    disk)."""
     lines = [f"gpu_mem_track: {_ending(info)} | memory: {_source(info)} | {_peak(info)}"]
     best = hottest(list(records), top)
     if best:
@@ -89,11 +92,17 @@ def render_summary(
         lines.append(note)
     if snapshot is not None:
         lines.append(_snapshot_text(snapshot))
-    files = "report.txt, lines.csv, timeline.csv"
-    if snapshot is not None and snapshot.file:
-        files += f", {snapshot.file}, snapshot_lines.csv"
-    lines.append(f"Reports: {short_path(str(folder))}{os.sep} ({files})")
+    lines.append(_reports_line(folder, snapshot, unwritten))
     return "\n".join(lines) + "\n"
+
+
+def _reports_line(folder: Path, snapshot: SnapshotMerge | None, unwritten: Collection[str]) -> str:
+    """Where the reports are, naming only the files that were written."""
+    files = ["report.txt", "lines.csv", "timeline.csv"]
+    if snapshot is not None and snapshot.file:
+        files += [snapshot.file, "snapshot_lines.csv"]
+    written = ", ".join(name for name in files if name not in unwritten) or "none written"
+    return f"Reports: {short_path(str(folder))}{os.sep} ({written})"
 
 
 def render_ranks(summary: Any) -> str:

@@ -162,8 +162,9 @@ def _execute(
         sampler.close()
         info = _finished(info, code, profiler, session, end_memory)
         info = _simulated(info, sampler, gpu, watch)
-        unwritten = [f"timeline.csv: {timeline.error.strerror or timeline.error}"] if timeline.error else []
-        unwritten += [session.write_error] if session.write_error else []
+        unwritten = {"timeline.csv": timeline.error.strerror or str(timeline.error)} if timeline.error else {}
+        if session.write_error:
+            unwritten["census.csv"] = session.write_error
         _write_reports(prepared, info, records, session, snapshot, stream, unwritten)
         session.script_globals.clear()
     merge = snapshot.result if snapshot is not None else None
@@ -255,14 +256,15 @@ def _write_reports(
     session: RunSession,
     snapshot: SnapshotRun | None,
     stream: TextIO | None,
-    unwritten: list[str],
+    unwritten: dict[str, str],
 ) -> None:
     """lines.csv, meta.json and report.txt (each atomically), then the summary on
     ``stream`` (stderr; in a launch only rank 0 prints it, every rank with
     ``--all-ranks``); in a launch, rebuild the launch folder's ranks table, and on rank 0
     wait up to ``--rank-wait`` seconds for the other ranks and print the table. A file
-    that cannot be written (a full disk) joins ``unwritten`` (``name: why``), said in one
-    line at the end; nothing here raises ``OSError``, so the exit code stays the script's."""
+    that cannot be written (a full disk) joins ``unwritten`` (its name: why), said in one
+    line at the end and left out of the summary's list of reports; nothing here raises
+    ``OSError``, so the exit code stays the script's."""
     from ..runfolder.render import render_line_report, render_summary
     from ..tracker.render import render_stamp
 
@@ -282,16 +284,17 @@ def _write_reports(
         try:
             write()
         except OSError as exc:
-            unwritten.append(f"{path.name}: {exc.strerror or exc}")
+            unwritten[path.name] = exc.strerror or str(exc)
     out = stream or sys.stderr
     try:  # the script may have closed our stderr: then there is nobody to tell
         if rank is None or rank.is_first or options.all_ranks:
-            out.write(render_summary(info, records, folder.path, options.top, merge))
+            out.write(render_summary(info, records, folder.path, options.top, merge, unwritten))
         if rank is not None:
             report_launch(folder.path.parent, rank, options.rank_wait, out)
         if unwritten:
             kept = f"in {folder.path}; what was written is kept"
-            out.write(f"gpu_mem_track: could not write {'; '.join(unwritten)} ({kept})\n")
+            why = "; ".join(f"{name}: {reason}" for name, reason in unwritten.items())
+            out.write(f"gpu_mem_track: could not write {why} ({kept})\n")
         out.flush()
     except (OSError, ValueError):
         pass

@@ -50,7 +50,7 @@ class RunSession:
         #: The script's module (or globals), kept until the reports are written, as python
         #: keeps a script's globals until it exits (``launch.run_script`` fills it).
         self.script_globals: list[Any] = []
-        #: Why the automatic censuses could not be written (a full disk), or "": then
+        #: Why the automatic censuses (census.csv) could not be written (a full disk), or "": then
         #: none is taken any more; the script never sees our error.
         self.write_error = ""
 
@@ -98,7 +98,7 @@ class RunSession:
             tracker = self.census_tracker()
             tracker.stamp_at(frame, f"line {lineno} grew {format_bytes(increment)}", where=where)
         except OSError as exc:  # our files (a full disk): never an error of the script's
-            self.write_error = f"census.csv: {exc.strerror or exc}"
+            self.write_error = exc.strerror or str(exc)
         except UsageError as exc:  # the census files could not be created
             self.write_error = str(exc)
         finally:
