@@ -15,7 +15,9 @@ holds at most ``FIELD_LIMIT`` characters (writers cut longer text with ``cell_te
 so what we write we read back) and a row at most ``ROW_LIMIT``.
 
 ``open_csv`` opens a report guarded: a regular file only (never a FIFO or a device),
-UTF-8 with or without a byte-order mark.
+UTF-8 with or without a byte-order mark. ``LinedRows`` reads the rows as
+``csv.DictReader`` does, each with the line where it starts in the file (a quoted cell
+may span lines), so a bad row is named by its own first line.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ import csv
 import io
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .errors import BadInput
 from .inputs import open_regular
 
-__all__ = ["FIELD_LIMIT", "ROW_LIMIT", "CompleteRows", "cell_text", "cut_note", "open_csv"]
+__all__ = ["FIELD_LIMIT", "ROW_LIMIT", "CompleteRows", "LinedRows", "cell_text", "cut_note", "open_csv"]
 
 #: Most characters in one cell, written (``cell_text``) and read (``csv.field_size_limit``
 #: is raised to it, never lowered); a source line or a ``track()`` label longer than
@@ -131,6 +133,39 @@ class CompleteRows:
 
     def _fail(self, line: int, problem: str) -> None:
         raise BadInput(f"{self.source}, line {line}: not a valid report row ({problem})")
+
+
+class LinedRows:
+    """The rows of CSV ``lines`` as dicts keyed by the header row (``fieldnames``), as
+    ``csv.DictReader`` gives them (blank lines skipped; missing cells ``None``; extra
+    cells a list under ``None``), keeping ``line``: the 1-based line of the file where
+    the row last given (or, while one is read, the row being read) starts.
+
+    ``csv.reader``'s ``line_num`` is the line the reader stopped at: past the start of a
+    row whose quoted cell spans lines, and past the row in hand once a caller has read
+    further. ``line`` is set before each row is read, so neither moves it.
+    """
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self._reader = csv.reader(lines)
+        self.line = 1
+        self.fieldnames: list[str] = next(self._reader, [])
+
+    def __iter__(self) -> Iterator[dict[Any, Any]]:
+        names, width = self.fieldnames, len(self.fieldnames)
+        while True:
+            self.line = self._reader.line_num + 1
+            cells = next(self._reader, None)
+            if cells is None:
+                return
+            if not cells:
+                continue
+            row: dict[Any, Any] = dict(zip(names, cells))
+            if len(cells) > width:
+                row[None] = cells[width:]
+            elif len(cells) < width:
+                row.update(dict.fromkeys(names[len(cells) :]))
+            yield row
 
 
 class _Scan:

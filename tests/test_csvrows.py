@@ -4,14 +4,16 @@ write reads back, a byte-order mark, strict ASCII integers (issue 16, items 6, 9
 
 from __future__ import annotations
 
+import csv
 import io
 from pathlib import Path
 
 import pytest
 from runfiles import MIB, tracker_csv
 
-from gpu_mem_track.csvrows import FIELD_LIMIT, CompleteRows, cell_text
+from gpu_mem_track.csvrows import FIELD_LIMIT, CompleteRows, LinedRows, cell_text
 from gpu_mem_track.errors import BadInput
+from gpu_mem_track.runfolder.files import LINE_REQUIRED, read_lines
 from gpu_mem_track.tracker.csvlog import read_stamps
 
 
@@ -98,3 +100,35 @@ def test_integers_are_ascii_digits_only(tmp_path: Path, number: str) -> None:
     path.write_text("\n".join([header, ",".join(cells)]) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"t.csv, line 2: not a valid report row \(not an integer"):
         read_stamps(path)
+
+
+def test_lined_rows_name_the_line_each_row_starts_on() -> None:
+    text = 'a,b\n1,"two\nlines"\n\n3,4\n5\n'
+    reader = LinedRows(io.StringIO(text, newline=""))
+    got = [(reader.line, row) for row in reader]
+    assert reader.fieldnames == ["a", "b"]
+    assert got == [(2, {"a": "1", "b": "two\nlines"}), (5, {"a": "3", "b": "4"}), (6, {"a": "5", "b": None})]
+
+
+def test_a_damaged_tracker_row_after_a_multi_line_label_is_named_by_its_own_line(tmp_path: Path) -> None:
+    stamps = [("two\nlines", 0.0, MIB), ("b", 1.0, 2 * MIB), ("c", 2.0, 3 * MIB), ("d", 3.0, 4 * MIB)]
+    path = tracker_csv(tmp_path / "t.csv", stamps)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert lines[3].split(",")[6] == "b"  # header, the label's two lines, then b's row: line 4
+    lines[3] = lines[3].replace(str(2 * MIB), "12x", 1)  # its allocated bytes
+    path.write_text("".join(lines), encoding="utf-8")
+    expected = r"^\S*t.csv, line 4: not a valid report row \(not an integer: '12x'\)$"
+    with pytest.raises(BadInput, match=expected):
+        read_stamps(path)
+
+
+def test_a_damaged_run_folder_row_is_named_by_its_own_line(tmp_path: Path) -> None:
+    path = tmp_path / "lines.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(LINE_REQUIRED)
+        writer.writerow(["/src/t.py", "main", 3, "s = '''a\nb'''", 1, MIB, MIB, MIB, "True", 0.5])
+        handle.write("\r\n")  # a blank line, as a hand edit leaves
+        writer.writerow(["/src/t.py", "main", 5, "x = 1", 1, MIB, 0, "12x", "True", 0.5])
+    with pytest.raises(BadInput, match=r"^\S*lines.csv, line 5: not an integer: '12x'$"):
+        read_lines(path)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import inputs
-from ..csvrows import CompleteRows, cell_text, cut_note, open_csv
+from ..csvrows import CompleteRows, LinedRows, cell_text, cut_note, open_csv
 from ..errors import BadInput
 from .records import LineRecord, RunInfo, SimulationInfo, StopInfo, TimelineRow
 
@@ -303,19 +303,18 @@ def _typed_rows(
     needed = _needed(record)
     with open_csv(path) as handle:
         complete = CompleteRows(handle, path)
-        reader = csv.DictReader(complete)
-        header = reader.fieldnames or ()
+        reader = LinedRows(complete)
+        header = reader.fieldnames
         missing = [c for c in columns if c not in header and c not in _OPTIONAL]
         if missing:
             raise ValueError(f"{path} lacks the columns {', '.join(missing)}")
         present = [c for c in (*columns, *optional) if c in header]
-        start = 2
         for row in reader:
             try:
-                yield {name: _value(name, row[name], needed) for name in present}
+                typed = {name: _value(name, row[name], needed) for name in present}
             except (TypeError, ValueError, KeyError) as exc:
-                raise BadInput(f"{path}, line {start}: {exc}") from None
-            start = reader.line_num + 1
+                raise BadInput(f"{path}, line {reader.line}: {exc}") from None
+            yield typed
     note = cut_note(path, complete)
     if note is not None and notes is not None:
         notes.append(note)

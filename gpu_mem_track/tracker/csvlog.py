@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..categories import CATEGORIES
-from ..csvrows import CompleteRows, cell_text, cut_note, open_csv
+from ..csvrows import CompleteRows, LinedRows, cell_text, cut_note, open_csv
 from ..errors import BadInput
 from ..inputs import parse_float, parse_int
 from ..outputs import open_append
@@ -135,23 +135,23 @@ def iter_stamps(path: Path, notes: list[str] | None = None) -> Iterator[Stamp]:
     byte-order mark; ASCII integers, finite times).
 
     A last row cut mid-write (a killed process) is left out; ``notes``, when given,
-    receives one line saying so. Raises ``ValueError`` (``errors.BadInput`` for the
-    file's shape; a message naming the file, and the line for a bad row) when it is not
+    receives one line saying so. Raises ``errors.BadInput`` (a ``ValueError``; one line
+    naming the file, and for a bad row the line where that row starts) when it is not
     such a report.
     """
     with open_csv(path) as handle:
         rows = CompleteRows(handle, path)
-        reader = csv.DictReader(rows)
-        header = reader.fieldnames or []
+        reader = LinedRows(rows)
+        header = reader.fieldnames
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
-            raise ValueError(f"{path} is not a gpu_mem_track CSV report ({_lacks(header, missing)})")
+            raise BadInput(f"{path} is not a gpu_mem_track CSV report ({_lacks(header, missing)})")
         try:
             yield from stamps_from_rows(reader)
         except BadInput:
             raise
         except (TypeError, AttributeError, KeyError, ValueError, csv.Error) as exc:
-            raise ValueError(f"{path}, line {reader.line_num}: not a valid report row ({exc})") from exc
+            raise BadInput(f"{path}, line {reader.line}: not a valid report row ({exc})") from None
     note = cut_note(path, rows)
     if note is not None and notes is not None:
         notes.append(note)
@@ -210,23 +210,26 @@ def read_frame(source: Path | list[dict[str, Any]], notes: list[str] | None = No
 
 
 def stamps_from_rows(rows: Iterable[dict[str, str]]) -> Iterator[Stamp]:
-    """Rebuild stamps from CSV rows: a totals row opens a stamp, change rows follow it."""
-    current: dict[str, Any] | None = None
+    """Rebuild stamps from CSV rows: a totals row opens a stamp, change rows follow it.
+    Each row is parsed when it is read (a bad one raises ``ValueError`` before the next
+    is read, so a reader can name its line)."""
+    current: Stamp | None = None
+    changes: list[GroupChange] = []
     for row in rows:
         if row["row"] == "totals":
             if current is not None:
-                yield _stamp(current)
-            current = {"totals": row, "changes": []}
+                yield replace(current, changes=tuple(changes))
+            current, changes = _stamp(row), []
         elif row["row"] == "change" and current is not None:
-            current["changes"].append(_change(row))
+            changes.append(_change(row))
         else:
             raise ValueError(f"row type {row['row']!r} where 'totals' or 'change' belongs")
     if current is not None:
-        yield _stamp(current)
+        yield replace(current, changes=tuple(changes))
 
 
-def _stamp(parts: dict[str, Any]) -> Stamp:
-    row = parts["totals"]
+def _stamp(row: dict[str, str]) -> Stamp:
+    """The stamp of a totals row, without its changes."""
     ledger = Ledger(
         device=row["device"],
         tensors=parse_int(row["tensors"]),
@@ -247,7 +250,6 @@ def _stamp(parts: dict[str, Any]) -> Stamp:
         function=row["function"],
         label=row["label"],
         ledger=ledger,
-        changes=tuple(parts["changes"]),
         skipped=skipped,
         views=_int(row["views"]) or 0,
     )
