@@ -3,6 +3,7 @@ from __future__ import annotations
 import gc
 import inspect
 import io
+import re
 import sys
 import weakref
 
@@ -165,6 +166,37 @@ def test_in_memory_tracker_gives_the_same_dataframe(quiet_tracker, tmp_path):
         tracker.track("x")
     pd.testing.assert_frame_equal(on_disk.to_dataframe(), in_memory.to_dataframe())
     del z
+
+
+BAD_ROW = r", line 3: not a valid report row \("
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "problem"),
+    [
+        ("rss", "12 MB", BAD_ROW + "not an integer"),
+        ("elapsed", "nan", BAD_ROW + "not a finite"),
+        ("row", "total", BAD_ROW + "row type 'total'"),
+        ("rss", "9" * 30, ": column 'rss' holds integers beyond 64 bits"),
+    ],
+)
+def test_dataframe_of_a_damaged_csv_is_one_line_naming_the_file(quiet_tracker, column, value, problem):
+    from gpu_mem_track.errors import BadInput
+
+    tracker = quiet_tracker(run_name="edited")
+    tracker.track("one")
+    tracker.track("two")
+    good = tracker.to_dataframe()
+    path = tracker.files.csv
+    header, *rows = path.read_text(encoding="utf-8").splitlines()
+    names = header.split(",")
+    cells = dict(zip(names, rows[1].split(",")))
+    cells[column] = value
+    rows[1] = ",".join(cells[name] for name in names)
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    with pytest.raises(BadInput, match="^" + re.escape(str(path)) + problem):
+        tracker.to_dataframe()
+    assert good["rss"].dtype == "int64" and good["elapsed"].dtype == "float64"
 
 
 def test_detail_false_prints_totals_only(quiet_tracker):

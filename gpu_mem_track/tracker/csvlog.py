@@ -139,9 +139,14 @@ def iter_stamps(path: Path, notes: list[str] | None = None) -> Iterator[Stamp]:
     naming the file, and for a bad row the line where that row starts) when it is not
     such a report.
     """
+    return _stamps(path, notes)
+
+
+def _stamps(path: Path, notes: list[str] | None, copy: list[str] | None = None) -> Iterator[Stamp]:
+    """``iter_stamps``; each complete line read is appended to ``copy`` when given."""
     with open_csv(path) as handle:
         rows = CompleteRows(handle, path)
-        reader = LinedRows(rows)
+        reader = LinedRows(rows if copy is None else _copied(rows, copy))
         header = reader.fieldnames
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
@@ -155,6 +160,12 @@ def iter_stamps(path: Path, notes: list[str] | None = None) -> Iterator[Stamp]:
     note = cut_note(path, rows)
     if note is not None and notes is not None:
         notes.append(note)
+
+
+def _copied(lines: Iterable[str], copy: list[str]) -> Iterator[str]:
+    for line in lines:
+        copy.append(line)
+        yield line
 
 
 def _lacks(fields: list[str], missing: list[str]) -> str:
@@ -182,19 +193,22 @@ def read_frame(source: Path | list[dict[str, Any]], notes: list[str] | None = No
     """The report as a pandas DataFrame with ``COLUMNS``: from a CSV path, or from rows
     as ``stamp_rows`` makes them. Text columns stay text (``""`` where empty; a label
     ``"007"`` stays ``"007"``); number columns are numbers (NaN where not applicable).
-    A last row cut mid-write is left out (``notes``, when given, receives one line)."""
+
+    A CSV path is read by the guarded reader (``iter_stamps``): a damaged or hand-edited
+    file raises ``errors.BadInput`` naming the file and the line, and a number column
+    holding an integer beyond 64 bits names the column. A last row cut mid-write is left
+    out (``notes``, when given, receives one line)."""
     import io
 
     import pandas as pd
 
     buffer = io.StringIO()
     if isinstance(source, Path):
-        with open_csv(source) as handle:
-            rows = CompleteRows(handle, source)
-            buffer.writelines(rows)
-        note = cut_note(source, rows)
-        if note is not None and notes is not None:
-            notes.append(note)
+        lines: list[str] = []
+        for _ in _stamps(source, notes, lines):  # checks every row, as read_stamps does
+            pass
+        buffer.writelines(lines)
+        del lines
     else:
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
         writer.writeheader()
@@ -206,7 +220,16 @@ def read_frame(source: Path | list[dict[str, Any]], notes: list[str] | None = No
         keep_default_na=False,
         na_values={c: [""] for c in COLUMNS if c not in _TEXT_COLUMNS},
     )
+    if isinstance(source, Path) and len(frame):  # no rows: every column is text (as before)
+        _numeric(frame, source)
     return frame.reindex(columns=list(COLUMNS))  # an older report: its missing columns are NaN
+
+
+def _numeric(frame: Any, path: Path) -> None:
+    """Refuse (``BadInput``) a number column pandas could not hold as int64 or float64."""
+    for column in frame.columns.intersection(COLUMNS):
+        if column not in _TEXT_COLUMNS and frame[column].dtype.kind not in "if":
+            raise BadInput(f"{path}: column {column!r} holds integers beyond 64 bits")
 
 
 def stamps_from_rows(rows: Iterable[dict[str, str]]) -> Iterator[Stamp]:

@@ -468,7 +468,9 @@ class MemTracker(ClassicMethods):
         """The CSV report as a pandas DataFrame (columns as in ``csvlog.COLUMNS``).
 
         Read back from the CSV file, so memory stays bounded however long the run;
-        with ``out_dir=None`` the rows were kept in memory instead.
+        with ``out_dir=None`` the rows were kept in memory instead. The file is read by
+        the guarded reader (``csvlog.read_frame``): one edited into something else raises
+        ``errors.BadInput`` naming the file and the line.
         """
         return read_frame(self.files.csv if self.files is not None else self._memory_rows)
 
