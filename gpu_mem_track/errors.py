@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadInput", "UsageError"]
+__all__ = ["BadInput", "TooLarge", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -14,3 +14,9 @@ class BadInput(UsageError):
     description; too large, too deep, malformed): the one error of every guarded reader
     (``inputs``, ``csvrows``, ``snapshots.load``). Its message is one line naming the file
     and the problem; the CLI exits 2 as for any ``UsageError``."""
+
+
+class TooLarge(BadInput):
+    """A file over a guarded reader's bound of bytes, on disk or once gunzipped
+    (``inputs.read_bytes``, ``inputs.gunzip``): a caller that lets the bound be set can
+    say how."""

@@ -28,7 +28,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import BadInput
+from .errors import BadInput, TooLarge
 
 __all__ = [
     "MAX_DEPTH",
@@ -91,22 +91,22 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
 
 
 def read_bytes(path: str | Path, limit: int, what: str) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them (``BadInput``
-    when it holds more)."""
+    """The bytes of the regular file ``path``, at most ``limit`` of them (``TooLarge``, a
+    ``BadInput``, when it holds more)."""
     with open_regular(path, what) as handle:
         try:
             data = handle.read(limit + 1)
         except OSError as exc:
             raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
     if len(data) > limit:
-        raise BadInput(f"{path}: larger than {limit:,} bytes, the most read as {what}")
+        raise TooLarge(f"{path}: larger than {limit:,} bytes, the most read as {what}")
     return data
 
 
 def gunzip(data: bytes, limit: int, name: str) -> bytes:
     """``data`` (gzip, one member or several) decompressed, at most ``limit`` bytes of
-    output held at any time plus one chunk (``BadInput`` when it expands past ``limit``,
-    or is cut or corrupt)."""
+    output held at any time plus one chunk (``TooLarge`` when it expands past ``limit``;
+    ``BadInput`` when it is cut or corrupt)."""
     out = bytearray()
     rest = data
     while rest:
@@ -119,7 +119,7 @@ def gunzip(data: bytes, limit: int, name: str) -> bytes:
         except zlib.error as exc:
             raise BadInput(f"{name}: truncated or corrupt gzip data ({exc})") from None
         if len(out) > limit:
-            raise BadInput(f"{name}: expands past {limit:,} bytes when gunzipped: refused")
+            raise TooLarge(f"{name}: expands past {limit:,} bytes when gunzipped: refused")
         if not inflate.eof:
             raise BadInput(f"{name}: truncated or corrupt gzip data (it ends mid-stream)")
         rest = inflate.unused_data.lstrip(b"\0")  # members may be padded with zeros

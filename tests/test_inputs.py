@@ -107,6 +107,45 @@ def test_a_gzip_that_expands_past_the_limit_is_refused(tmp_path, in_process, mon
     assert not (tmp_path / "out").exists()
 
 
+def zeros_bomb(path: Path) -> Path:
+    """A gzipped snapshot that expands to over 8 MiB (zeros after the pickle)."""
+    path.write_bytes(gzip.compress(pickle.dumps(small_snapshot()) + b"\0" * (8 * MIB)))
+    return path
+
+
+def test_max_bytes_sets_the_snapshot_bound_and_a_refusal_names_it(tmp_path, in_process) -> None:
+    path = zeros_bomb(tmp_path / "long.pickle.gz")
+    done = in_process("snapshot", path, "--out-dir", tmp_path / "out", "--max-bytes", "1MiB")
+    one_line_exit_2(done, f"{path}: expands past 1,048,576 bytes when gunzipped", "--max-bytes SIZE")
+    assert not (tmp_path / "out").exists()
+    done = in_process("snapshot", path, "--out-dir", tmp_path / "out", "--max-bytes", "16MiB")
+    assert done.returncode == 0, done.stderr
+    plain = tmp_path / "plain.pickle"
+    plain.write_bytes(pickle.dumps(small_snapshot()) + b"\0" * 2048)
+    done = in_process("snapshot", plain, "--out-dir", tmp_path / "out2", "--max-bytes", "1KiB")
+    one_line_exit_2(done, f"{plain}: larger than 1,024 bytes, the most read as a memory snapshot; --max")
+
+
+def test_html_of_a_snapshot_takes_max_bytes(tmp_path, in_process) -> None:
+    path = zeros_bomb(tmp_path / "long.pickle.gz")
+    page = tmp_path / "page.html"
+    done = in_process("html", path, "-o", page, "--max-bytes", "1MiB")
+    one_line_exit_2(done, f"{path}: expands past 1,048,576 bytes when gunzipped", "--max-bytes SIZE")
+    assert not page.exists()
+    assert in_process("html", path, "-o", page, "--max-bytes", "0.5GiB").returncode == 0
+    assert page.is_file()
+
+
+def test_max_bytes_reads_sizes_as_the_cli_does_and_defaults_to_4_gib(in_process) -> None:
+    from gpu_mem_track.commands import byte_size
+
+    assert byte_size("8GiB") == 8 * 2**30 and byte_size("1.5GB") == 1_500_000_000
+    assert snapshot_load.MAX_BYTES == 4 * 2**30
+    for bad in ("0", "-5GiB", "lots"):
+        done = in_process("snapshot", "x.pickle", "--max-bytes", bad)
+        assert done.returncode == 2 and "argument --max-bytes" in done.stderr
+
+
 def test_gunzip_stops_at_the_limit_and_reads_what_fits() -> None:
     data = gzip.compress(b"x" * 1000) + gzip.compress(b"y" * 10)
     assert inputs.gunzip(data, 1010, "two members") == b"x" * 1000 + b"y" * 10

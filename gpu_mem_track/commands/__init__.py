@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Command", "all_commands", "count", "notes", "print_result", "report"]
+__all__ = [
+    "Command",
+    "add_max_bytes",
+    "all_commands",
+    "byte_size",
+    "count",
+    "notes",
+    "print_result",
+    "report",
+]
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,32 @@ def count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"not a count >= 0: {text!r}")
     return value
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: a byte size of at least 1 as ``units.parse_bytes`` reads it
+    (``8GiB``, ``1.5GB``, ``4096``)."""
+    from ..units import parse_bytes
+
+    try:
+        value = parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a byte size of at least 1: {text!r}")
+    return value
+
+
+def add_max_bytes(parser: argparse.ArgumentParser) -> None:
+    """``--max-bytes SIZE``: the most bytes of a memory snapshot read (``args.max_bytes``,
+    None: the reader's default, ``snapshotfile.load.MAX_BYTES``)."""
+    parser.add_argument(
+        "--max-bytes",
+        type=byte_size,
+        metavar="SIZE",
+        help="the most bytes of a memory snapshot read, on disk and once gunzipped (e.g. 8GiB; "
+        "default 4GiB); a larger one is refused",
+    )
 
 
 def report(message: str) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import Command, notes
+from . import Command, add_max_bytes, notes
 
 __all__ = ["COMMAND"]
 
@@ -35,6 +35,7 @@ def prepare_parser(html: argparse.ArgumentParser) -> None:
         metavar="N",
         help="timeline buckets per run (each keeps its lowest and highest value; default 2000)",
     )
+    add_max_bytes(html)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.points is not None and args.points < 1:
         raise UsageError(f"--points must be at least 1, not {args.points}")
     said: list[str] = []
-    written = write_report(args.runs, args.output, args.points, said)
+    written = write_report(args.runs, args.output, args.points, said, args.max_bytes)
     notes(said)
     print(f"Wrote {written}", file=sys.stderr)
     return 0

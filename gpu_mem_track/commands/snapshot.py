@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import Command, count
+from . import Command, add_max_bytes, count
 
 __all__ = ["COMMAND"]
 
@@ -42,6 +42,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="lines in each table of the report (default: 10; 0: all)",
     )
+    add_max_bytes(parser)
 
 
 def run(args: argparse.Namespace) -> int:

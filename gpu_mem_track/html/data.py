@@ -71,12 +71,15 @@ class _Point:
     where: str
 
 
-def collect(paths: Sequence[str | Path], points: int = DEFAULT_POINTS) -> dict[str, Any]:
-    """The report's data for ``paths`` (see the module docstring); ``UsageError`` (one
-    line) for a missing or unreadable input."""
+def collect(
+    paths: Sequence[str | Path], points: int = DEFAULT_POINTS, max_bytes: int | None = None
+) -> dict[str, Any]:
+    """The report's data for ``paths`` (see the module docstring; a raw snapshot is read
+    up to ``max_bytes`` bytes, None: ``snapshotfile.load.MAX_BYTES``); ``UsageError``
+    (one line) for a missing or unreadable input."""
     if not paths:
         raise UsageError("give at least one run folder, CSV or snapshot folder")
-    loaded = [_load(Path(path), points) for path in paths]
+    loaded = [_load(Path(path), points, max_bytes) for path in paths]
     data: dict[str, Any] = {
         "title": " vs ".join(run["name"] for run, _ in loaded),
         "version": __version__,
@@ -97,9 +100,9 @@ def rank_folders(path: Path) -> list[tuple[int, Path]]:
     return [(rank, folder) for rank, folder in launch_rank_folders(path).items() if _is_run(folder)]
 
 
-def _load(path: Path, points: int) -> tuple[dict[str, Any], Run]:
+def _load(path: Path, points: int, max_bytes: int | None = None) -> tuple[dict[str, Any], Run]:
     if path.is_file() and path.name.endswith(_SNAPSHOT_SUFFIXES):
-        return _snapshot(path, points)
+        return _snapshot(path, points, max_bytes)
     ranks = rank_folders(path)
     if ranks and not _is_run(path):
         return _launch(path, ranks, points)
@@ -224,14 +227,14 @@ def _spread_text(ranks: list[dict[str, Any]]) -> str:
     return f"{high['peak'] / low['peak']:.3f} (rank {high['rank']} / rank {low['rank']})"
 
 
-def _snapshot(path: Path, points: int) -> tuple[dict[str, Any], Run]:
+def _snapshot(path: Path, points: int, max_bytes: int | None) -> tuple[dict[str, Any], Run]:
     """A raw memory snapshot: analysed as the ``snapshot`` command does, into a folder
     that lives only while it is read."""
     import tempfile
 
     from ..snapshots.command import load_checked, report_folder
 
-    snapshot = load_checked(path)
+    snapshot = load_checked(path, max_bytes)
     with tempfile.TemporaryDirectory(prefix="gpu_mem_track-html-") as scratch:
         folder, _ = report_folder(snapshot, Path(scratch))
         data, run = _load(folder, points)

@@ -42,15 +42,20 @@ def render_page(data: dict[str, Any]) -> str:
 
 
 def write_report(
-    paths: Sequence[str | Path], out: str | Path, points: int | None = None, notes: list[str] | None = None
+    paths: Sequence[str | Path],
+    out: str | Path,
+    points: int | None = None,
+    notes: list[str] | None = None,
+    max_bytes: int | None = None,
 ) -> Path:
-    """Collect ``paths`` (see ``data.collect``) and write the page to ``out``; returns the
-    path written; ``notes``, when given, receives the page's notes (what was missing or
-    cut, one line each). ``UsageError`` for an input that cannot be read or an output
-    that cannot be written."""
+    """Collect ``paths`` (see ``data.collect``; ``max_bytes``: the most read of a raw
+    snapshot, None: 4 GiB) and write the page to ``out``; returns the path written;
+    ``notes``, when given, receives the page's notes (what was missing or cut, one line
+    each). ``UsageError`` for an input that cannot be read or an output that cannot be
+    written."""
     from .data import DEFAULT_POINTS, collect
 
-    data = collect(paths, points or DEFAULT_POINTS)
+    data = collect(paths, points or DEFAULT_POINTS, max_bytes)
     text = render_page(data)
     if notes is not None:
         notes.extend(data["notes"])

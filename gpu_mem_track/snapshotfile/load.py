@@ -7,12 +7,13 @@ is rejected before anything runs. Every problem (empty, truncated, not a pickle,
 wrong shape, a missing key) raises ``errors.BadInput`` (a ``UsageError``) with one line naming the file and
 the problem. Unknown keys are ignored; optional ones may be missing.
 
-Bounded (see ``inputs``): only regular files are read, at most ``MAX_BYTES`` of them,
-and gunzipped to at most ``MAX_BYTES``; every size, address and stream must lie in
-``[0, 2**64)``, every time in ``[0, 2**53)`` microseconds, line numbers and devices in
-``[0, 2**31)``, and the settings nest at most ``inputs.MAX_DEPTH`` deep with integers of
-at most 64 bits. Names that are not valid UTF-8 (bytes, lone surrogates) are kept with
-their bad bytes written as ``\\xNN`` escapes. Every failure is ``errors.BadInput``.
+Bounded (see ``inputs``): only regular files are read, at most ``max_bytes`` of them
+(default ``MAX_BYTES``), and gunzipped to at most as many (``errors.TooLarge`` past
+it); every size, address and stream must lie in ``[0, 2**64)``, every time in
+``[0, 2**53)`` microseconds, line numbers and devices in ``[0, 2**31)``, and the
+settings nest at most ``inputs.MAX_DEPTH`` deep with integers of at most 64 bits. Names
+that are not valid UTF-8 (bytes, lone surrogates) are kept with their bad bytes written
+as ``\\xNN`` escapes. Every failure is ``errors.BadInput``.
 
 Shapes accepted: the dict torch writes (``segments``, ``device_traces``,
 ``allocator_settings``; the last two may be absent), and a bare list of segments
@@ -39,8 +40,8 @@ __all__ = ["MAX_BYTES", "load_snapshot", "loads_snapshot", "snapshot_from_data",
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = b"PK\x03\x04"
 _FRAME_KEYS = itemgetter("filename", "line", "name")
-#: Largest snapshot read, on disk and after gunzip (bytes); torch's own with a million
-#: trace entries pickle to a few hundred MiB.
+#: Largest snapshot read by default, on disk and after gunzip (bytes); torch's own with a
+#: million trace entries pickle to a few hundred MiB. ``max_bytes`` (``--max-bytes``) sets it.
 MAX_BYTES = 4 * 2**30
 _U64 = 2**64
 _TIME = 2**53  # microseconds: the year 2255, and exact as a float
@@ -96,16 +97,20 @@ def _line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def load_snapshot(path: str | Path) -> Snapshot:
+def load_snapshot(path: str | Path, max_bytes: int | None = None) -> Snapshot:
     """Read the snapshot at ``path`` (plain or gzip-compressed pickle); ``BadInput``
-    (one line) for anything but a regular file holding one, within ``MAX_BYTES``."""
-    data = inputs.read_bytes(path, MAX_BYTES, "a memory snapshot")
-    return loads_snapshot(data, str(path))
+    (one line) for anything but a regular file holding one, ``errors.TooLarge`` (a
+    ``BadInput``) for one over ``max_bytes`` bytes (None: ``MAX_BYTES``, 4 GiB) on disk
+    or once gunzipped."""
+    limit = MAX_BYTES if max_bytes is None else max_bytes
+    data = inputs.read_bytes(path, limit, "a memory snapshot")
+    return loads_snapshot(data, str(path), limit)
 
 
-def loads_snapshot(data: bytes, source: str = "snapshot") -> Snapshot:
-    """Read a snapshot from the bytes of its file; ``source`` names it in errors."""
-    return snapshot_from_data(unpickle_plain(data, source), source)
+def loads_snapshot(data: bytes, source: str = "snapshot", max_bytes: int | None = None) -> Snapshot:
+    """Read a snapshot from the bytes of its file (gunzipped to at most ``max_bytes``,
+    None: ``MAX_BYTES``); ``source`` names it in errors."""
+    return snapshot_from_data(unpickle_plain(data, source, max_bytes), source)
 
 
 def snapshot_from_data(data: Any, source: str = "snapshot") -> Snapshot:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..allocator.replay import replay
-from ..errors import UsageError
+from ..errors import BadInput, TooLarge, UsageError
 from ..outputs import claim_folder, safe_name
 from ..runfolder.files import RunFolder
 from ..snapshotfile.load import load_snapshot
@@ -29,19 +29,25 @@ __all__ = ["load_checked", "report_folder", "run"]
 
 def run(args: argparse.Namespace) -> int:
     """Analyse every file of ``args`` (the ``snapshot`` command's options: ``files``,
-    ``include``, ``out_dir``, ``name``, ``device``, ``top``); 0 on success. Every file is
-    loaded before anything is written; a bad one raises ``UsageError``."""
-    snapshots = [load_checked(path) for path in args.files]
+    ``include``, ``out_dir``, ``name``, ``device``, ``top``, ``max_bytes``); 0 on
+    success. Every file is loaded before anything is written; a bad one raises
+    ``UsageError``."""
+    snapshots = [load_checked(path, args.max_bytes) for path in args.files]
     for snapshot in snapshots:
         _analyse_one(snapshot, args)
     return 0
 
 
-def load_checked(path: Path) -> Snapshot:
-    """The snapshot in ``path``; ``UsageError`` (one line) when it is missing or not one."""
+def load_checked(path: Path, max_bytes: int | None = None) -> Snapshot:
+    """The snapshot in ``path``, read up to ``max_bytes`` bytes on disk and once gunzipped
+    (None: ``snapshotfile.load.MAX_BYTES``, 4 GiB); ``UsageError`` (one line) when it is
+    missing or not one, and when it is larger, saying how to read more (``--max-bytes``)."""
     if not path.exists():
         raise UsageError(f"no such snapshot: {path}")
-    return load_snapshot(path)
+    try:
+        return load_snapshot(path, max_bytes)
+    except TooLarge as exc:
+        raise BadInput(f"{exc}; --max-bytes SIZE (e.g. 8GiB) reads larger snapshots") from None
 
 
 def _analyse_one(snapshot: Snapshot, args: argparse.Namespace) -> None:
