@@ -71,6 +71,9 @@ def test_sigterm_and_sighup_write_the_reports_and_exit_128_plus_the_signal(tmp_p
         text=True,
         cwd=tmp_path,
         env=env(),
+        # at its default, as in a terminal: under nohup (a CI job started with it) SIGHUP
+        # is ignored, and the runner rightly keeps an ignored signal ignored
+        preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL),
     )
     try:
         assert process.stdout.readline() == "ready\n"
