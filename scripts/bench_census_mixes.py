@@ -5,7 +5,8 @@ script times one census (``take_census`` over the given objects, min of ``--repe
 mixes a program may hold in bulk, with each reader, and checks both count the same:
 
 - views of one base: ``data.split(4)``, the base named by the caller;
-- leaf tensors requiring grad (their ``.grad`` is read in Python: the general path);
+- leaf tensors requiring grad, before and after a backward (a leaf's ``.grad`` is read in
+  Python: leaves with a gradient take the general path with either reader);
 - frozen parameters;
 - tensors of 5,000 different shapes;
 - the rows of a named matrix (``unbind``).
@@ -38,7 +39,11 @@ def mixes(count: int) -> Iterator[tuple[str, list[Any]]]:
     base = torch.zeros(count * 4)
     yield "views of one base (named)", [base, *base.split(4)]
     del base
-    yield "leaves requiring grad", [torch.zeros(4, requires_grad=True) for _ in range(count)]
+    leaves = [torch.zeros(4, requires_grad=True) for _ in range(count)]
+    yield "leaves requiring grad, no gradient yet", leaves
+    torch.stack(leaves).sum().backward()  # a gradient each, in C++ only until read
+    yield "leaves requiring grad, with gradients", leaves
+    del leaves
     yield "frozen parameters", [torch.nn.Parameter(torch.zeros(4), requires_grad=False) for _ in range(count)]
     yield "5,000 shapes", [torch.zeros(i % 5000 + 1) for i in range(count)]
     rows = torch.zeros(count, 4)
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "One `take_census` over the objects given (no heap walk; min of the repeats, one memo kept "
         "across them as a tracker does), the first object named by the caller; ratios against a "
-        "bare `gc.get_objects()` of this process. Tensors requiring grad take the general path "
+        "bare `gc.get_objects()` of this process. Leaves with a gradient take the general path "
         "with either reader (their `.grad` may exist only in C++ and is read in Python).",
         "",
         "| mix | objects | storages | views | get_objects ms | native ms | Python ms | native ratio "

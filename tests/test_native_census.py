@@ -85,10 +85,23 @@ def zoo():
         "shared without a view": [shared_a, shared_b],
         "view of an unseen base": [orphan_view],
         "requires grad": [torch.zeros(3, requires_grad=True)],
+        "leaves with and without gradients, non-leaves": _autograd_tensors(),
         "odd": [torch.eye(3).to_sparse(), torch.zeros(2, device="meta"), quantized, "text", 3, None],
         "empty": [torch.zeros(0), torch.zeros(0, 3)],
         "dtypes": [torch.zeros(3, dtype=dtype) for dtype in (torch.bool, torch.complex64, torch.bfloat16)],
     }
+
+
+def _autograd_tensors():
+    weight = torch.ones(3, 3, requires_grad=True)
+    unused = torch.ones(5, requires_grad=True)  # a leaf without a gradient
+    frozen_param = nn.Parameter(torch.ones(4))
+    hidden = weight * 2  # a non-leaf requiring grad, with retained gradient
+    hidden.retain_grad()
+    loss = (hidden @ torch.ones(3)).sum()  # a non-leaf kept, as `losses.append(loss)` does
+    loss.backward(retain_graph=True)
+    # weight.grad exists only in C++ until read; hidden.grad is never read by the census
+    return [weight, unused, frozen_param, hidden, loss]
 
 
 @pytest.mark.parametrize("case", sorted(zoo()))

@@ -123,7 +123,9 @@ def _self_check(module: ModuleType) -> str:
     base = torch.zeros(3, 4)
     view = base[1:]
     parameter = torch.nn.Parameter(torch.ones(5, dtype=torch.float16), requires_grad=False)
-    objects = [base, view, parameter, torch.ones(2, requires_grad=True), "not a tensor"]
+    leaf = torch.ones(2, requires_grad=True)
+    leaf.grad = torch.zeros(2)  # a leaf with a gradient: the general path reads it
+    objects = [base, view, parameter, leaf, "not a tensor"]
     try:
         scan = module.Scan(objects, torch.Tensor, torch.nn.Parameter, "cpu", None)
         codes = list(scan.codes())

@@ -15,9 +15,9 @@
 // Codes, per object:
 //   DROP      a plain tensor on another device (not meta): not counted
 //   BULK      a plain tensor counted here: strided, with a storage at a non-null address,
-//             not requiring grad, on the census's device
-//   GENERAL   anything else (another class, meta, sparse, requiring grad, no storage,
-//             an error while reading): the census's Python path decides
+//             on the census's device, and not a leaf with a gradient
+//   GENERAL   anything else (another class, meta, sparse, a leaf with a gradient, no
+//             storage, an error while reading): the census's Python path decides
 //   EXCLUDED  an id the caller excluded (its own aliases of saved tensors)
 //   MOVED     BULK until settle() gave it to the general path (its storage is used by a
 //             general-path tensor, by a labelled tensor that does not own it, or by a
@@ -187,7 +187,10 @@ void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector
     rec.code = DROP;
     return;
   }
-  if (tensor.layout() != c10::kStrided || !tensor.has_storage() || tensor.requires_grad()) return;
+  if (tensor.layout() != c10::kStrided || !tensor.has_storage()) return;
+  // a leaf's gradient is a tensor of its own that may exist only in C++: the general path
+  // reads it (.grad); a leaf without one, or a non-leaf (whose .grad is never read), is ours
+  if (tensor.requires_grad() && tensor.is_leaf() && tensor.grad().defined()) return;
   const c10::StorageImpl* storage = tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
   if (storage == nullptr) return;
   const uintptr_t ptr = reinterpret_cast<uintptr_t>(storage->data_ptr().get());

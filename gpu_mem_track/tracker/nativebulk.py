@@ -6,11 +6,12 @@ The same part of the census as ``bulk`` (plain tensors: exactly ``torch.Tensor``
 counted there: each storage's bytes once, grouped by kind, shape, dtype and bytes.
 What it takes in that ``bulk`` leaves to the general path: views whose base it reads too
 (the base owns the storage, each view counts as one in ``views``), tensors not at the
-start of their storage, inference tensors. What it leaves to the general path: every
-other class, meta and sparse tensors, tensors requiring grad (their ``.grad`` may exist
-only in C++), tensors without a storage or at a null address, and, when settled, every
-tensor of a storage that a general-path tensor uses, that the program names while
-another tensor shares it, or that holds a view whose base is not among the objects.
+start of their storage, inference tensors, tensors requiring grad but for leaves with a
+gradient. What it leaves to the general path: every other class, meta and sparse tensors,
+leaves with a gradient (their ``.grad`` may exist only in C++, and is read there), tensors
+without a storage or at a null address, and, when settled, every tensor of a storage that
+a general-path tensor uses, that the program names while another tensor owns it, or that
+holds a view whose base is not among the objects.
 
 Kinds and names the roots give (gradients, optimizer state, a variable's name) are
 joined when grouping, as ``bulk.add_groups`` does. Nothing is remembered between
