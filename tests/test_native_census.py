@@ -86,10 +86,17 @@ def zoo():
         "view of an unseen base": [orphan_view],
         "requires grad": [torch.zeros(3, requires_grad=True)],
         "leaves with and without gradients, non-leaves": _autograd_tensors(),
+        "objects given twice": _repeated(),
         "odd": [torch.eye(3).to_sparse(), torch.zeros(2, device="meta"), quantized, "text", 3, None],
         "empty": [torch.zeros(0), torch.zeros(0, 3)],
         "dtypes": [torch.zeros(3, dtype=dtype) for dtype in (torch.bool, torch.complex64, torch.bfloat16)],
     }
+
+
+def _repeated():
+    alone, based = torch.zeros(5), torch.zeros(10)
+    view = based[:2]
+    return [alone, alone, based, view, view, based, alone]
 
 
 def _autograd_tensors():

@@ -120,6 +120,7 @@ struct Spare {
   std::vector<Rec>* recs = nullptr;
   std::vector<int64_t>* sizes = nullptr;
   FlatMap storages;
+  FlatMap objects;
 };
 Spare spare;
 
@@ -209,6 +210,24 @@ void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector
   rec.code = BULK;
 }
 
+// An object given twice is read once (a source may repeat one): later sights count as
+// EXCLUDED, as the general path keeps one entry per object.
+void drop_repeats(std::vector<Rec>& recs) {
+  size_t read = 0;
+  for (const Rec& rec : recs) read += rec.code == BULK || rec.code == DROP;
+  FlatMap& seen = spare.objects;
+  seen.reset(read);
+  for (Rec& rec : recs) {
+    if (rec.code != BULK && rec.code != DROP) continue;
+    int64_t& sighted = seen.slot(rec.obj);
+    if (sighted == -1) {
+      sighted = 1;
+    } else {
+      rec.code = EXCLUDED;
+    }
+  }
+}
+
 // A view whose base is not among the objects read goes to the general path from the
 // start: it finds the base (``_base``) and lets it own the storage, so a named view is
 // named "(view)" there. One pass over the records with the bases asked in a small map.
@@ -264,6 +283,7 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   delete excluded;
+  drop_repeats(*self->recs);
   general_orphan_views(*self->recs);
   self->objs->resize(self->recs->size());
   for (size_t i = 0; i < self->recs->size(); i++) (*self->objs)[i] = (*self->recs)[i].obj;

@@ -293,7 +293,8 @@ def settle(bulk: Bulk, seen: Any, owners: dict[Any, list[Any]]) -> list[tuple[in
     flags = list(map(shared.__contains__, bulk.pointers))
     if reached:
         flags = list(map(or_, flags, map(reached.__contains__, bulk.ids)))
-    moved = [tensor for tensor in bulk.take_out(flags) if id(tensor) not in reached]
+    # an object the source gave twice is one tensor, not a view of itself
+    moved = list({id(t): t for t in bulk.take_out(flags) if id(t) not in reached}.values())
     seen.add_objects(moved)
     return [(id(tensor), tensor) for tensor in moved]
 
