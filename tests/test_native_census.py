@@ -151,6 +151,57 @@ def test_a_named_base_and_its_unnamed_views_are_settled_natively(native_reader, 
     assert len(moved) == 301
 
 
+def test_gradients_that_exist_only_in_cpp_are_counted_and_named_after_their_leaves():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    model(torch.randn(4, 8)).sum().backward()  # no optimizer: .grad never read in Python
+    fast, slow = both(list(model.parameters()), [("model", model)])
+    assert fast == slow
+    gradients = {name for g in fast.groups if g.kind == "Gradient" for name in g.names}
+    assert gradients == {
+        "model.0.weight.grad",
+        "model.0.bias.grad",
+        "model.2.weight.grad",
+        "model.2.bias.grad",
+    }
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: the general path's, whatever it is a view of."""
+
+
+@pytest.mark.parametrize("grad_object_given", [False, True])
+def test_a_gradient_is_counted_once_when_the_general_path_reaches_its_leaf(grad_object_given):
+    weight = torch.randn(4, 4, requires_grad=True)
+    (weight * 2).sum().backward()
+    marked = weight[0:2].as_subclass(_Marked)  # its base, weight, is reached as a relative
+    objects = [weight, marked, weight.grad] if grad_object_given else [weight, marked]
+    fast, slow = both(objects, [("w", weight)])
+    assert fast == slow
+    assert [(g.kind, g.nbytes, g.names) for g in fast.groups if g.kind == "Gradient"] == [
+        ("Gradient", 64, ("w.grad",))
+    ]
+
+
+def test_a_gradient_is_counted_once_when_autograd_saves_a_view_of_its_leaf():
+    weight = torch.randn(4, 4, requires_grad=True)
+    (weight * 2).sum().backward()
+    x = torch.randn(3, 4, requires_grad=True)
+    stamps = []
+    for reader_in_use in (True, False):
+        with MemTracker(out_dir=None, verbosity=0, probe=False, device="cpu", activations=True) as tracker:
+            y = x @ weight.t()  # autograd saves weight.t(), a view: the general path reaches weight
+            if reader_in_use:
+                stamps.append(tracker.track())
+            else:
+                with native.use(None):
+                    stamps.append(tracker.track())
+            del y
+    assert stamps[0].ledger.tensors == stamps[1].ledger.tensors
+    assert stamps[0].changes == stamps[1].changes
+    for stamp in stamps:  # weight's gradient, 16 float32, once
+        assert sum(c.bytes_delta for c in stamp.changes if c.kind == "Gradient") == 64
+
+
 def test_a_training_step_with_optimizer_state_and_names():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)

@@ -45,7 +45,7 @@ __all__ = [
 #: Tensors found by one census from which an automatic build starts.
 AUTO_BUILD_TENSORS = 20_000
 #: The ABI number of census_scan.cpp this Python code speaks.
-ABI = 1
+ABI = 2
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {
@@ -124,18 +124,25 @@ def _self_check(module: ModuleType) -> str:
     view = base[1:]
     parameter = torch.nn.Parameter(torch.ones(5, dtype=torch.float16), requires_grad=False)
     leaf = torch.ones(2, requires_grad=True)
-    leaf.grad = torch.zeros(2)  # a leaf with a gradient: the general path reads it
+    leaf.grad = torch.zeros(2)  # a leaf with a gradient, counted with it
     objects = [base, view, parameter, leaf, "not a tensor"]
     try:
-        scan = module.Scan(objects, torch.Tensor, torch.nn.Parameter, "cpu", None)
+        scan = module.Scan(objects, torch.Tensor, torch.nn.Parameter, "cpu", None, 3)
         codes = list(scan.codes())
         moved = scan.settle(set(), set(), set())
-        entries, _ = scan.groups(6, 0, {})
+        entries, _, gradients = scan.groups(6, 0, {})
     except Exception as error:
         return f"{type(error).__name__}: {error}"
-    expected = [(0, 6, (3, 4), 48, 1), (2, 0, (5,), 10, 1)]
-    if codes != [1, 1, 1, 2, 2] or moved != [] or scan.views != 1 or sorted(entries) != expected:
-        return f"read {codes}, {moved}, {scan.views}, {entries}"
+    # the leaf and its gradient (kind 3), which is not among the objects
+    expected = [(0, 6, (3, 4), 48, 1), (2, 0, (5,), 10, 1), (3, 3, (2,), 8, 1), (3, 6, (2,), 8, 1)]
+    if (
+        codes != [1, 1, 1, 1, 2]
+        or moved != []
+        or scan.views != 1
+        or sorted(entries) != expected
+        or gradients != {id(leaf): [e[1] for e in entries].index(3)}
+    ):
+        return f"read {codes}, {moved}, {scan.views}, {entries}, {gradients}"
     return ""
 
 

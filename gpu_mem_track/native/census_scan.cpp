@@ -25,12 +25,18 @@
 //   REACHED   BULK until settle() learnt the general path holds it already
 //   MEMBER    BULK, sharing its storage with a better-ranked BULK tensor (a view): owns
 //             nothing
+//
+// A leaf's gradient is counted with it when simple (simple_grad): its own object's record
+// when that is among the objects (gradients() names them for the caller's labels), else a
+// record after the objects' (kind gradient_kind), dropped if the general path reaches the
+// leaf (it then reads .grad itself).
 #include <Python.h>
 
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -41,7 +47,7 @@
 
 namespace {
 
-constexpr int kAbi = 1;
+constexpr int kAbi = 2;
 
 enum Code : uint8_t { DROP = 0, BULK = 1, GENERAL = 2, EXCLUDED = 3, MOVED = 4, REACHED = 5, MEMBER = 6 };
 
@@ -59,6 +65,11 @@ struct Rec {
   uint8_t code = GENERAL;
   uint8_t view = 0;
   uint8_t shares = 0;  // its storage has other holders (another tensor, perhaps)
+  int8_t kind = -1;    // the kind code a gradient record counts as (else its class's)
+  int64_t of = -1;     // a gradient record: the index of its leaf
+  uintptr_t grad_impl = 0;  // a leaf's gradient (a simple one, see simple_grad)
+  uintptr_t grad_ptr = 0;
+  int64_t grad_nbytes = 0;
 };
 
 // Open addressing, linear probing; key 0 is "empty" (no address or pointer is 0 here).
@@ -128,7 +139,9 @@ struct ScanObject {
   PyObject_HEAD
   std::vector<Rec>* recs;
   std::vector<int64_t>* sizes;
-  std::vector<uintptr_t>* objs;  // each record's object address, for lookup()
+  std::vector<uintptr_t>* objs;  // each object's address, for lookup()
+  std::vector<std::pair<int64_t, int64_t>>* found;  // (leaf, its gradient's object) indices
+  Py_ssize_t objects;  // records of objects; gradient records follow them
   Py_ssize_t views;  // MEMBER records: tensors sharing a storage resolved here
 };
 
@@ -144,6 +157,7 @@ void scan_dealloc(ScanObject* self) {
     delete self->sizes;
   }
   delete self->objs;
+  delete self->found;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -178,6 +192,17 @@ bool read_ids(PyObject* ids, FlatMap** out) {
   return true;
 }
 
+// A gradient counted here: dense, alone on its storage (no other tensor holds it, so it
+// shares with nothing), not a view, on its leaf's device, with its leaf's shape and dtype
+// (which torch requires of a gradient anyway), at a non-null address.
+bool simple_grad(const at::Tensor& leaf, const at::Tensor& grad) {
+  if (grad.layout() != c10::kStrided || !grad.has_storage() || grad.is_view() || grad.requires_grad()) return false;
+  if (grad.device() != leaf.device() || grad.scalar_type() != leaf.scalar_type()) return false;
+  if (grad.sizes() != leaf.sizes() || grad.storage().use_count() != 1) return false;
+  const c10::StorageImpl* held = grad.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+  return held != nullptr && held->data_ptr().get() != nullptr;
+}
+
 void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector<int64_t>& sizes) {
   const at::Tensor& tensor = THPVariable_Unpack(obj);
   if (!tensor.defined()) return;
@@ -189,9 +214,19 @@ void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector
     return;
   }
   if (tensor.layout() != c10::kStrided || !tensor.has_storage()) return;
-  // a leaf's gradient is a tensor of its own that may exist only in C++: the general path
-  // reads it (.grad); a leaf without one, or a non-leaf (whose .grad is never read), is ours
-  if (tensor.requires_grad() && tensor.is_leaf() && tensor.grad().defined()) return;
+  // A leaf's gradient is a tensor of its own that may exist only in C++: read here when
+  // simple (see simple_grad), else the general path reads it (.grad). A non-leaf's .grad
+  // is never read, by either path.
+  if (tensor.requires_grad() && tensor.is_leaf()) {
+    const at::Tensor& grad = tensor.grad();
+    if (grad.defined()) {
+      if (!simple_grad(tensor, grad)) return;
+      const c10::StorageImpl* held = grad.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+      rec.grad_impl = reinterpret_cast<uintptr_t>(grad.unsafeGetTensorImpl());
+      rec.grad_ptr = reinterpret_cast<uintptr_t>(held->data_ptr().get());
+      rec.grad_nbytes = static_cast<int64_t>(held->nbytes());
+    }
+  }
   const c10::StorageImpl* storage = tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
   if (storage == nullptr) return;
   const uintptr_t ptr = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
@@ -244,12 +279,51 @@ void general_orphan_views(std::vector<Rec>& recs) {
     if (rec.code == BULK && rec.view && (rec.base == 0 || bases.get(rec.base) != 1)) rec.code = GENERAL;
 }
 
-// Scan(objects, tensor_type, parameter_type, device, exclude_ids_or_None)
+// The leaves' gradients: a gradient whose object is among the objects read is noted in
+// ``found`` (the caller labels it); any other gets a record of its own after the objects'
+// (kind ``gradient_kind``, its leaf's shape and dtype, ``of`` its leaf).
+void attach_gradients(std::vector<Rec>& recs, std::vector<std::pair<int64_t, int64_t>>& found,
+                      int8_t gradient_kind) {
+  size_t leaves = 0;
+  for (const Rec& rec : recs) leaves += rec.grad_impl != 0 && rec.code == BULK;
+  if (leaves == 0) return;
+  FlatMap grads(leaves);
+  for (const Rec& rec : recs)
+    if (rec.grad_impl != 0 && rec.code == BULK) grads.slot(rec.grad_impl) = -2;
+  const size_t count = recs.size();
+  for (size_t i = 0; i < count; i++)  // a gradient's own object, when among those read
+    if (recs[i].impl != 0 && grads.get(recs[i].impl) == -2) grads.slot(recs[i].impl) = static_cast<int64_t>(i);
+  for (size_t i = 0; i < count; i++) {
+    const Rec leaf = recs[i];
+    if (leaf.grad_impl == 0 || leaf.code != BULK) continue;
+    const int64_t own = grads.get(leaf.grad_impl);
+    if (own >= 0) {
+      found.emplace_back(static_cast<int64_t>(i), own);
+      continue;
+    }
+    Rec grad = leaf;  // its shape and dtype
+    grad.obj = 0;
+    grad.impl = leaf.grad_impl;
+    grad.ptr = leaf.grad_ptr;
+    grad.nbytes = leaf.grad_nbytes;
+    grad.base = 0;
+    grad.view = 0;
+    grad.shares = 0;
+    grad.parameter = 0;
+    grad.kind = gradient_kind;
+    grad.of = static_cast<int64_t>(i);
+    grad.grad_impl = 0;
+    recs.push_back(grad);
+  }
+}
+
+// Scan(objects, tensor_type, parameter_type, device, exclude_ids_or_None, gradient_kind)
 int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
   PyObject *objects, *tensor_type, *parameter_type, *exclude;
   const char* device_text;
-  if (!PyArg_ParseTuple(args, "O!OOsO", &PyList_Type, &objects, &tensor_type, &parameter_type, &device_text,
-                        &exclude))
+  int gradient_kind;
+  if (!PyArg_ParseTuple(args, "O!OOsOi", &PyList_Type, &objects, &tensor_type, &parameter_type, &device_text,
+                        &exclude, &gradient_kind))
     return -1;
   FlatMap* excluded = nullptr;
   if (!read_ids(exclude, &excluded)) return -1;
@@ -285,8 +359,16 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
   delete excluded;
   drop_repeats(*self->recs);
   general_orphan_views(*self->recs);
+  self->objects = static_cast<Py_ssize_t>(self->recs->size());
   self->objs->resize(self->recs->size());
   for (size_t i = 0; i < self->recs->size(); i++) (*self->objs)[i] = (*self->recs)[i].obj;
+  self->found->clear();
+  try {
+    attach_gradients(*self->recs, *self->found, static_cast<int8_t>(gradient_kind));
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_MemoryError, error.what());
+    return -1;
+  }
   return 0;
 }
 
@@ -298,6 +380,8 @@ PyObject* scan_new(PyTypeObject* type, PyObject*, PyObject*) {
   spare.recs = nullptr;
   spare.sizes = nullptr;
   self->objs = new std::vector<uintptr_t>();
+  self->found = new std::vector<std::pair<int64_t, int64_t>>();
+  self->objects = 0;
   self->views = 0;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -305,20 +389,37 @@ PyObject* scan_new(PyTypeObject* type, PyObject*, PyObject*) {
 // codes(): bytes, one code per object.
 PyObject* scan_codes(ScanObject* self, PyObject*) {
   const auto& recs = *self->recs;
-  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(recs.size()));
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, self->objects);
   if (out == nullptr) return nullptr;
   char* data = PyBytes_AS_STRING(out);
-  for (size_t i = 0; i < recs.size(); i++) data[i] = static_cast<char>(recs[i].code);
+  for (Py_ssize_t i = 0; i < self->objects; i++) data[i] = static_cast<char>(recs[static_cast<size_t>(i)].code);
   return out;
 }
 
 // general(): bytes, 1 where the object goes to the general path now (for itertools.compress).
 PyObject* scan_general(ScanObject* self, PyObject*) {
   const auto& recs = *self->recs;
-  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(recs.size()));
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, self->objects);
   if (out == nullptr) return nullptr;
   char* data = PyBytes_AS_STRING(out);
-  for (size_t i = 0; i < recs.size(); i++) data[i] = recs[i].code == GENERAL ? 1 : 0;
+  for (Py_ssize_t i = 0; i < self->objects; i++) data[i] = recs[static_cast<size_t>(i)].code == GENERAL ? 1 : 0;
+  return out;
+}
+
+// gradients() -> [(leaf index, gradient index)]: leaves whose gradient's object is among
+// the objects (the caller labels it a gradient and names it after the leaf).
+PyObject* scan_gradients(ScanObject* self, PyObject*) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(self->found->size()));
+  if (out == nullptr) return nullptr;
+  for (size_t k = 0; k < self->found->size(); k++) {
+    const auto& pair = (*self->found)[k];
+    PyObject* item = Py_BuildValue("(LL)", static_cast<long long>(pair.first), static_cast<long long>(pair.second));
+    if (item == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(k), item);
+  }
   return out;
 }
 
@@ -392,7 +493,17 @@ PyObject* scan_settle(ScanObject* self, PyObject* args) {
   self->views = 0;
   if (reached != nullptr) {
     for (Rec& rec : recs)
-      if (rec.code == BULK && reached->get(rec.obj) == 1) rec.code = REACHED;
+      if (rec.code == BULK && rec.obj != 0 && reached->get(rec.obj) == 1) rec.code = REACHED;
+  }
+  // A gradient record (never moved: it has no object) is dropped when the general path
+  // counts its storage already: it reached the leaf and read its .grad, or holds the
+  // gradient's own object.
+  const size_t objects = static_cast<size_t>(self->objects);
+  for (size_t i = objects; i < recs.size(); i++) {
+    Rec& grad = recs[i];
+    if (grad.code != BULK) continue;
+    if (recs[static_cast<size_t>(grad.of)].code == REACHED || (owners && owners->get(grad.ptr) == 1))
+      grad.code = EXCLUDED;
   }
   // A storage whose only holder is its tensor (use count 1) is shared with no other
   // tensor; the others go through a map: the first sight of a storage keeps its index,
@@ -507,10 +618,11 @@ uint64_t key_hash(const GroupKey& key) {
   return h;
 }
 
-// groups(tensor_kind, parameter_kind, kinds) -> (entries, where)
-//   entries: [(index of one member, kind, shape tuple, storage bytes, count)], one per distinct
-//   (kind, dtype, shape, bytes) among the owners counted here; kinds: {id: kind} for the
-//   tensors the caller labelled; where: {id: entry number} for those counted here.
+// groups(tensor_kind, parameter_kind, kinds) -> (entries, where, gradients)
+//   entries: [(index of an object of its dtype, kind, shape tuple, storage bytes, count)], one
+//   per distinct (kind, dtype, shape, bytes) among the owners counted here; kinds: {id: kind}
+//   for the tensors the caller labelled; where: {id: entry number} for those counted here;
+//   gradients: {leaf's id: entry number} for the gradients counted here without an object.
 PyObject* scan_groups(ScanObject* self, PyObject* args) {
   long long tensor_kind, parameter_kind;
   PyObject* kinds;
@@ -533,12 +645,17 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
   std::vector<std::vector<int64_t>> buckets(1024);
   size_t bucket_mask = buckets.size() - 1;
   PyObject* where = PyDict_New();
-  if (where == nullptr) return nullptr;
+  PyObject* grads_where = PyDict_New();
+  if (where == nullptr || grads_where == nullptr) {
+    Py_XDECREF(where);
+    Py_XDECREF(grads_where);
+    return nullptr;
+  }
   for (size_t i = 0; i < recs.size(); i++) {
     const Rec& rec = recs[i];
     if (rec.code != BULK) continue;
-    int64_t kind = rec.parameter ? parameter_kind : tensor_kind;
-    const int64_t given = labelled.get(rec.obj);  // -1: not labelled; -2: named, kind kept
+    int64_t kind = rec.kind >= 0 ? rec.kind : rec.parameter ? parameter_kind : tensor_kind;
+    const int64_t given = rec.obj != 0 ? labelled.get(rec.obj) : -1;  // -1: not labelled; -2: named, kind kept
     const bool named = given != -1;
     if (given >= 0) kind = given;
     GroupKey key{kind, rec.dtype, rec.nbytes, sizes + rec.shape_at, rec.ndim};
@@ -553,7 +670,7 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
       found = static_cast<int64_t>(keys.size());
       keys.push_back(key);
       counts.push_back(0);
-      firsts.push_back(static_cast<int64_t>(i));
+      firsts.push_back(rec.of >= 0 ? rec.of : static_cast<int64_t>(i));  // an object of its dtype
       bucket.push_back(found);
       if (keys.size() > buckets.size() * 2) {  // grow: rehash the distinct keys
         buckets.assign(buckets.size() * 4, {});
@@ -563,6 +680,18 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
       }
     }
     counts[static_cast<size_t>(found)]++;
+    if (rec.of >= 0) {  // a gradient record: its leaf's id -> its entry, for the name
+      PyObject* id = PyLong_FromVoidPtr(reinterpret_cast<void*>(recs[static_cast<size_t>(rec.of)].obj));
+      PyObject* entry = PyLong_FromLongLong(found);
+      int failed = id == nullptr || entry == nullptr || PyDict_SetItem(grads_where, id, entry) < 0;
+      Py_XDECREF(id);
+      Py_XDECREF(entry);
+      if (failed) {
+        Py_DECREF(where);
+        Py_DECREF(grads_where);
+        return nullptr;
+      }
+    }
     if (named) {
       PyObject* id = PyLong_FromVoidPtr(reinterpret_cast<void*>(rec.obj));
       PyObject* entry = PyLong_FromLongLong(found);
@@ -571,6 +700,7 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
       Py_XDECREF(entry);
       if (failed) {
         Py_DECREF(where);
+        Py_DECREF(grads_where);
         return nullptr;
       }
     }
@@ -578,6 +708,7 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
   PyObject* entries = PyList_New(static_cast<Py_ssize_t>(keys.size()));
   if (entries == nullptr) {
     Py_DECREF(where);
+    Py_DECREF(grads_where);
     return nullptr;
   }
   for (size_t k = 0; k < keys.size(); k++) {
@@ -586,6 +717,7 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
     if (shape == nullptr) {
       Py_DECREF(entries);
       Py_DECREF(where);
+      Py_DECREF(grads_where);
       return nullptr;
     }
     for (int32_t d = 0; d < key.ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(key.shape[d]));
@@ -594,11 +726,12 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
     if (entry == nullptr) {
       Py_DECREF(entries);
       Py_DECREF(where);
+      Py_DECREF(grads_where);
       return nullptr;
     }
     PyList_SET_ITEM(entries, static_cast<Py_ssize_t>(k), entry);
   }
-  return Py_BuildValue("(NN)", entries, where);
+  return Py_BuildValue("(NNN)", entries, where, grads_where);
 }
 
 PyObject* scan_views(ScanObject* self, void*) { return PyLong_FromSsize_t(self->views); }
@@ -690,7 +823,9 @@ PyMethodDef scan_methods[] = {
     {"settle", reinterpret_cast<PyCFunction>(scan_settle), METH_VARARGS,
      "settle(owner_keys, reached_ids, labelled_ids) -> [index]: objects moved to the general path"},
     {"groups", reinterpret_cast<PyCFunction>(scan_groups), METH_VARARGS,
-     "groups(tensor_kind, parameter_kind, {id: kind}) -> (entries, {id: entry})"},
+     "groups(tensor_kind, parameter_kind, {id: kind}) -> (entries, {id: entry}, {leaf id: entry})"},
+    {"gradients", reinterpret_cast<PyCFunction>(scan_gradients), METH_NOARGS,
+     "gradients() -> [(leaf index, gradient index)]: gradients that are among the objects"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef scan_getset[] = {

@@ -6,12 +6,13 @@ The same part of the census as ``bulk`` (plain tensors: exactly ``torch.Tensor``
 counted there: each storage's bytes once, grouped by kind, shape, dtype and bytes.
 What it takes in that ``bulk`` leaves to the general path: views whose base it reads too
 (the base owns the storage, each view counts as one in ``views``), tensors not at the
-start of their storage, inference tensors, tensors requiring grad but for leaves with a
-gradient. What it leaves to the general path: every other class, meta and sparse tensors,
-leaves with a gradient (their ``.grad`` may exist only in C++, and is read there), tensors
-without a storage or at a null address, and, when settled, every tensor of a storage that
-a general-path tensor uses, that the program names while another tensor owns it, or that
-holds a view whose base is not among the objects.
+start of their storage, inference tensors, tensors requiring grad, and the gradients of
+leaves (which may exist only in C++) when dense and alone on their storage: kind
+``Gradient``, named ``<leaf's name>.grad``. What it leaves to the general path: every other
+class, meta and sparse tensors, leaves with another gradient (the general path reads
+``.grad``), tensors without a storage or at a null address, and, when settled, every
+tensor of a storage that a general-path tensor uses, that the program names while another
+tensor owns it, or that holds a view whose base is not among the objects.
 
 Kinds and names the roots give (gradients, optimizer state, a variable's name) are
 joined when grouping, as ``bulk.add_groups`` does. Nothing is remembered between
@@ -43,7 +44,9 @@ class NativeBulk:
     """The plain tensors of one census, read natively; the rest in ``others``."""
 
     def __init__(self, reader: ModuleType, objects: list[Any], exclude: set[int], device: str) -> None:
-        self._scan = reader.Scan(objects, torch.Tensor, torch.nn.Parameter, device, exclude or None)
+        self._scan = reader.Scan(
+            objects, torch.Tensor, torch.nn.Parameter, device, exclude or None, _KIND["Gradient"]
+        )
         self._objects = objects
         self.others: list[Any] = list(itertools.compress(objects, self._scan.general()))
         self.views = 0
@@ -62,6 +65,9 @@ class NativeBulk:
         moved = [self._objects[index] for index in self._scan.settle(owners.keys(), reached, labelled)]
         self.views = self._scan.views
         seen.add_objects(moved)
+        for leaf, grad in self._scan.gradients():  # a leaf's gradient among the objects
+            names = seen.names.get(id(self._objects[leaf]))
+            seen.label(id(self._objects[grad]), "Gradient", f"{names[0]}.grad" if names else None)
         return [(id(tensor), tensor) for tensor in moved]
 
     def add_groups(
@@ -74,7 +80,7 @@ class NativeBulk:
         for tid in names:
             if tid not in tensors:
                 given.setdefault(tid, _NAMED)
-        entries, where = self._scan.groups(_KIND["Tensor"], _KIND["Parameter"], given)
+        entries, where, gradients = self._scan.groups(_KIND["Tensor"], _KIND["Parameter"], given)
         keys = []
         for first, kind, shape, nbytes, count in entries:
             key = (KINDS[kind], shape, dtype_name(self._objects[first].dtype), device)
@@ -88,6 +94,9 @@ class NativeBulk:
             entry = where.get(tid)
             if entry is not None:
                 groups[keys[entry]][2].extend(names[tid])
+            entry = gradients.get(tid)  # the gradient of a named leaf, counted without an object
+            if entry is not None:
+                groups[keys[entry]][2].append(f"{names[tid][0]}.grad")
 
     def clear(self) -> None:
         self._objects = []
