@@ -7,9 +7,9 @@
 // tensor's facts cost some tens of ns together (mostly waiting for memory), so a census of
 // 100,000 small tensors no longer costs several times a bare gc.get_objects().
 //
-// A Scan is made from the census's candidate objects (a list) and keeps no reference to
-// them: it records each object's address, and the caller keeps the list alive while it
-// asks the Scan (settle, groups, lookup). Only objects whose type is exactly torch.Tensor
+// A Scan is made from the census's candidate objects (a list, each object once) and keeps
+// no reference to them: it records each object's address, and the caller keeps the list
+// alive while it asks the Scan (settle, groups, lookup). Only objects whose type is exactly torch.Tensor
 // or nn.Parameter are read; everything else goes to the census's general path.
 //
 // Codes, per object:
@@ -65,11 +65,15 @@ struct Rec {
   uint8_t code = GENERAL;
   uint8_t view = 0;
   uint8_t shares = 0;  // its storage has other holders (another tensor, perhaps)
-  int8_t kind = -1;    // the kind code a gradient record counts as (else its class's)
-  int64_t of = -1;     // a gradient record: the index of its leaf
-  uintptr_t grad_impl = 0;  // a leaf's gradient (a simple one, see simple_grad)
-  uintptr_t grad_ptr = 0;
-  int64_t grad_nbytes = 0;
+  int8_t kind = -1;  // the kind code a gradient record counts as (else its class's)
+  int64_t of = -1;   // a gradient record: the index of its leaf
+};
+
+// A leaf's gradient read with it (a simple one, see simple_grad).
+struct Grad {
+  size_t leaf;
+  uintptr_t impl, ptr;
+  int64_t nbytes;
 };
 
 // Open addressing, linear probing; key 0 is "empty" (no address or pointer is 0 here).
@@ -131,7 +135,6 @@ struct Spare {
   std::vector<Rec>* recs = nullptr;
   std::vector<int64_t>* sizes = nullptr;
   FlatMap storages;
-  FlatMap objects;
 };
 Spare spare;
 
@@ -203,7 +206,8 @@ bool simple_grad(const at::Tensor& leaf, const at::Tensor& grad) {
   return held != nullptr && held->data_ptr().get() != nullptr;
 }
 
-void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector<int64_t>& sizes) {
+void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector<int64_t>& sizes,
+                 std::vector<Grad>& grads, size_t index) {
   const at::Tensor& tensor = THPVariable_Unpack(obj);
   if (!tensor.defined()) return;
   rec.impl = reinterpret_cast<uintptr_t>(tensor.unsafeGetTensorImpl());
@@ -222,9 +226,8 @@ void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector
     if (grad.defined()) {
       if (!simple_grad(tensor, grad)) return;
       const c10::StorageImpl* held = grad.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
-      rec.grad_impl = reinterpret_cast<uintptr_t>(grad.unsafeGetTensorImpl());
-      rec.grad_ptr = reinterpret_cast<uintptr_t>(held->data_ptr().get());
-      rec.grad_nbytes = static_cast<int64_t>(held->nbytes());
+      grads.push_back(Grad{index, reinterpret_cast<uintptr_t>(grad.unsafeGetTensorImpl()),
+                           reinterpret_cast<uintptr_t>(held->data_ptr().get()), static_cast<int64_t>(held->nbytes())});
     }
   }
   const c10::StorageImpl* storage = tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
@@ -243,24 +246,6 @@ void read_tensor(PyObject* obj, const c10::Device& target, Rec& rec, std::vector
   rec.ndim = static_cast<int32_t>(shape.size());
   sizes.insert(sizes.end(), shape.begin(), shape.end());
   rec.code = BULK;
-}
-
-// An object given twice is read once (a source may repeat one): later sights count as
-// EXCLUDED, as the general path keeps one entry per object.
-void drop_repeats(std::vector<Rec>& recs) {
-  size_t read = 0;
-  for (const Rec& rec : recs) read += rec.code == BULK || rec.code == DROP;
-  FlatMap& seen = spare.objects;
-  seen.reset(read);
-  for (Rec& rec : recs) {
-    if (rec.code != BULK && rec.code != DROP) continue;
-    int64_t& sighted = seen.slot(rec.obj);
-    if (sighted == -1) {
-      sighted = 1;
-    } else {
-      rec.code = EXCLUDED;
-    }
-  }
 }
 
 // A view whose base is not among the objects read goes to the general path from the
@@ -282,38 +267,33 @@ void general_orphan_views(std::vector<Rec>& recs) {
 // The leaves' gradients: a gradient whose object is among the objects read is noted in
 // ``found`` (the caller labels it); any other gets a record of its own after the objects'
 // (kind ``gradient_kind``, its leaf's shape and dtype, ``of`` its leaf).
-void attach_gradients(std::vector<Rec>& recs, std::vector<std::pair<int64_t, int64_t>>& found,
-                      int8_t gradient_kind) {
-  size_t leaves = 0;
-  for (const Rec& rec : recs) leaves += rec.grad_impl != 0 && rec.code == BULK;
-  if (leaves == 0) return;
-  FlatMap grads(leaves);
-  for (const Rec& rec : recs)
-    if (rec.grad_impl != 0 && rec.code == BULK) grads.slot(rec.grad_impl) = -2;
+void attach_gradients(std::vector<Rec>& recs, const std::vector<Grad>& grads,
+                      std::vector<std::pair<int64_t, int64_t>>& found, int8_t gradient_kind) {
+  if (grads.empty()) return;
+  FlatMap own(grads.size());
+  for (const Grad& grad : grads) own.slot(grad.impl) = -2;
   const size_t count = recs.size();
   for (size_t i = 0; i < count; i++)  // a gradient's own object, when among those read
-    if (recs[i].impl != 0 && grads.get(recs[i].impl) == -2) grads.slot(recs[i].impl) = static_cast<int64_t>(i);
-  for (size_t i = 0; i < count; i++) {
-    const Rec leaf = recs[i];
-    if (leaf.grad_impl == 0 || leaf.code != BULK) continue;
-    const int64_t own = grads.get(leaf.grad_impl);
-    if (own >= 0) {
-      found.emplace_back(static_cast<int64_t>(i), own);
+    if (recs[i].impl != 0 && own.get(recs[i].impl) == -2) own.slot(recs[i].impl) = static_cast<int64_t>(i);
+  for (const Grad& grad : grads) {
+    if (recs[grad.leaf].code != BULK) continue;
+    const int64_t object = own.get(grad.impl);
+    if (object >= 0) {
+      found.emplace_back(static_cast<int64_t>(grad.leaf), object);
       continue;
     }
-    Rec grad = leaf;  // its shape and dtype
-    grad.obj = 0;
-    grad.impl = leaf.grad_impl;
-    grad.ptr = leaf.grad_ptr;
-    grad.nbytes = leaf.grad_nbytes;
-    grad.base = 0;
-    grad.view = 0;
-    grad.shares = 0;
-    grad.parameter = 0;
-    grad.kind = gradient_kind;
-    grad.of = static_cast<int64_t>(i);
-    grad.grad_impl = 0;
-    recs.push_back(grad);
+    Rec record = recs[grad.leaf];  // its shape and dtype
+    record.obj = 0;
+    record.impl = grad.impl;
+    record.ptr = grad.ptr;
+    record.nbytes = grad.nbytes;
+    record.base = 0;
+    record.view = 0;
+    record.shares = 0;
+    record.parameter = 0;
+    record.kind = gradient_kind;
+    record.of = static_cast<int64_t>(grad.leaf);
+    recs.push_back(record);
   }
 }
 
@@ -327,8 +307,10 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   FlatMap* excluded = nullptr;
   if (!read_ids(exclude, &excluded)) return -1;
+  std::vector<Grad> grads;
   try {
     const c10::Device target{std::string(device_text)};
+    grads.clear();
     Py_ssize_t count = PyList_GET_SIZE(objects);
     self->recs->assign(static_cast<size_t>(count), Rec{});
     self->sizes->clear();
@@ -345,7 +327,7 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
       }
       rec.parameter = cls == parameter_type ? 1 : 0;
       try {
-        read_tensor(obj, target, rec, *self->sizes);
+        read_tensor(obj, target, rec, *self->sizes, grads, static_cast<size_t>(i));
       } catch (...) {
         rec.code = GENERAL;
         rec.ptr = 0;
@@ -357,14 +339,13 @@ int scan_init(ScanObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   delete excluded;
-  drop_repeats(*self->recs);
   general_orphan_views(*self->recs);
   self->objects = static_cast<Py_ssize_t>(self->recs->size());
   self->objs->resize(self->recs->size());
   for (size_t i = 0; i < self->recs->size(); i++) (*self->objs)[i] = (*self->recs)[i].obj;
   self->found->clear();
   try {
-    attach_gradients(*self->recs, *self->found, static_cast<int8_t>(gradient_kind));
+    attach_gradients(*self->recs, grads, *self->found, static_cast<int8_t>(gradient_kind));
   } catch (const std::exception& error) {
     PyErr_SetString(PyExc_MemoryError, error.what());
     return -1;

@@ -10,15 +10,16 @@ discovered modules and optimizers, the bases of views, the gradients of leaf ten
 saved-for-backward tensors a ``saved.SavedTensorRecorder`` recorded (otherwise only C++
 autograd nodes hold them).
 
-Two paths count storages. Plain tensors that need no ``.grad`` read (most of a big
-program's: gradients, optimizer state, activations kept around) go through the bulk: read
-by the native reader in one C++ pass when it is built (``nativebulk``, see
-``gpu_mem_track.native``; views whose base it read too, and storages shared among them,
-are settled there), else in C-level Python passes, what they are remembered between
-censuses (``bulk``: only tensors owning their storage alone). The kinds and names the
-roots give them are kept in ``_Seen`` and joined when grouping. Every other tensor goes
-through the general path (``_Storages``: owners by rank, views, names). The recorder's
-aliases of saved tensors always take the general path. Both bulks count the same.
+Two paths count storages. Plain tensors (most of a big program's: parameters, gradients,
+optimizer state, activations kept around) go through the bulk: read by the native reader
+in one C++ pass when it is built (``nativebulk``, see ``gpu_mem_track.native``; views
+whose base it read too, storages shared among them and leaves' simple gradients are
+settled there), else in C-level Python passes, what they are remembered between censuses
+(``bulk``: only tensors owning their storage alone and needing no ``.grad`` read). The
+kinds and names the roots give them are kept in ``_Seen`` and joined when grouping. Every
+other tensor goes through the general path (``_Storages``: owners by rank, views, names).
+The recorder's aliases of saved tensors always take the general path. Both bulks count
+the same.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def take_census(
     roots: Iterable[tuple[str, Any]] = (),
     saved: SavedTensorRecorder | None = None,
     memo: CensusMemo | None = None,
+    unique: bool | None = None,
 ) -> Census:
     """Count the storages of live tensors on ``device`` (``"cpu"``, ``"cuda:0"``, ...).
 
@@ -78,7 +80,9 @@ def take_census(
     and tensors without an accessible storage, are reported in ``skipped`` instead.
     No tensor is referenced once this returns. ``memo``: what a previous census learnt of
     plain tensors (``bulk.CensusMemo``; pass the same one each time to make censuses of
-    many unchanged tensors cheap).
+    many unchanged tensors cheap). ``unique``: the source gives each object once (None:
+    known of ``LiveTensorFinder``, ``FullScan`` and ``full_scan``; a repeat of another
+    source's is dropped, so an object is never counted twice).
     """
     target = torch.device(str(parse_device(device)))
     seen = _Seen()
@@ -90,6 +94,8 @@ def take_census(
         # named tensors go through the bulk too (their kinds and names kept in ``seen``),
         # but not the recorder's aliases of saved tensors (who owns their storage is ranked)
         objects = list(source())
+        if not (unique if unique is not None else _distinct(source)):
+            objects = list({id(obj): obj for obj in objects}.values())
         bulk = read_bulk(objects, seen.aliases, str(target), memo)
         del objects
         seen.leave_to_bulk(bulk.members)
@@ -109,6 +115,11 @@ def take_census(
         views=views,
         skipped=tuple(Skipped(r, c, b) for r, (c, b) in sorted(skipped.items())),
     )
+
+
+def _distinct(source: TensorSource) -> bool:
+    """Whether ``source`` is one of ours that gives each object once."""
+    return source is full_scan or isinstance(source, (LiveTensorFinder, FullScan))
 
 
 class _Seen:

@@ -369,7 +369,10 @@ class MemTracker(ClassicMethods):
             for prefix, obj in roots:
                 if isinstance(obj, torch.nn.Module):
                     self._recorder.name(obj, prefix)
-        return take_census(device, lambda given=objects: given, roots, saved=self._recorder, memo=self._memo)
+        unique = isinstance(self._source, (LiveTensorFinder, FullScan))  # else a repeat is dropped
+        return take_census(
+            device, lambda given=objects: given, roots, saved=self._recorder, memo=self._memo, unique=unique
+        )
 
     def _ledger(self, device: str, census: Census) -> Ledger:
         reader = self._reader or reader_for(device)
