@@ -604,6 +604,16 @@ uint64_t key_hash(const GroupKey& key) {
 //   per distinct (kind, dtype, shape, bytes) among the owners counted here; kinds: {id: kind}
 //   for the tensors the caller labelled; where: {id: entry number} for those counted here;
 //   gradients: {leaf's id: entry number} for the gradients counted here without an object.
+// table[id of the object at address] = entry; false (a Python error set) when it fails.
+bool note_entry(PyObject* table, uintptr_t address, int64_t entry) {
+  PyObject* key = PyLong_FromVoidPtr(reinterpret_cast<void*>(address));
+  PyObject* value = PyLong_FromLongLong(entry);
+  const bool done = key != nullptr && value != nullptr && PyDict_SetItem(table, key, value) == 0;
+  Py_XDECREF(key);
+  Py_XDECREF(value);
+  return done;
+}
+
 PyObject* scan_groups(ScanObject* self, PyObject* args) {
   long long tensor_kind, parameter_kind;
   PyObject* kinds;
@@ -661,29 +671,12 @@ PyObject* scan_groups(ScanObject* self, PyObject* args) {
       }
     }
     counts[static_cast<size_t>(found)]++;
-    if (rec.of >= 0) {  // a gradient record: its leaf's id -> its entry, for the name
-      PyObject* id = PyLong_FromVoidPtr(reinterpret_cast<void*>(recs[static_cast<size_t>(rec.of)].obj));
-      PyObject* entry = PyLong_FromLongLong(found);
-      int failed = id == nullptr || entry == nullptr || PyDict_SetItem(grads_where, id, entry) < 0;
-      Py_XDECREF(id);
-      Py_XDECREF(entry);
-      if (failed) {
-        Py_DECREF(where);
-        Py_DECREF(grads_where);
-        return nullptr;
-      }
-    }
-    if (named) {
-      PyObject* id = PyLong_FromVoidPtr(reinterpret_cast<void*>(rec.obj));
-      PyObject* entry = PyLong_FromLongLong(found);
-      int failed = id == nullptr || entry == nullptr || PyDict_SetItem(where, id, entry) < 0;
-      Py_XDECREF(id);
-      Py_XDECREF(entry);
-      if (failed) {
-        Py_DECREF(where);
-        Py_DECREF(grads_where);
-        return nullptr;
-      }
+    // a gradient record: its leaf's id -> its entry (for the name); a named tensor's id too
+    if ((rec.of >= 0 && !note_entry(grads_where, recs[static_cast<size_t>(rec.of)].obj, found)) ||
+        (named && !note_entry(where, rec.obj, found))) {
+      Py_DECREF(where);
+      Py_DECREF(grads_where);
+      return nullptr;
     }
   }
   PyObject* entries = PyList_New(static_cast<Py_ssize_t>(keys.size()));
