@@ -259,6 +259,15 @@ def collection_cost(repeats: int = 30) -> dict[str, float]:
     return times
 
 
+def markdown_table(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    """The lines of a markdown table."""
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def git_commit() -> str:
     try:
         result = subprocess.run(
@@ -350,9 +359,7 @@ def render_markdown(env: dict[str, Any], results: list[dict[str, Any]], verdict:
         f"- Commit: {env['commit']}",
         f"- Command: `{env['command']}`",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "|".join("---" for _ in HEADERS) + "|",
-        *("| " + " | ".join(row) + " |" for row in table_rows(results)),
+        *markdown_table(HEADERS, table_rows(results)),
         "",
         f"Target: ratio `track()` / `gc.get_objects()` <= {TARGET_RATIO} at heaps of "
         f"{TARGET_MIN_SIZE:,} objects and more, with the census complete.",
@@ -462,9 +469,7 @@ def tensor_curve(args: argparse.Namespace, env: dict[str, Any]) -> int:
         ),
         f"- Command: `{env['command']}`",
         "",
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join("---" for _ in headers) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
+        *markdown_table(headers, rows),
         "",
         f"Target: `track()` <= {TENSORS_TARGET}x `gc.get_objects()` at {TENSORS_TARGET_COUNT:,} tensors "
         "(by min):",

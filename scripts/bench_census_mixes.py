@@ -5,8 +5,8 @@ script times one census (``take_census`` over the given objects, min of ``--repe
 mixes a program may hold in bulk, with each reader, and checks both count the same:
 
 - views of one base: ``data.split(4)``, the base named by the caller;
-- leaf tensors requiring grad, before and after a backward (a leaf's ``.grad`` is read in
-  Python: leaves with a gradient take the general path with either reader);
+- leaf tensors requiring grad, before and after a backward (the native reader reads a
+  simple gradient with its leaf; the Python reader reads ``.grad`` in the general path);
 - frozen parameters;
 - tensors of 5,000 different shapes;
 - the rows of a named matrix (``unbind``).
@@ -27,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_census import environment, native_status
+from bench_census import environment, markdown_table, native_status
 
 from gpu_mem_track import native
 from gpu_mem_track.tracker.bulk import CensusMemo
 from gpu_mem_track.tracker.census import take_census
+
+HEADERS = ("mix", "objects", "storages", "views", "get_objects ms", "native ms", "Python ms", "native ratio",
+           "Python ratio", "same census")  # fmt: skip
 
 
 def mixes(count: int) -> Iterator[tuple[str, list[Any]]]:
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [name, f"{len(objects):,}", f"{by_native.storages:,}", f"{by_native.views:,}"]
         cells += [f"{scan * 1e3:.1f}", f"{fast * 1e3:.1f}", f"{slow * 1e3:.1f}", f"{fast / scan:.2f}"]
         cells += [f"{slow / scan:.2f}", "yes" if same else "NO"]
-        rows.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
         del objects, by_native, by_python
     lines = [
         "# Census benchmark: mixes of 100,000 tensors, native and Python reader",
@@ -115,19 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "One `take_census` over the objects given (no heap walk; min of the repeats, one memo kept "
         "across them as a tracker does), the first object named by the caller; ratios against a "
-        "bare `gc.get_objects()` of this process. Leaves with a gradient take the general path "
-        "with either reader (their `.grad` may exist only in C++ and is read in Python).",
+        "bare `gc.get_objects()` of this process. A leaf's gradient, which may exist only in C++, "
+        "is read with the leaf by the native reader when dense and alone on its storage (as here), "
+        "else in Python by the general path.",
         "",
-        "| mix | objects | storages | views | get_objects ms | native ms | Python ms | native ratio "
-        "| Python ratio | same census |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        *markdown_table(HEADERS, rows),
         "",
     ]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
-    print("\n".join(rows))
+    print("\n".join(markdown_table(HEADERS, rows)))
     print(f"wrote {out}")
     return 0 if agree else 1
 

@@ -277,7 +277,7 @@ def test_a_module_that_reads_differently_is_refused():
                 return []
 
             def groups(self, *args):
-                return [], {}
+                return [], {}, {}
 
     assert native._self_check(Wrong) != ""
 
