@@ -30,6 +30,7 @@ MODEL_MODULES = (
     "gpu_mem_track.units",
     "gpu_mem_track.tracker.records",
     "gpu_mem_track.runfolder.records",
+    "gpu_mem_track.dispatch.records",
     "gpu_mem_track.estimator.records",
     "gpu_mem_track.estimator.options",
 )
@@ -52,15 +53,17 @@ def modules(*folders: str) -> list[str]:
     return found
 
 
-def imports(path: Path, source: str | None = None) -> set[str]:
+def imports(path: Path, source: str | None = None, typing: bool = False) -> set[str]:
     """Every module ``path`` imports, at module level or inside functions, with relative
     imports resolved; ``from x import y`` counts as both ``x`` and ``x.y`` (y may be a
-    module). Imports under ``if TYPE_CHECKING:`` are left out: they never run."""
+    module). Imports under ``if TYPE_CHECKING:`` are left out (they never run) unless
+    ``typing``."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     text = path.read_text(encoding="utf-8") if source is None else source
-    for node in _runtime_nodes(ast.parse(text)):
+    tree = ast.parse(text)
+    for node in list(ast.walk(tree)) if typing else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -86,16 +89,17 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 @functools.cache
-def package_imports(path: Path) -> frozenset[str]:
-    """``imports(path)`` of a package file, read once per test session."""
-    return frozenset(imports(path))
+def package_imports(path: Path, typing: bool = False) -> frozenset[str]:
+    """``imports(path, typing=typing)`` of a package file, read once per test session."""
+    return frozenset(imports(path, typing=typing))
 
 
-def offenders(folder: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
-    """Modules under ``folder`` importing any module under one of ``forbidden``."""
+def offenders(folder: str, forbidden: tuple[str, ...], typing: bool = False) -> dict[str, list[str]]:
+    """Modules under ``folder`` importing any module under one of ``forbidden`` (with
+    ``typing``, under ``if TYPE_CHECKING:`` too)."""
     bad, under = {}, tuple(f"{name}." for name in forbidden)
     for path in sorted((PACKAGE / folder).rglob("*.py")):
-        hits = sorted(m for m in package_imports(path) if m in forbidden or m.startswith(under))
+        hits = sorted(m for m in package_imports(path, typing) if m in forbidden or m.startswith(under))
         if hits:
             bad[module_name(path)] = hits
     return bad
@@ -157,6 +161,17 @@ def test_estimator_imports_neither_tracker_nor_runner():
     assert offenders("estimator", ("gpu_mem_track.tracker", "gpu_mem_track.runner")) == {}
 
 
+def test_the_simulated_gpu_sits_below_the_estimator():
+    """The simulated GPU is a device: the estimator runs on it, never the reverse. What
+    both use (storage lifetimes, device memories, known values) is ``dispatch``, a floor
+    below both that imports neither; the runner reaches it there, not in the estimator.
+    Imports read only by type checkers count too: they are arrows of the design."""
+    above = ("gpu_mem_track.estimator", "gpu_mem_track.runner", "gpu_mem_track.tracker")
+    assert offenders("simgpu", above, typing=True) == {}
+    assert offenders("dispatch", (*above, "gpu_mem_track.simgpu"), typing=True) == {}
+    assert offenders("runner", ("gpu_mem_track.estimator",), typing=True) == {}
+
+
 def test_the_run_folder_format_imports_none_of_its_producers_or_readers():
     """``runfolder`` is the run folder's format: the runner, the snapshot reader and the
     notebook write it, ``runs`` and ``html`` read it; it imports none of them (and no torch,
@@ -196,6 +211,92 @@ def test_model_modules_import_nothing_that_measures():
         ours = {m for m in package_imports(path) if m.startswith("gpu_mem_track")}
         strays = {m for m in ours if m not in allowed and m.rpartition(".")[0] not in allowed}
         assert strays == set(), name
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package -> the package's modules it imports: every import, at
+    module level, inside functions or under ``if TYPE_CHECKING:`` (a circle is a knot of
+    the design however late its import runs). ``from x import y`` counts as ``x.y`` when
+    that is a module, else as ``x``; the parent packages Python runs on the way are not
+    counted."""
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parent, *([node.module] if node.module else [])])
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names)
+        graph[name] = {m for m in found if m in paths} - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each set of two or more modules that reach each
+    other (a strongly connected component, Tarjan's algorithm), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def in_the_command_registry(circle: list[str]) -> bool:
+    """``commands`` is a registry: its ``__init__`` lists the subcommands by importing them
+    when asked, and each takes ``Command`` from it. That circle stays inside ``commands``."""
+    return all(m == "gpu_mem_track.commands" or m.startswith("gpu_mem_track.commands.") for m in circle)
+
+
+def test_the_package_has_no_import_circles_but_the_known_ones():
+    """No two modules import each other, directly or around a loop (the simulated GPU's
+    session, CUDA API, ranks and snapshot once did, as did the allocator with its state
+    and the notebook's records with their text): counted as :func:`import_graph`
+    reads imports, lazy and type-checking ones included."""
+    found = circles(import_graph())
+    assert [circle for circle in found if not in_the_command_registry(circle)] == []
+
+
+def test_the_circle_finder_finds_loops_and_only_loops():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": {"g"}}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_sees_lazy_and_type_checking_imports_and_resolves_submodules():
+    graph = import_graph()
+    # notebook.records imports render inside a method; simgpu.cudaapi imports running
+    # under TYPE_CHECKING; ``from . import face`` in simgpu.ranks names the module face.
+    assert "gpu_mem_track.notebook.render" in graph["gpu_mem_track.notebook.records"]
+    assert "gpu_mem_track.simgpu.running" in graph["gpu_mem_track.simgpu.cudaapi"]
+    assert "gpu_mem_track.simgpu.face" in graph["gpu_mem_track.simgpu.ranks"]
+    assert "gpu_mem_track.simgpu" not in graph["gpu_mem_track.simgpu.ranks"]
+    assert "gpu_mem_track.allocator" in graph["gpu_mem_track.simgpu.engine"]
 
 
 def test_the_import_scanner_sees_relative_and_lazy_imports_but_not_type_checking_ones():

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from gpu_mem_track import estimate, find_max_batch_size
+from gpu_mem_track.dispatch.lifetimes import Lifetimes
+from gpu_mem_track.dispatch.memory import ExactMemory
 from gpu_mem_track.errors import UsageError
 from gpu_mem_track.estimator.distributed import bucket_sizes
-from gpu_mem_track.estimator.lifetimes import Lifetimes
-from gpu_mem_track.estimator.memory import ExactMemory
 from gpu_mem_track.estimator.options import DistOptions
 from gpu_mem_track.estimator.plan import fsdp_units, zero_partition
 from gpu_mem_track.estimator.render import render_estimate

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_mem_track.estimator.lifetimes import Lifetimes
+from gpu_mem_track.dispatch.lifetimes import Lifetimes
 from gpu_mem_track.gpumodel.differences import DIFFERENCES, Difference
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,16 +5,32 @@ describes the simulated cache as ``torch.cuda.memory_snapshot()`` would, and
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..snapshotfile.records import Block as BlockRecord
 from ..snapshotfile.records import Segment
 from .blocks import Block
 
 if TYPE_CHECKING:
-    from .caching import Allocator
+    from .blocks import Pool
+    from .device import DeviceMemory
+    from .records import AllocatorStats
+    from .settings import AllocatorSettings
 
-__all__ = ["export_segments", "load_segments"]
+__all__ = ["CacheState", "export_segments", "load_segments"]
+
+
+class CacheState(Protocol):
+    """The parts of an allocator (``caching.Allocator``) its segments are read from and
+    loaded into: ``active`` (handed-out and pending blocks by address), the two pools of
+    free blocks, the statistics, the settings and the device."""
+
+    active: dict[int, Block]
+    small_pool: Pool
+    large_pool: Pool
+    stats: AllocatorStats
+    settings: AllocatorSettings
+    device: DeviceMemory
 
 
 def _state(block: Block) -> str:
@@ -23,7 +39,7 @@ def _state(block: Block) -> str:
     return "active_pending_free" if block.pending else "inactive"
 
 
-def export_segments(allocator: Allocator, device: int = 0) -> tuple[Segment, ...]:
+def export_segments(allocator: CacheState, device: int = 0) -> tuple[Segment, ...]:
     """The cache as snapshot segments, in address order; an expandable segment gives
     one segment per contiguous mapped range. Frames are empty (nothing was recorded)."""
     blocks = list(allocator.active.values())
@@ -54,7 +70,7 @@ def _segment(head: Block, device: int) -> Segment:
     )
 
 
-def load_segments(allocator: Allocator, segments: Iterable[Segment]) -> None:
+def load_segments(allocator: CacheState, segments: Iterable[Segment]) -> None:
     """Give an allocator that holds nothing the recorded ``segments`` (blocks, their
     states and requests) and the statistics they imply; peaks start at the current
     values. Expandable segments are refused (their unmapped ranges are not recorded)."""
@@ -71,7 +87,7 @@ def load_segments(allocator: Allocator, segments: Iterable[Segment]) -> None:
             adopt(segment.address, segment.total_size)
 
 
-def _load_segment(allocator: Allocator, segment: Segment) -> None:
+def _load_segment(allocator: CacheState, segment: Segment) -> None:
     small = segment.segment_type == "small"
     pool = allocator.small_pool if small else allocator.large_pool
     stats = allocator.stats
@@ -93,7 +109,7 @@ def _load_segment(allocator: Allocator, segment: Segment) -> None:
             stats.change("inactive_split_bytes", small, record.size)
 
 
-def _place(allocator: Allocator, pool, block: Block, state: str) -> None:
+def _place(allocator: CacheState, pool: Pool, block: Block, state: str) -> None:
     stats = allocator.stats
     if state == "inactive":
         pool.free.add(block)

@@ -1,8 +1,8 @@
 """GPU-free estimates of a training step and the batch-size finder.
 
-``simulate`` runs the step on meta tensors (with ``step``, ``lifetimes``, ``amp``);
-``memory`` is where the storages live (exact sizes, or the caching allocator's model and
-the cuBLAS workspaces); ``watch`` gives storages their roles and builds the result;
+``simulate`` runs the step on meta tensors (with ``step``, and the storage lifetimes,
+device memories and known values of ``gpu_mem_track.dispatch``, which the simulated GPU
+shares); ``watch`` gives storages their roles and builds the result;
 ``options`` holds a step's options; ``specs`` parses inputs and factories; ``records``
 holds the results, ``render`` their text; ``batchsize`` searches the largest batch under
 a budget. ``distributed`` (with ``fsdp``) adds what one rank of DDP, ZeRO or FSDP2 holds;

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lifetimes import Lifetimes
+from ..dispatch.lifetimes import Lifetimes
 from .options import DistOptions
 from .plan import Plan, shard_rows, zero_partition
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from ..dispatch.lifetimes import Lifetimes
 from ..errors import UsageError
-from .lifetimes import Lifetimes
 from .options import DistOptions
 
 __all__ = ["Plan", "fsdp_units", "output_tensors", "shard_rows", "zero_partition"]

@@ -2,7 +2,7 @@
 
 For checking the distributed estimator: run inside a process group (``torchrun``, gloo
 on the CPU). The same tracking as the single-process check (``trace_cpu_step``): a
-:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` dispatch mode sees every storage
+:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes` dispatch mode sees every storage
 born and dying, from the model's wrapping on, and the step is ``run_steps``'s. FSDP2
 frees and re-allocates its unsharded parameters by resizing their storages in place,
 which no dispatch mode sees, so its ``free_storage``/``alloc_storage`` are wrapped
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lifetimes import Lifetimes
-from .memory import ExactMemory
+from ..dispatch.lifetimes import Lifetimes
+from ..dispatch.memory import ExactMemory
 from .options import DistOptions
 from .step import InputsLike, as_specs, default_loss, make_inputs, run_steps
 

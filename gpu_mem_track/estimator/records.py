@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..categories import LEGACY_NAMES, ByteCategories
+from ..dispatch.records import ValueRead
 
 #: Optimizer names ``estimate`` and the finder accept (``"none"``: no optimizer step).
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
@@ -83,24 +84,6 @@ class LayerEstimate:
 
 
 @dataclass(frozen=True)
-class ValueRead:
-    """Model code read a value from a meta tensor (which has no data), ``count`` times in
-    the measured step.
-
-    ``op`` is what read it (``item`` for ``item()``, ``bool()``, ``tolist()``; a
-    data-dependent op such as ``nonzero``), ``module`` the innermost module running.
-    ``placeholder`` is ``""`` when the value was computed for real on the CPU (the tensor
-    was small and made only from known values), else the placeholder returned instead
-    (``"0"``, ``"False"``, ``"zeros"``): the model then ran on a value that is not its own.
-    """
-
-    op: str
-    module: str
-    placeholder: str
-    count: int
-
-
-@dataclass(frozen=True)
 class RankPeak:
     """One rank's peak device bytes in a distributed estimate, and its phase."""
 
@@ -132,7 +115,7 @@ class Estimate:
     (``""``: the built-in step). Training steps are measured as the second of two
     identical steps, so the optimizer state already exists, as in a training loop.
     ``loss`` names the loss function; ``value_reads`` lists the values the model's code
-    read from meta tensors (see :mod:`~gpu_mem_track.estimator.values`).
+    read from meta tensors (see :mod:`~gpu_mem_track.dispatch.values`).
 
     Distributed (``world_size`` over 1, ``strategy`` not ``"none"``): the figures are
     those of ``rank``, the rank with the highest peak (on the CUDA target each rank runs

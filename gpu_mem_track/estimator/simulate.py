@@ -2,12 +2,12 @@
 
 The model is built on PyTorch's ``meta`` device, where tensors have shapes, dtypes and
 storage sizes but no data, so nothing real is allocated. A dispatch mode
-(:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) follows every storage from birth to death
+(:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes`) follows every storage from birth to death
 through two identical steps (the built-in step, or the user's own); the second is
 measured. Code that reads a tensor's value (``.item()``, mask checks) gets it from
-:class:`~gpu_mem_track.estimator.values.KnownValues`. For a CUDA target every storage is
+:class:`~gpu_mem_track.dispatch.values.KnownValues`. For a CUDA target every storage is
 allocated from a model of PyTorch's caching allocator (``gpu_mem_track.allocator``, see
-:mod:`~gpu_mem_track.estimator.memory`): allocated bytes count whole blocks (512 B
+:mod:`~gpu_mem_track.dispatch.memory`): allocated bytes count whole blocks (512 B
 rounding, a large block up to 1 MiB over the request handed out whole), as
 ``max_memory_allocated`` does, reserved bytes count the allocator's segments, and the
 cuBLAS workspaces (one per handle: forward and backward) are allocated at the first
@@ -27,9 +27,9 @@ from torch.func import functional_call
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..devices import DEVICE_FORMS
+from ..dispatch.lifetimes import Lifetimes
 from ..errors import UsageError
 from .distributed import estimate_ranks, make_plan
-from .lifetimes import Lifetimes
 from .options import DistOptions, StepOptions
 from .plan import Plan
 from .records import Estimate
@@ -100,7 +100,7 @@ def estimate(
     sum of its floating tensors
     (:func:`~gpu_mem_track.estimator.step.default_loss`). Values the model's code reads
     from tensors are computed for real or replaced by placeholders, and listed in
-    ``value_reads`` (see :mod:`~gpu_mem_track.estimator.values`).
+    ``value_reads`` (see :mod:`~gpu_mem_track.dispatch.values`).
 
     ``step``: your own step instead of the built-in one, called as
     ``step(model, optimizer, inputs)`` with the simulated model (its parameters on the

@@ -116,7 +116,7 @@ def make_inputs(
 
     Shapes become random floats, and integer or bool tensors of ones: token id 1 (valid
     in any vocabulary of two or more), labels 1, an attention mask with no padding, True.
-    On the meta device the estimator's :class:`~gpu_mem_track.estimator.values.KnownValues`
+    On the meta device the estimator's :class:`~gpu_mem_track.dispatch.values.KnownValues`
     keeps these values beside the data-less tensors.
     """
     tensors = []

@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
+from ..dispatch.lifetimes import Lifetimes
+from ..dispatch.memory import ExactMemory
+from ..dispatch.values import KnownValues
 from ..errors import UsageError
 from ..gpumodel.workspace import GPU_ARCHITECTURES, CublasWorkspace, workspace_bytes
 from ..simgpu.catalog import GPUS, GpuSpec, parse_gpu, workspace_default
 from ..units import format_bytes
-from .lifetimes import Lifetimes
-from .memory import ExactMemory
 from .options import StepOptions
-from .values import KnownValues
 
 __all__ = ["UNBOUNDED", "DoesNotFit", "Target", "open_target", "target_spec"]
 

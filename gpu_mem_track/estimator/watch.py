@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..categories import CATEGORIES
-from .lifetimes import Lifetimes
+from ..dispatch.lifetimes import Lifetimes
 from .plan import Plan
 from .records import PHASES, Breakdown, Estimate, LayerEstimate, PhasePeak
 

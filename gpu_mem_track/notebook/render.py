@@ -1,19 +1,24 @@
-"""The notebook magics' results as text (a terminal IPython, ``print``)."""
+"""The notebook magics' results as text (a terminal IPython, ``print``).
+
+The records call these lazily (their ``_repr_pretty_``), so, as ``html.tables`` does for
+their HTML, the functions take them as they come and import none of them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from tabulate import tabulate
 
 from ..runfolder.records import SimulationInfo, hottest
 from ..tracker.render import render_stamp
 from ..units import format_bytes, format_peak, shape_text
-from .records import CellProfile, StatementMemory
 
 __all__ = ["render_cell", "render_statement", "simulation_text"]
 
 
-def render_statement(result: StatementMemory) -> str:
-    """The statement's increment, peak, RSS and the groups it created or freed."""
+def render_statement(result: Any) -> str:
+    """A ``notebook.records.StatementMemory``: the statement's increment, peak, RSS and
+    the groups it created or freed."""
     what = "allocated" if result.source == "cuda allocator" else "tensors"
     peak_rise = format_bytes(result.peak - result.peak_before, signed=True)
     lines = [
@@ -38,8 +43,9 @@ def render_statement(result: StatementMemory) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_cell(profile: CellProfile) -> str:
-    """The cell's per-line table (line order), its top lines and its censuses."""
+def render_cell(profile: Any) -> str:
+    """A ``notebook.records.CellProfile``: the cell's per-line table (line order), its top
+    lines and its censuses."""
     rows = [
         [
             _where(r.line, r.function),

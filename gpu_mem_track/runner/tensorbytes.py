@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..estimator.lifetimes import plain_tensors, tensor_storage
+from ..dispatch.lifetimes import plain_tensors, tensor_storage
 from ..runfolder.records import TENSORS_SOURCE
 from .samplers import Extras, RssSampler
 

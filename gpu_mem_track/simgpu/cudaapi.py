@@ -28,7 +28,7 @@ from .patches import Patches
 from .snapshot import make_snapshot
 
 if TYPE_CHECKING:
-    from .session import SimulatedGpu
+    from .running import RunningGpu
 
 __all__ = ["DeviceProperties", "install"]
 
@@ -36,7 +36,7 @@ __all__ = ["DeviceProperties", "install"]
 class DeviceProperties:
     """What ``torch.cuda.get_device_properties`` returns, for the simulated GPU."""
 
-    def __init__(self, gpu: SimulatedGpu) -> None:
+    def __init__(self, gpu: RunningGpu) -> None:
         spec = gpu.spec
         self.name = spec.device_name or spec.name
         self.major, self.minor = spec.capability
@@ -144,7 +144,7 @@ def _zero(*args: Any, **kwargs: Any) -> int:
     return 0
 
 
-def install(gpu: SimulatedGpu, patches: Patches) -> None:
+def install(gpu: RunningGpu, patches: Patches) -> None:
     """Replace the ``torch.cuda``-side functions for ``gpu`` (see the module doc)."""
     import torch._dynamo  # noqa: F401  (its rule table indexes torch.cuda's functions once: the originals)
 
@@ -162,7 +162,7 @@ def _set_both(patches: Patches, name: str, value: Any) -> None:
         patches.set(torch.cuda.memory, name, value)
 
 
-def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
+def _devices(gpu: RunningGpu, patches: Patches) -> None:
     spec, props = gpu.spec, DeviceProperties(gpu)
     for name, value in {
         "is_available": lambda: True,
@@ -211,7 +211,7 @@ def _accelerator(patches: Patches) -> None:
             patches.set(accelerator, name, value)
 
 
-def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
+def _memory(gpu: RunningGpu, patches: Patches) -> None:
     allocator = gpu.allocator
     summary = torch.cuda.memory.memory_summary
     allocated, reserved = allocator.stats.get("allocated_bytes"), allocator.stats.get("reserved_bytes")
@@ -255,7 +255,7 @@ def _memory(gpu: SimulatedGpu, patches: Patches) -> None:
         _set_both(patches, name, value)
 
 
-def _record(gpu: SimulatedGpu, enabled: Any, kwargs: dict[str, Any]) -> None:
+def _record(gpu: RunningGpu, enabled: Any, kwargs: dict[str, Any]) -> None:
     """``_record_memory_history(enabled=...)``: ``None``/``False`` stops, anything else records."""
     on = enabled not in (None, False)
     gpu.memory.record(on, int(kwargs.get("max_entries", sys.maxsize)))
@@ -306,7 +306,7 @@ def _seeding_and_nvtx(patches: Patches) -> None:
         patches.set(nvtx, name, value)
 
 
-def _files(gpu: SimulatedGpu, patches: Patches) -> None:
+def _files(gpu: RunningGpu, patches: Patches) -> None:
     save, load = torch.save, torch.load
 
     def simulated_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:

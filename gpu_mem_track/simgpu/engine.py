@@ -2,7 +2,7 @@
 of the caching-allocator model, sized to the GPU's capacity.
 
 :class:`GpuMemory` is the device memory the storage tracker
-(:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) takes storages from: a
+(:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes`) takes storages from: a
 ``malloc`` on :class:`~gpu_mem_track.allocator.Allocator` with capacity
 ``total_memory - context_bytes``. When even the allocator's retry (free the cached
 segments) cannot serve a request it raises ``torch.OutOfMemoryError`` with PyTorch's
@@ -28,7 +28,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
-from ..estimator.lifetimes import Lifetimes
+from ..dispatch.lifetimes import Lifetimes
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
@@ -230,7 +230,7 @@ class GpuMemory:
 
 
 class Storages(Lifetimes):
-    """:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` on the meta device with
+    """:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes` on the meta device with
     torch functions off while it works (see the module doc). Outputs of ops made as
     virtual CPU tensors (``virtual.making``) or computed from virtual CPU tensors only
     are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`)."""

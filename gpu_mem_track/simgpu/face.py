@@ -6,7 +6,7 @@ dtypes, storages, no data) and say they are on ``cuda:0``.
 answers ``.device``, ``.is_cuda``, ``.is_meta``, ``.is_cpu`` and ``get_device()`` for
 meta tensors as a CUDA tensor would, turns ``.cpu()``/``.numpy()``/``.tolist()``/
 ``print``/``repr`` into reads of a CPU copy (its value when known, else a placeholder:
-see :mod:`~gpu_mem_track.estimator.values`), answers ``isfinite``/``isnan``/``isinf`` of
+see :mod:`~gpu_mem_track.dispatch.values`), answers ``isfinite``/``isnan``/``isinf`` of
 unknown values as finite (:data:`FINITE_CHECKS`), makes ``record_stream`` on them a
 no-op, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's op
 lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)

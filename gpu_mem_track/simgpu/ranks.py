@@ -30,7 +30,7 @@ import torch
 from .patches import Patches
 
 if TYPE_CHECKING:
-    from .session import SimulatedGpu
+    from .running import RunningGpu
 
 __all__ = ["RankEnv", "simulate_ranks"]
 
@@ -57,7 +57,7 @@ class RankEnv:
         return cls(int(env["RANK"]), world, local, int(env.get("LOCAL_WORLD_SIZE", world)))
 
 
-def simulate_ranks(gpu: SimulatedGpu, ranks: RankEnv, patches: Patches) -> None:
+def simulate_ranks(gpu: RunningGpu, ranks: RankEnv, patches: Patches) -> None:
     """Set up ``gpu`` as rank ``ranks.rank``'s simulated GPU (see the module doc); undone
     with ``patches``."""
     import torch.distributed as dist
@@ -111,7 +111,7 @@ def _ddp_buckets_pass(patches: Patches) -> None:
     patches.set(DistributedDataParallel, "__init__", init_passing)
 
 
-def _fsdp_resizes_told(gpu: SimulatedGpu, patches: Patches) -> None:
+def _fsdp_resizes_told(gpu: RunningGpu, patches: Patches) -> None:
     """FSDP2 frees and re-allocates its unsharded parameters by resizing their storages:
     tell the simulated allocator each time."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group

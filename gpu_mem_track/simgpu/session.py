@@ -2,7 +2,7 @@
 
 Entering a :class:`SimulatedGpu` builds the caching-allocator model with the GPU's
 capacity (``total_memory - context_bytes``), pushes two dispatch modes (the values of
-small known tensors, :class:`~gpu_mem_track.estimator.values.KnownValues`, under the
+small known tensors, :class:`~gpu_mem_track.dispatch.values.KnownValues`, under the
 storage tracker, :class:`~gpu_mem_track.simgpu.engine.Storages`) and the torch-function
 face (:class:`~gpu_mem_track.simgpu.face.CudaFace`), and replaces the ``torch.cuda``
 API (:mod:`~gpu_mem_track.simgpu.cudaapi`). Exiting undoes all of it, also after an
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from ..estimator.memory import alloc_settings
-from ..estimator.values import KnownValues
+from ..dispatch.memory import alloc_settings
+from ..dispatch.values import KnownValues
 from ..gpumodel.workspace import CublasWorkspace, workspace_bytes
 from .catalog import GpuSpec, parse_gpu
 from .cudaapi import install

@@ -19,12 +19,12 @@ from ..allocator import export_segments
 from ..snapshotfile.records import Snapshot
 
 if TYPE_CHECKING:
-    from .session import SimulatedGpu
+    from .running import RunningGpu
 
 __all__ = ["make_snapshot"]
 
 
-def make_snapshot(gpu: SimulatedGpu) -> dict[str, Any]:
+def make_snapshot(gpu: RunningGpu) -> dict[str, Any]:
     """The snapshot dictionary of ``gpu`` now (see the module doc)."""
     memory = gpu.memory
     segments = []

@@ -62,7 +62,7 @@ class KnownValues(TorchDispatchMode):
     """Keeps real CPU twins of small meta tensors and answers reads of their values.
 
     ``where()`` names the module running, for the records of reads. Enter this mode
-    *before* (under) the :class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` mode, so the
+    *before* (under) the :class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes` mode, so the
     twins' own ops run with no mode active and are never counted.
     """
 

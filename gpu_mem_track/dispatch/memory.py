@@ -1,6 +1,6 @@
 """Where the estimator's storages live: the device memory a storage is taken from.
 
-:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes` asks a device memory for every
+:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes` asks a device memory for every
 storage born (``take(nbytes)``) and gives it back when the storage dies. On the CPU
 target (:class:`ExactMemory`) a storage counts its exact bytes. On the CUDA target the
 memory is the simulated GPU's (:class:`~gpu_mem_track.simgpu.engine.GpuMemory`: every

@@ -4,7 +4,7 @@ Works the same on meta tensors (the estimator's simulated device) and on real te
 Each storage is identified by its untyped storage object and followed with a weak
 reference, so views and in-place results add nothing and tracking keeps nothing alive.
 Each storage born is taken from a device memory (``memory``: exact sizes, or the
-simulated GPU's caching allocator, see :mod:`~gpu_mem_track.estimator.memory`) and given back
+simulated GPU's caching allocator, see :mod:`~gpu_mem_track.dispatch.memory`) and given back
 when it dies; the cuBLAS workspaces are taken at the first matmul-like op of each
 handle and never given back.
 """
