@@ -1,7 +1,8 @@
 """The PyTorch memory snapshot format (``torch.cuda.memory._dump_snapshot`` pickles): its
 records (``records``: segments, blocks, trace entries, frames) and a safe reader
-(``load``). The allocator model (``allocator``) and the snapshot report (``snapshots``)
-both read it; it imports neither, and no torch."""
+(``load``, unpickling the file as ``stream`` reads and gunzips it). The allocator model
+(``allocator``) and the snapshot report (``snapshots``) both read it; it imports
+neither, and no torch."""
 
 from __future__ import annotations
 

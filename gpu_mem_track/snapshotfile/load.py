@@ -9,7 +9,12 @@ the problem. Unknown keys are ignored; optional ones may be missing.
 
 Bounded (see ``inputs``): only regular files are read, at most ``max_bytes`` of them
 (default ``MAX_BYTES``), and gunzipped to at most as many (``errors.TooLarge`` past
-it); every size, address and stream must lie in ``[0, 2**64)``, every time in
+it). The file is unpickled as a stream (``stream.SnapshotStream``: read and gunzipped a
+chunk at a time as the unpickler asks, never whole in memory), so a file that is not a
+pickle, such as a gzip bomb of zeros, is refused within its first chunk; no single value
+(a string, a pickle frame) may be longer than ``MAX_VALUE``. After the pickle the rest
+of the file is read through, keeping nothing, so the bounds and the gzip checks hold
+for all of it. Every size, address and stream must lie in ``[0, 2**64)``, every time in
 ``[0, 2**53)`` microseconds, line numbers and devices in ``[0, 2**31)``, and the
 settings nest at most ``inputs.MAX_DEPTH`` deep with integers of at most 64 bits. Names
 that are not valid UTF-8 (bytes, lone surrogates) are kept with their bad bytes written
@@ -26,23 +31,34 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, BinaryIO, Callable, NoReturn
 
 from .. import inputs
-from ..errors import BadInput
+from ..errors import BadInput, TooLarge
 from .records import Block, Frame, Segment, Snapshot, TraceEntry
+from .stream import SnapshotStream
 
-__all__ = ["MAX_BYTES", "load_snapshot", "loads_snapshot", "snapshot_from_data", "unpickle_plain"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_VALUE",
+    "load_snapshot",
+    "loads_snapshot",
+    "snapshot_from_data",
+    "unpickle_plain",
+]
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = b"PK\x03\x04"
 _FRAME_KEYS = itemgetter("filename", "line", "name")
 #: Largest snapshot read by default, on disk and after gunzip (bytes); torch's own with a
 #: million trace entries pickle to a few hundred MiB. ``max_bytes`` (``--max-bytes``) sets it.
 MAX_BYTES = 4 * 2**30
+#: Longest single value read at once (bytes): a string, a byte string or a pickle frame.
+#: A snapshot's are file and function names, and frames of about 64 KiB.
+MAX_VALUE = 16 * 2**20
 _U64 = 2**64
 _TIME = 2**53  # microseconds: the year 2255, and exact as a float
 _SMALL = 2**31
@@ -70,16 +86,26 @@ def unpickle_plain(data: bytes, name: str = "snapshot", limit: int | None = None
     """Unpickle ``data`` (gunzipped first, to at most ``limit`` bytes, default
     ``MAX_BYTES``, if it starts with the gzip magic) allowing only plain values; ``name``
     labels the ``BadInput`` raised on any failure."""
-    if not data:
-        raise BadInput(f"{name}: empty file, not a memory snapshot")
-    if data[:2] == _GZIP_MAGIC:
-        data = inputs.gunzip(data, MAX_BYTES if limit is None else limit, name)
-        if not data:
-            raise BadInput(f"{name}: empty after gunzip, not a memory snapshot")
-    if data[:4] == _ZIP_MAGIC:
+    return _unpickle(io.BytesIO(data), name, MAX_BYTES if limit is None else limit, None)
+
+
+def _unpickle(source: BinaryIO, name: str, limit: int, read_limit: int | None) -> Any:
+    """Unpickle the stream of ``source`` (see ``SnapshotStream``) allowing only plain
+    values, then read the rest of it through."""
+    stream = SnapshotStream(source, name, limit=limit, read_limit=read_limit, max_read=MAX_VALUE)
+    first = stream.peek(len(_ZIP_MAGIC))
+    if not first:
+        raise BadInput(
+            f"{name}: empty after gunzip, not a memory snapshot"
+            if stream.gzipped
+            else f"{name}: empty file, not a memory snapshot"
+        )
+    if first[: len(_ZIP_MAGIC)] == _ZIP_MAGIC:
         raise BadInput(f"{name}: a zip archive (torch.save output?), not a memory snapshot")
     try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
+        value = _PlainUnpickler(stream).load()
+    except BadInput:
+        raise  # the stream's own (bounds, cut gzip): already one line naming the file
     except _RefusedGlobal as exc:
         raise BadInput(f"{name}: not a memory snapshot: it asks for {exc}; refused, nothing run") from None
     except EOFError:
@@ -91,6 +117,8 @@ def unpickle_plain(data: bytes, name: str = "snapshot", limit: int | None = None
         raise BadInput(f"{name}: not a pickle ({text})") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
         raise BadInput(f"{name}: not a pickle ({type(exc).__name__}: {_line(exc)})") from None
+    stream.drain()
+    return value
 
 
 def _line(exc: Exception) -> str:
@@ -103,8 +131,11 @@ def load_snapshot(path: str | Path, max_bytes: int | None = None) -> Snapshot:
     ``BadInput``) for one over ``max_bytes`` bytes (None: ``MAX_BYTES``, 4 GiB) on disk
     or once gunzipped."""
     limit = MAX_BYTES if max_bytes is None else max_bytes
-    data = inputs.read_bytes(path, limit, "a memory snapshot")
-    return loads_snapshot(data, str(path), limit)
+    with inputs.open_regular(path, "a memory snapshot") as handle:
+        if os.fstat(handle.fileno()).st_size > limit:
+            raise TooLarge(f"{path}: larger than {limit:,} bytes, the most read as a memory snapshot")
+        data = _unpickle(handle, str(path), limit, limit)
+    return snapshot_from_data(data, str(path))
 
 
 def loads_snapshot(data: bytes, source: str = "snapshot", max_bytes: int | None = None) -> Snapshot:

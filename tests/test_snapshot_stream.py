@@ -1,0 +1,202 @@
+"""Snapshots read as a stream: a gzip bomb is refused within its first chunk with memory
+bounded, the bounds (bytes on disk, once gunzipped, one value) hold, and every pickle
+protocol reads as before."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import snapshotfiles as sf
+
+from gpu_mem_track.errors import BadInput, TooLarge, UsageError
+from gpu_mem_track.snapshotfile import load, load_snapshot, loads_snapshot
+from gpu_mem_track.snapshotfile.stream import CHUNK, SnapshotStream
+
+MIB = sf.MIB
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_snapshot() -> dict:
+    segment = sf.segment(sf.BASE, [(512, 4, "active_allocated"), (2 * MIB - 512, 0, "inactive")], "small")
+    return sf.snapshot([segment], [sf.entry("alloc", sf.BASE, 4, 100)])
+
+
+def bomb(path: Path, members: int, member_bytes: int) -> Path:
+    """``members`` gzip members of ``member_bytes`` zeros each, as the issue's bomb (24
+    members of 64 MiB) in small."""
+    path.write_bytes(gzip.compress(b"\0" * member_bytes, compresslevel=9) * members)
+    return path
+
+
+class Streams:
+    """Every ``SnapshotStream`` the loader makes, to read its counts afterwards."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[SnapshotStream] = []
+        made = self.made
+
+        class Counted(SnapshotStream):
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, **kwargs)
+                made.append(self)
+
+        monkeypatch.setattr(load, "SnapshotStream", Counted)
+
+
+def test_a_gzip_bomb_is_refused_within_its_first_chunk(tmp_path, monkeypatch) -> None:
+    path = bomb(tmp_path / "bomb.pickle.gz", 8, 8 * MIB)  # 64 MiB unpacked
+    streams = Streams(monkeypatch)
+    with pytest.raises(BadInput, match=r"bomb\.pickle\.gz: not a pickle \(invalid load key, '\\x00'"):
+        load_snapshot(path)
+    (stream,) = streams.made
+    assert stream.gzipped  # the unpickler peeks 128 KiB ahead: of 64 MiB, that is all
+    assert stream.produced <= 2 * CHUNK and stream.consumed <= 2 * CHUNK
+
+
+def test_a_non_pickle_plain_file_is_refused_within_its_first_chunk(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "zeros.pickle"
+    path.write_bytes(b"\0" * (8 * MIB))
+    streams = Streams(monkeypatch)
+    with pytest.raises(BadInput, match="not a pickle"):
+        load_snapshot(path)
+    assert streams.made[0].consumed <= 2 * CHUNK and not streams.made[0].gzipped
+
+
+#: Loads each file named and prints what came of it and the peak resident set (KiB).
+#: VmHWM is this process's own peak: ``ru_maxrss`` would keep the parent's across exec.
+PEAK = """
+import json, sys
+from gpu_mem_track.errors import BadInput
+from gpu_mem_track.snapshotfile import load_snapshot
+outcome = []
+for path in sys.argv[1:]:
+    try:
+        outcome.append(len(load_snapshot(path).segments))
+    except BadInput as exc:
+        outcome.append(str(exc))
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(json.dumps([outcome, peak]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc (Linux)")
+def test_peak_memory_stays_bounded_for_a_bomb_and_for_zeros_after_a_pickle(tmp_path) -> None:
+    """In a fresh interpreter: a bomb unpacking to 384 MiB, and a snapshot followed by
+    256 MiB of zeros (read through after the pickle), each keep the peak resident set far
+    under what they unpack to."""
+    big = bomb(tmp_path / "bomb.pickle.gz", 24, 16 * MIB)
+    trailing = tmp_path / "trailing.pickle.gz"
+    zeros = gzip.compress(b"\0" * (64 * MIB), compresslevel=9)
+    trailing.write_bytes(gzip.compress(pickle.dumps(small_snapshot())) + zeros * 4)
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, str(big), str(trailing)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    (refused, segments), peak_kib = json.loads(done.stdout)
+    assert "not a pickle" in refused and segments == 1
+    assert peak_kib < 96 * 1024, f"peak {peak_kib} KiB"
+
+
+def test_bytes_past_the_gunzip_bound_are_refused_after_the_pickle_too(tmp_path) -> None:
+    path = tmp_path / "long.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(small_snapshot()) + b"\0" * (2 * MIB)))
+    with pytest.raises(TooLarge, match=r"expands past 1,048,576 bytes when gunzipped"):
+        load_snapshot(path, MIB)
+    assert len(load_snapshot(path, 4 * MIB).segments) == 1
+
+
+def test_a_file_over_the_bound_on_disk_is_refused_before_it_is_read(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "big.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot()) + b"\0" * 4096)
+    streams = Streams(monkeypatch)
+    with pytest.raises(TooLarge, match=r"larger than 1,024 bytes, the most read as a memory snapshot"):
+        load_snapshot(path, 1024)
+    assert streams.made == []
+
+
+def test_a_single_value_over_max_value_is_refused(tmp_path, monkeypatch) -> None:
+    data = small_snapshot()
+    data["segments"][0]["frames"] = [{"filename": "x" * 5000, "line": 1, "name": "f"}]
+    path = tmp_path / "long-name.pickle"
+    path.write_bytes(pickle.dumps(data))
+    assert load_snapshot(path).segments[0].frames[0].filename == "x" * 5000
+    monkeypatch.setattr(load, "MAX_VALUE", 4096)
+    # The pickle's frame holding the name is what is read at once: 5,000 bytes and more.
+    with pytest.raises(
+        BadInput, match=r"long-name\.pickle: not a memory snapshot: .* value of [56],\d+ bytes"
+    ):
+        load_snapshot(path)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_every_pickle_protocol_reads_as_before(protocol: int) -> None:
+    """Protocols 0 and 1 read lines (``readline``), 4 and 5 frames; gzipped or not, each
+    gives the snapshot the default protocol gives."""
+    data = small_snapshot()
+    expected = loads_snapshot(pickle.dumps(data), "s")
+    raw = pickle.dumps(data, protocol=protocol)
+    assert loads_snapshot(raw, "s") == expected
+    assert loads_snapshot(gzip.compress(raw), "s") == expected
+
+
+def test_a_line_over_max_value_is_refused(monkeypatch) -> None:
+    raw = pickle.dumps({"segments": [], "name": "y" * 3000}, protocol=0)
+    monkeypatch.setattr(load, "MAX_VALUE", 1024)
+    with pytest.raises(BadInput, match=r"a single value of 3,0\d\d bytes at once"):
+        loads_snapshot(raw, "s")
+
+
+def stream_of(data: bytes, limit: int = 10 * MIB, read_limit: int | None = None) -> SnapshotStream:
+    return SnapshotStream(io.BytesIO(data), "s", limit=limit, read_limit=read_limit, max_read=MIB)
+
+
+def test_the_stream_reads_members_with_padding_across_chunks() -> None:
+    first = bytes(range(256)) * 1000  # 256,000 bytes: several chunks
+    data = gzip.compress(first) + b"\0" * 7 + gzip.compress(b"tail\nend") + b"\0" * 3
+    stream = stream_of(data)
+    assert stream.peek(3)[:3] == first[:3]
+    assert stream.read(10) == first[:10]  # peek did not move on
+    assert stream.read(CHUNK + 5) == first[10 : CHUNK + 15]
+    assert stream.read(len(first) - CHUNK - 15) == first[CHUNK + 15 :]
+    assert stream.readline() == b"tail\n" and stream.readline() == b"end" and stream.read(5) == b""
+    assert stream.produced == len(first) + 8 and stream.consumed == len(data)
+
+
+def test_the_stream_refuses_cut_or_corrupt_gzip_and_its_bounds() -> None:
+    whole = gzip.compress(b"x" * 1000)
+    with pytest.raises(BadInput, match=r"truncated or corrupt gzip data \(it ends mid-stream\)"):
+        stream_of(whole[:20]).drain()
+    with pytest.raises(BadInput, match="truncated or corrupt gzip data"):
+        stream_of(whole + b"junk").drain()
+    with pytest.raises(TooLarge, match="expands past 999 bytes"):
+        stream_of(whole, limit=999).drain()
+    stream_of(whole, limit=1000).drain()
+    with pytest.raises(TooLarge, match="larger than 10 bytes"):
+        stream_of(b"y" * 11, read_limit=10)
+    with pytest.raises(BadInput, match=r"value of 1,048,577 bytes at once"):
+        stream_of(b"z").read(MIB + 1)
+
+
+def test_the_cli_refuses_a_bomb_in_one_line(tmp_path) -> None:
+    path = bomb(tmp_path / "bomb.pickle.gz", 4, 4 * MIB)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", "snapshot", str(path), "--out-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"gpu_mem_track: {path}: not a pickle (invalid load key, '\\x00'.)"
+    ]
+    assert not (tmp_path / "out").exists()
+    assert issubclass(BadInput, UsageError)
