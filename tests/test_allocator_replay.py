@@ -380,3 +380,20 @@ def test_the_replay_device_never_hands_out_an_address_the_model_holds() -> None:
     device.free(BASE, 24 * MIB)
     device.plan(Call("malloc", 1, segment, ((0, segment),)), lambda: 0)
     assert device.malloc(12 * MIB) == BASE
+
+
+H200 = FIXTURES.parent / "h200" if FIXTURES is not None else None
+
+
+@pytest.mark.skipif(
+    H200 is None or not (H200 / "timm-resnet50-amp.pickle.gz").is_file(), reason="no H200 traces"
+)
+def test_recorded_resnet50_trace_replays_to_its_end_and_peak() -> None:
+    """timm's ResNet-50 with ``cudnn.benchmark`` (63 ``empty_cache()`` calls from C++):
+    every decision matched, and the peak is the recorded ``max_memory_allocated()``."""
+    replayed = replay(load_snapshot(H200 / "timm-resnet50-amp.pickle.gz"), 0)
+    report = replayed.report
+    assert report.all_match, report.mismatches
+    assert (report.allocs.matched, report.segment_frees.matched, report.empty_cache_calls) == (7049, 158, 63)
+    assert max(s.allocated for s in replayed.steps) == 9_824_646_144
+    assert replayed.check.exact

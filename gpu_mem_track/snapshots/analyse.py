@@ -5,7 +5,9 @@ fragmentation at the peak.
 
 Every figure is bytes of the caching allocator's ``allocated_bytes`` (blocks, 512 B
 rounded, unsplit tails included) or ``reserved_bytes`` (segments). Lines are the sites of
-``attribution``: the innermost user frame of the stack that allocated (or freed).
+``attribution``: the innermost user frame of the stack that allocated (or freed); phases
+are read from the stacks in the trace's order (``phases``: autograd's allocations carry
+no Python frame, and belong to the backward call running).
 A snapshot without a trace gives what it has: the blocks in use per line, and the
 segments.
 """
@@ -22,6 +24,7 @@ from ..allocator.replay import Replay
 from ..allocator.timeline import ReplayCheck, Step
 from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
+from .phases import trace_phases
 
 __all__ = [
     "CategoryUsage",
@@ -187,9 +190,10 @@ def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> Sna
     if not trace:
         return _without_trace(snapshot, replayed, attributor)
     peak_at = _peak_step(replayed)
+    phases = trace_phases(trace, attributor)
     tally = _Tally(attributor)
-    tally.walk(replayed, peak_at)
-    peak = _peak(replayed, peak_at, attributor, trace)
+    tally.walk(replayed, peak_at, phases)
+    peak = _peak(replayed, peak_at, attributor, trace, phases)
     free_blocks, largest_free = replayed.free_after(peak.index)
     segment_steps = [s for s in replayed.steps if s.entry.action.startswith("segment_")]
     empty_cache = _empty_cache_runs(replayed.steps)
@@ -237,7 +241,9 @@ def _peak_step(replayed: Replay) -> int | None:
     return at
 
 
-def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any]) -> Peak:
+def _peak(
+    replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any], phases: Sequence[str]
+) -> Peak:
     bound = peak_bound(replayed)
     if at is None:
         return Peak(
@@ -250,14 +256,14 @@ def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Seque
             bound=max(bound, replayed.start_allocated),
         )
     step = replayed.steps[at]
-    site, category = attributor.describe(step.entry.frames)
+    site, _ = attributor.describe(step.entry.frames)
     return Peak(
         step.allocated,
         step.reserved,
         step.index,
         step.entry.time_us or None,
         site,
-        category,
+        phases[step.index],
         step.bytes,
         step.entry.size,
         max(bound, step.allocated),
@@ -315,7 +321,8 @@ class _Tally:
             row["by_category"] = {}
         return row
 
-    def walk(self, replayed: Replay, peak_at: int | None) -> None:
+    def walk(self, replayed: Replay, peak_at: int | None, phases: Sequence[str]) -> None:
+        """Sum the steps; ``phases``: each trace entry's phase (``phases.trace_phases``)."""
         live: dict[int, tuple[int, Site, str]] = {
             a: (s, PRE_TRACE, "before recording") for a, s in replayed.start_blocks
         }
@@ -328,7 +335,8 @@ class _Tally:
         for position, step in enumerate(replayed.steps):
             action = step.entry.action
             if action == "alloc":
-                site, category = self.attributor.describe(step.entry.frames)
+                site, _ = self.attributor.describe(step.entry.frames)
+                category = phases[step.index]
                 self.allocation(site, category, step)
                 live[step.entry.addr] = (step.bytes, site, category)
             elif action == "free_requested":
