@@ -71,7 +71,9 @@ class SnapshotAnalysis:
     ``largest_free``/``free_blocks``: the largest free cached block then and how many;
     ``empty_cache``: (time_us, bytes released, segments) per ``empty_cache()`` run;
     ``ooms``: times of recorded out-of-memory errors; ``unmatched_include``: ``--include``
-    values no frame matched; ``segments_at_end``: (small, large) segments recorded.
+    values no frame matched; ``segments_at_end``: (small, large) segments recorded;
+    ``sizes``: the request sizes each site allocated in each phase (``AllocationSizes``;
+    what ``compare`` compares).
     """
 
     source: str
