@@ -13,8 +13,9 @@ of ``segment_free`` events carrying ``empty_cache`` frames as one ``empty_cache(
 is a run no allocation can have made (none follows, no new segment follows it, or its
 stack is not the allocation's: torch releases inside ``malloc`` only after ``cudaMalloc``
 failed, then asks again, all with the allocation's stack), and a run the allocation did
-not need because the model's cache serves it (an ``empty_cache()`` called from C++, such
-as cuDNN's after a benchmark search, carries the Python stack of the convolution).
+not need because the model's cache serves it (an ``empty_cache()`` called from C++
+carries the Python stack of the call it ran in: the ResNet-50 trace of
+``shared/fixtures/h200`` has 63, inside convolutions, where cuDNN's benchmark searches).
 
 What the end state and the trace leave open is settled by the replay itself: the
 unsplit remainder of a block from before the trace that no sighting pins down is
@@ -197,10 +198,9 @@ def _releases_apart(allocator: Allocator, call: Call) -> bool:
     """Whether the segment releases recorded within an allocation cannot be its own: the
     model's cache holds a free block that serves the request, so torch's ``malloc`` never
     called ``cudaMalloc``, and releases only follow a refused ``cudaMalloc``. They were an
-    ``empty_cache()`` whose frames the trace does not hold: one called from C++ (cuDNN's
-    benchmark runs ``emptyCache()`` after timing its algorithms, inside the convolution,
-    so the releases carry the convolution's Python stack; the ResNet-50 trace in
-    ``shared/fixtures/h200`` does this after every search)."""
+    ``empty_cache()`` whose frames the trace does not hold: one called from C++, whose
+    releases carry the Python stack of the call it ran in (the ResNet-50 trace in
+    ``shared/fixtures/h200``: inside convolutions, where cuDNN's benchmark searches)."""
     if allocator.settings.expandable_segments:
         return False
     if not any(e.action in _RELEASES for _, e in call.segment_events):
