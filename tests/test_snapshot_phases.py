@@ -17,7 +17,7 @@ from gpu_mem_track.allocator.replay import replay
 from gpu_mem_track.snapshotfile import load_snapshot, snapshot_from_data
 from gpu_mem_track.snapshots.analyse import analyse
 from gpu_mem_track.snapshots.attribution import Attributor
-from gpu_mem_track.snapshots.phases import trace_phases
+from gpu_mem_track.snapshots.phases import read_trace, trace_phases
 
 MIB = 2**20
 BASE = sf.BASE
@@ -95,6 +95,18 @@ def test_the_analysis_counts_them_in_backward():
     }
     assert analysis.peak.category == "other"  # the last allocation set the peak
     assert replay(snapshot, 0).check.exact
+    # entries without frames go to the line that called backward, not to <no frames>
+    lines = {(u.file, u.line): (u.hits, u.category) for u in analysis.lines}
+    assert lines[("/src/train.py", 14)] == (5, "backward")  # the call, 2 frameless, 2 of its own
+    assert lines[("/src/train.py", 17)] == (2, "backward")  # torch.autograd.grad and 1 frameless
+    assert lines[("<no frames>", 0)] == (1, "other")  # made while no backward call ran
+
+
+def test_frameless_entries_are_charged_to_the_line_running_backward():
+    trace = snapshot_from_data(python_only_trace()).device_traces[0]
+    reading = read_trace(trace, Attributor())
+    owners = {index: (site.file, site.line) for index, site in reading.owners.items()}
+    assert owners == {4: ("/src/train.py", 14), 8: ("/src/train.py", 14), 13: ("/src/train.py", 17)}
 
 
 def test_without_a_backward_call_frameless_entries_stay_other():

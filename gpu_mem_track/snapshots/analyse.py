@@ -22,7 +22,7 @@ from ..allocator.replay import Replay
 from ..allocator.timeline import ReplayCheck, Step
 from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
-from .phases import trace_phases
+from .phases import TraceReading, read_trace
 from .tally import Tally
 from .usage import AllocationSizes, CategoryUsage, LineUsage, source_code
 
@@ -133,17 +133,20 @@ def pick_device(snapshot: Snapshot, device: int | None = None) -> int:
     return max(counts, key=lambda d: counts[d]) if counts else 0
 
 
-def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
-    """The analysis of ``replayed`` (``allocator.replay.replay(snapshot, device)``)."""
+def analyse(
+    snapshot: Snapshot, replayed: Replay, attributor: Attributor, reading: TraceReading | None = None
+) -> SnapshotAnalysis:
+    """The analysis of ``replayed`` (``allocator.replay.replay(snapshot, device)``);
+    ``reading``: its trace read in order (``phases.read_trace``; read here when None)."""
     device = replayed.device
     trace = snapshot.device_trace(device)
     if not trace:
         return _without_trace(snapshot, replayed, attributor)
     peak_at = _peak_step(replayed)
-    phases = trace_phases(trace, attributor)
+    reading = reading or read_trace(trace, attributor)
     tally = Tally(attributor)
-    tally.walk(replayed, peak_at, phases)
-    peak = _peak(replayed, peak_at, attributor, trace, phases)
+    tally.walk(replayed, peak_at, reading)
+    peak = _peak(replayed, peak_at, attributor, trace, reading)
     free_blocks, largest_free = replayed.free_after(peak.index)
     segment_steps = [s for s in replayed.steps if s.entry.action.startswith("segment_")]
     empty_cache = _empty_cache_runs(replayed.steps)
@@ -193,7 +196,7 @@ def _peak_step(replayed: Replay) -> int | None:
 
 
 def _peak(
-    replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any], phases: Sequence[str]
+    replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any], reading: TraceReading
 ) -> Peak:
     bound = peak_bound(replayed)
     if at is None:
@@ -207,14 +210,13 @@ def _peak(
             bound=max(bound, replayed.start_allocated),
         )
     step = replayed.steps[at]
-    site, _ = attributor.describe(step.entry.frames)
     return Peak(
         step.allocated,
         step.reserved,
         step.index,
         step.entry.time_us or None,
-        site,
-        phases[step.index],
+        reading.site(step.index, step.entry.frames, attributor),
+        reading.phases[step.index],
         step.bytes,
         step.entry.size,
         max(bound, step.allocated),

@@ -27,6 +27,7 @@ from .compare import compare_analyses
 from .compare_folder import write_comparison
 from .compare_report import render_comparison
 from .folder import default_name, write_folder
+from .phases import read_trace
 from .report import render_summary
 
 __all__ = ["load_checked", "report_folder", "run", "run_compare"]
@@ -80,9 +81,10 @@ def report_folder(
         raise UsageError(f"{snapshot.source}: no device {chosen} in the snapshot (devices: {found})")
     attributor = Attributor(include)
     replayed = replay(snapshot, chosen)
-    analysis = analyse(snapshot, replayed, attributor)
+    reading = read_trace(snapshot.device_trace(chosen), attributor)
+    analysis = analyse(snapshot, replayed, attributor, reading)
     folder = RunFolder(claim_folder(Path(out_dir), safe_name(name or default_name(snapshot.source))))
-    write_folder(folder, analysis, replayed, attributor, top)
+    write_folder(folder, analysis, replayed, attributor, top, reading)
     return folder.path, analysis
 
 

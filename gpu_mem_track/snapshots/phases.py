@@ -18,43 +18,73 @@ stack says ``other`` (``attribution``) belongs to backward when it has
 
 The call has ended at the first entry whose outermost function is the program thread's
 and whose stack is another one. What a stack shows by itself (forward, optimizer) stays.
-What this cannot know: a backward call whose first allocation the ring buffer dropped is
-found only at its next entry with the call on its stack (there is none: the engine's
-entries stay ``other``), and a Python hook run on the program's thread in between (none
-does in torch) would end the call early.
+An entry without any frame made during the call is also charged to the line that called
+backward (``TraceReading.owners``), as ``run --snapshot`` charges it to the line running,
+instead of to ``<no frames>``; one with C++ frames keeps its autograd node
+(``<backward> MmBackward0``).
+
+What this cannot know: a backward call whose start the ring buffer dropped is not seen
+(its engine's entries stay ``other``, at ``<no frames>``, until the next call), and a
+Python hook run on the program's thread during the call (none does in torch) would end
+it early.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..snapshotfile.records import Frame, TraceEntry
-from .attribution import Attributor, is_backward_call
+from .attribution import Attributor, Site, is_backward_call
 
-__all__ = ["trace_phases"]
+__all__ = ["TraceReading", "read_trace", "trace_phases"]
 
 _Stack = tuple[tuple[str, int, str], ...]
 
 
+@dataclass(frozen=True)
+class TraceReading:
+    """A trace read in order: ``phases``, each entry's phase; ``owners``, by entry index,
+    the line whose backward call was running when an entry without any frame was made
+    (the site it is charged to instead of ``<no frames>``)."""
+
+    phases: tuple[str, ...]
+    owners: Mapping[int, Site] = field(default_factory=dict)
+
+    def site(self, index: int, frames: Sequence[Frame], attributor: Attributor) -> Site:
+        """The site of entry ``index`` (whose stack is ``frames``)."""
+        owner = self.owners.get(index)
+        return owner if owner is not None else attributor.describe(frames)[0]
+
+
 def trace_phases(trace: Sequence[TraceEntry], attributor: Attributor) -> list[str]:
     """The phase (``attribution.CATEGORIES``) of each entry of ``trace``, in order."""
-    out: list[str] = []
+    return list(read_trace(trace, attributor).phases)
+
+
+def read_trace(trace: Sequence[TraceEntry], attributor: Attributor) -> TraceReading:
+    """Read ``trace`` in order (see the module docstring)."""
+    phases: list[str] = []
+    owners: dict[int, Site] = {}
     stacks: dict[int, tuple[Sequence[Frame], _Stack, _Stack | None]] = {}
     running: _Stack | None = None  # the Python stack of the line whose backward call runs
-    for entry in trace:
-        _, own = attributor.describe(entry.frames)
+    line = Site("", "", 0)  # that line's site
+    for index, entry in enumerate(trace):
+        site, own = attributor.describe(entry.frames)
         stack, caller = _stacks(entry.frames, stacks)
         main = running is not None and bool(stack) and _thread(stack) == _thread(running)
         if caller is not None and (running is None or main):
-            running, phase = caller, "backward"  # the program's thread calls backward
+            running, line, phase = caller, site, "backward"  # the program's thread calls backward
         elif running is None:
             phase = own
         elif main and stack != running:
             running, phase = None, own  # the program's thread moved on
         else:
             phase = "backward" if own == "other" else own  # the engine, or the caller's line
-        out.append(phase)
-    return out
+            if not entry.frames:
+                owners[index] = line
+        phases.append(phase)
+    return TraceReading(tuple(phases), owners)
 
 
 def _thread(stack: _Stack) -> tuple[str, str]:

@@ -4,12 +4,13 @@ of a snapshot without a trace) gives each site's and each phase's ``usage`` reco
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from ..allocator.replay import Replay
 from ..allocator.timeline import Step
 from .attribution import PRE_TRACE, Attributor, Site
+from .phases import TraceReading
 from .usage import AllocationSizes, CategoryUsage, LineUsage, source_code
 
 __all__ = ["Tally"]
@@ -33,8 +34,9 @@ class Tally:
             row["by_category"] = {}
         return row
 
-    def walk(self, replayed: Replay, peak_at: int | None, phases: Sequence[str]) -> None:
-        """Sum the steps; ``phases``: each trace entry's phase (``phases.trace_phases``)."""
+    def walk(self, replayed: Replay, peak_at: int | None, reading: TraceReading) -> None:
+        """Sum the steps; ``reading``: the trace read in order (``phases.read_trace``:
+        each entry's phase, and the line of entries without frames)."""
         live: dict[int, tuple[int, Site, str]] = {
             a: (s, PRE_TRACE, "before recording") for a, s in replayed.start_blocks
         }
@@ -47,13 +49,13 @@ class Tally:
         for position, step in enumerate(replayed.steps):
             action = step.entry.action
             if action == "alloc":
-                site, _ = self.attributor.describe(step.entry.frames)
-                category = phases[step.index]
+                site = reading.site(step.index, step.entry.frames, self.attributor)
+                category = reading.phases[step.index]
                 self.allocation(site, category, step)
                 self.request(site, category, step.entry.size)
                 live[step.entry.addr] = (step.bytes, site, category)
             elif action == "free_requested":
-                site, _ = self.attributor.describe(step.entry.frames)
+                site = reading.site(step.index, step.entry.frames, self.attributor)
                 row = self.row(site)
                 row["freed"] -= step.bytes
                 row["memory"] = step.allocated
