@@ -262,6 +262,7 @@ def test_the_command_writes_and_prints_the_comparison(tmp_path):
             "--compare compares one FILE with b.pickle; 2 were",
         ),
         (("a.pickle", "--compare", "notes.txt"), "notes.txt"),
+        (("a.pickle", "--compare", "b.pickle", "--device", "3"), "a.pickle: no device 3 in the snapshot"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):

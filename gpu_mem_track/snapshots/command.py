@@ -95,6 +95,10 @@ def run_compare(args: argparse.Namespace) -> int:
     if len(args.files) != 1:
         raise UsageError(f"--compare compares one FILE with {args.compare}; {len(args.files)} were given")
     first, second = (load_checked(path, args.max_bytes) for path in (args.files[0], args.compare))
+    for snapshot in (first, second):  # a device one lacks: said before anything is written
+        if args.device is not None and args.device not in snapshot.devices():
+            found = ", ".join(str(d) for d in snapshot.devices()) or "none"
+            raise UsageError(f"{snapshot.source}: no device {args.device} in the snapshot (devices: {found})")
     sides = []
     for snapshot in (first, second):
         folder, analysis = report_folder(snapshot, args.out_dir, None, args.include, args.device, args.top)
