@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -330,3 +332,23 @@ def analysed_file(path: Path) -> dict:
     snapshot = load_snapshot(path)
     device = next((d for d, t in enumerate(snapshot.device_traces) if t), 0)
     return analyse(snapshot, replay(snapshot, device), Attributor()).to_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("chromium") or shutil.which("chromium-browser")),
+    reason="needs chromium (apt-get install chromium)",
+)
+def test_the_page_of_two_snapshots_shows_their_comparison_in_chromium(tmp_path):
+    from test_html import body_attributes, dump_dom
+
+    from gpu_mem_track.html.page import write_report
+
+    a = sf.write(tmp_path / "a.pickle", A)
+    b = sf.write(tmp_path / "b.pickle", B)
+    dom, log = dump_dom(write_report([a, b], tmp_path / "page.html"))
+    body = body_attributes(dom)
+    assert (body.get("data-status"), body.get("data-errors")) == ("ready", None)
+    section = re.search(r'id="gmt-snapshot-comparison".*?</section>', dom, re.S).group(0)
+    assert "Snapshots compared: B (b) minus A (a)" in section and "3 of 5 lines in both" in section
+    assert "<td>models/net.py:5 forward</td>" in section and "1.95 KiB 0/2, 1000 B 1/0" in section
