@@ -323,3 +323,77 @@ def test_releases_an_allocation_did_not_need_are_an_empty_cache(same_stack: bool
     report = replay_snapshot(snapshot_from_data(sf.snapshot(segments, trace)))
     assert report.all_match, report.mismatches
     assert (report.empty_cache_calls, report.segment_frees.matched) == (1, 1)
+
+
+def _cudnn_benchmark_snapshot() -> dict:
+    """The pattern of the ResNet-50 trace (``shared/fixtures/h200``): cuDNN's benchmark
+    allocates a workspace, frees it and runs ``emptyCache()`` from C++, so the segment
+    free carries the convolution's Python stack and no ``empty_cache`` frame; a new
+    segment follows for the next allocation of the same line, which the released segment
+    could have served. A later segment of torch's takes the released address."""
+    conv, later, other, small = 40, 41, BASE + 64 * MIB, BASE + 128 * MIB
+    half = int(19.5 * MIB)
+    trace = [
+        sf.entry("segment_alloc", BASE, 24 * MIB, 1, line=conv),
+        sf.entry("alloc", BASE, 23 * MIB, 2, line=conv),
+        sf.entry("free_requested", BASE, 23 * MIB, 3, line=conv),
+        sf.entry("free_completed", BASE, 23 * MIB, 4, line=conv),
+        sf.entry("segment_free", BASE, 24 * MIB, 5, line=conv),
+        sf.entry("segment_alloc", other, 20 * MIB, 6, line=conv),
+        sf.entry("alloc", other, half, 7, line=conv),
+        sf.entry("free_requested", other, half, 8, line=later),
+        sf.entry("free_completed", other, half, 9, line=later),
+        sf.entry("segment_alloc", BASE, 30 * MIB, 10, line=later),
+        sf.entry("alloc", BASE, 30 * MIB, 11, line=later),
+        sf.entry("free_requested", BASE, 30 * MIB, 12, line=later),
+        sf.entry("free_completed", BASE, 30 * MIB, 13, line=later),
+    ]
+    for at, size in ((other, 20 * MIB), (BASE, 30 * MIB)):
+        trace.append(dict(sf.entry("segment_free", at, size, 14), frames=CACHE_FRAMES))
+    trace += [sf.entry("segment_alloc", small, 2 * MIB, 15), sf.entry("alloc", small, 100, 15)]
+    segments = [sf.segment(small, [(512, 100, "active_allocated"), (2 * MIB - 512, 0, "inactive")], "small")]
+    return sf.snapshot(segments, trace)
+
+
+def test_an_empty_cache_from_cpp_inside_a_convolution_is_replayed_as_one() -> None:
+    """Before the fix the release was taken for the allocation's own, the model kept the
+    segment, the device handed its address out a second time and ``empty_cache()``
+    stopped on the free pool holding two blocks at one address."""
+    report = replay_snapshot(snapshot_from_data(_cudnn_benchmark_snapshot()))
+    assert report.all_match, report.mismatches
+    assert (report.allocs.matched, report.segment_allocs.matched, report.segment_frees.matched) == (4, 4, 3)
+    assert report.empty_cache_calls == 2
+    assert (report.final_segments.matched, report.final_blocks.matched) == (1, 2)
+
+
+def test_the_replay_device_never_hands_out_an_address_the_model_holds() -> None:
+    """A model that kept a segment torch released gets a fresh address, not torch's."""
+    from gpu_mem_track.allocator.calls import Call, ReplayDevice
+
+    device = ReplayDevice()
+    device.adopt(BASE, 24 * MIB)
+    recorded = sf.snapshot([], [sf.entry("segment_alloc", BASE, 12 * MIB)])
+    segment = snapshot_from_data(recorded).device_traces[0][0]
+    device.plan(Call("malloc", 1, segment, ((0, segment),)), lambda: 0)
+    address = device.malloc(12 * MIB)
+    assert address is not None and address >= 1 << 60
+    device.free(BASE, 24 * MIB)
+    device.plan(Call("malloc", 1, segment, ((0, segment),)), lambda: 0)
+    assert device.malloc(12 * MIB) == BASE
+
+
+H200 = FIXTURES.parent / "h200" if FIXTURES is not None else None
+
+
+@pytest.mark.skipif(
+    H200 is None or not (H200 / "timm-resnet50-amp.pickle.gz").is_file(), reason="no H200 traces"
+)
+def test_recorded_resnet50_trace_replays_to_its_end_and_peak() -> None:
+    """timm's ResNet-50 with ``cudnn.benchmark`` (63 ``empty_cache()`` calls from C++):
+    every decision matched, and the peak is the recorded ``max_memory_allocated()``."""
+    replayed = replay(load_snapshot(H200 / "timm-resnet50-amp.pickle.gz"), 0)
+    report = replayed.report
+    assert report.all_match, report.mismatches
+    assert (report.allocs.matched, report.segment_frees.matched, report.empty_cache_calls) == (7049, 158, 63)
+    assert max(s.allocated for s in replayed.steps) == 9_824_646_144
+    assert replayed.check.exact

@@ -49,6 +49,7 @@ class ReplayDevice(SimulatedDevice):
         self.frees_needed = 0
         self.refuse = False
         self.frees_done = lambda: 0
+        self._live: dict[int, int] = {}  # segments the model holds: address -> bytes
 
     def plan(self, call: Call, frees_done: Callable[[], int]) -> None:
         recorded = [e for _, e in call.segment_events] if call.segment_events else ()
@@ -60,12 +61,30 @@ class ReplayDevice(SimulatedDevice):
     def malloc(self, size: int) -> int | None:
         if self.refuse or self.frees_done() < self.frees_needed:
             return None
+        address = None
         if self.expected:
             recorded = self.expected.pop(0)
-            if recorded.size == size:
+            if recorded.size == size and not self._overlaps(recorded.addr, size):
                 self._used += size
-                return recorded.addr
-        return super().malloc(size)
+                address = recorded.addr
+        # A model that kept a segment torch released must not get a second one at its address.
+        address = super().malloc(size) if address is None else address
+        if address is not None:
+            self._live[address] = size
+        return address
+
+    def free(self, address: int, size: int) -> None:
+        super().free(address, size)
+        self._live.pop(address, None)
+
+    def adopt(self, address: int, size: int) -> None:
+        super().adopt(address, size)
+        self._live[address] = size
+
+    def _overlaps(self, address: int, size: int) -> bool:
+        return any(
+            start < address + size and address < start + length for start, length in self._live.items()
+        )
 
 
 def plan_calls(trace: Sequence[TraceEntry]) -> tuple[list[Call], int]:

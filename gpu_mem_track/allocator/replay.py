@@ -12,7 +12,10 @@ release inside an allocation belongs to that allocation); each ``oom``; and each
 of ``segment_free`` events carrying ``empty_cache`` frames as one ``empty_cache()``, as
 is a run no allocation can have made (none follows, no new segment follows it, or its
 stack is not the allocation's: torch releases inside ``malloc`` only after ``cudaMalloc``
-failed, then asks again, all with the allocation's stack).
+failed, then asks again, all with the allocation's stack), and a run the allocation did
+not need because the model's cache serves it (an ``empty_cache()`` called from C++
+carries the Python stack of the call it ran in: the ResNet-50 trace of
+``shared/fixtures/h200`` has 63, inside convolutions, where cuDNN's benchmark searches).
 
 What the end state and the trace leave open is settled by the replay itself: the
 unsplit remainder of a block from before the trace that no sighting pins down is
@@ -63,6 +66,7 @@ from .timeline import Replay, Timeline, replay_check, tail_bounds
 __all__ = ["Call", "Mismatch", "Replay", "ReplayReport", "plan_calls", "replay", "replay_snapshot"]
 
 _SEGMENT_ACTIONS = ("segment_alloc", "segment_free")
+_RELEASES = ("segment_free", "segment_unmap")
 _EXPANDABLE_ACTIONS = ("segment_map", "segment_unmap")
 
 
@@ -182,8 +186,48 @@ def _replay(start: StartState, calls: list[Call], settings: AllocatorSettings, k
     run.timeline = Timeline(run.allocator.allocated)
     run.open_tails = {t.end: t for t in start.tails if t.how != "seen"}
     for call in calls:
-        _replay_call(run, call)
+        if call.kind == "malloc" and _releases_apart(run.allocator, call):
+            for part in _split_releases(call):
+                _replay_call(run, part)
+        else:
+            _replay_call(run, call)
     return run
+
+
+def _releases_apart(allocator: Allocator, call: Call) -> bool:
+    """Whether the segment releases recorded within an allocation cannot be its own: the
+    model's cache holds a free block that serves the request, so torch's ``malloc`` never
+    called ``cudaMalloc``, and releases only follow a refused ``cudaMalloc``. They were an
+    ``empty_cache()`` whose frames the trace does not hold: one called from C++, whose
+    releases carry the Python stack of the call it ran in (the ResNet-50 trace in
+    ``shared/fixtures/h200``: inside convolutions, where cuDNN's benchmark searches)."""
+    if allocator.settings.expandable_segments:
+        return False
+    if not any(e.action in _RELEASES for _, e in call.segment_events):
+        return False
+    e = call.entry
+    rounded = round_size(e.size, allocator.settings)
+    pool = allocator.small_pool if rounded <= K_SMALL_SIZE else allocator.large_pool
+    block = pool.free.at(pool.free.lower_bound(e.stream, rounded))
+    if block is None or block.stream != e.stream:
+        return False
+    limit = allocator.settings.split_limit
+    if rounded < limit <= block.size:
+        return False
+    return not (rounded >= limit and block.size >= rounded + allocator.settings.max_non_split_rounding_size)
+
+
+def _split_releases(call: Call) -> list[Call]:
+    """``call`` as the calls torch made: the completions and releases recorded up to the
+    last release (an ``empty_cache()``), then the allocation with the events after it."""
+    events = call.segment_events
+    last = max(i for i, (_, e) in enumerate(events) if e.action in _RELEASES)
+    before, after = events[: last + 1], events[last + 1 :]
+    parts = [Call("complete", i, e) for i, e in before if e.action == "free_completed"]
+    released = tuple((i, e) for i, e in before if e.action != "free_completed")
+    parts.append(Call("empty_cache", released[0][0], released[0][1], released))
+    parts.append(dataclasses.replace(call, segment_events=after))
+    return parts
 
 
 def _report(snapshot, device, settings, trace, end, start, run, skipped, rounds, simulated) -> ReplayReport:  # noqa: ANN001

@@ -15,6 +15,18 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         "files", type=Path, nargs="+", metavar="FILE", help="snapshot files (.pickle, .pickle.gz)"
     )
     parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="B",
+        help="compare the one FILE (A) with snapshot B line by line: per line and per phase the bytes "
+        "each allocated, held at its peak, and the request sizes whose counts differ, largest "
+        "difference first (B minus A). Lines are matched by file, line number and function; files by "
+        "name, and where names repeat by the most trailing folders their paths share, so paths "
+        "recorded on another machine still match. Writes both analyses as usual and "
+        "reports/<A>-vs-<B>/ (compare.txt, compare_lines.csv, compare_phases.csv, "
+        "compare_sizes.csv, compare.json, compare.html)",
+    )
+    parser.add_argument(
         "--include",
         action="append",
         default=[],
@@ -27,7 +39,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         "--out-dir", type=Path, default=Path("reports"), help="folder of report folders (default: reports)"
     )
     parser.add_argument(
-        "--name", help="report folder name (default: the file name without .pickle.gz; -2, -3... if taken)"
+        "--name",
+        help="report folder name (default: the file name without .pickle.gz; with --compare, the "
+        "comparison's folder, default <A>-vs-<B>; -2, -3... if taken)",
     )
     parser.add_argument(
         "--device",
@@ -60,7 +74,8 @@ COMMAND = Command(
     "and line, reserved bytes, the cache and largest free block at the peak, and per source "
     "line and phase the bytes live at the peak and allocated in total. Writes reports/<name>/ "
     "(report.txt, lines.csv, timeline.csv, meta.json, snapshot_lines.csv, snapshot.json), "
-    "which compare and plot read like a run.",
+    "which compare and plot read like a run. With --compare B, also compares FILE with B line by "
+    "line and phase by phase.",
     prepare_parser=prepare_parser,
     run=run,
 )

@@ -25,7 +25,9 @@ a launch folder of ``rank<k>/`` run folders, or a folder of the same layout such
 - ``snapshot``: the allocator summary of a snapshot analysis (``html.snapshot``), or None.
 
 With exactly two inputs, ``comparison`` holds ``runs.compare``'s rows (by line when both
-runs have per-line records, else by label; a launch is compared by its first rank). A
+runs have per-line records, else by label; a launch is compared by its first rank), and
+when both are snapshot analyses ``snapshot_comparison`` holds their comparison line by
+line and phase by phase (``html.snapshot.snapshot_comparison``; None otherwise). A
 raw memory snapshot (``.pickle``, ``.pkl``, gzip-compressed or not) is analysed as the
 ``snapshot`` command does. All sizes are bytes of each run's memory source.
 """
@@ -50,7 +52,7 @@ from ..runs.compare import Comparison, compare_runs
 from ..runs.load import Run, Source, detect, load_run
 from ..tracker.csvlog import read_stamps
 from ..units import shape_text
-from .snapshot import enrich_lines, line_times, read_analysis, snapshot_summary
+from .snapshot import enrich_lines, line_times, read_analysis, snapshot_comparison, snapshot_summary
 
 __all__ = ["MAX_CENSUSES", "MAX_CHANGES", "collect", "rank_folders"]
 
@@ -87,12 +89,26 @@ def collect(
         "comparison": None,
         "notes": [note for _, run in loaded for note in run.notes],
     }
+    analyses = [_take_analysis(run) for run, _ in loaded]
+    data["snapshot_comparison"] = None
     if len(loaded) == 2:
         try:
             data["comparison"] = _comparison(loaded[0][1], loaded[1][1])
         except UsageError as exc:
             data["notes"].append(f"no comparison: {exc}")
+    if len(loaded) == 2 and all(a is not None for a in analyses):
+        names = [run["name"] for run, _ in loaded]
+        try:
+            data["snapshot_comparison"] = snapshot_comparison(analyses[0], analyses[1], *names)
+        except UsageError as exc:
+            data["notes"].append(f"no snapshot comparison: {exc}")
     return data
+
+
+def _take_analysis(run: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's snapshot analysis, removed from its data: the page does not embed it whole
+    (a rank's entry keeps only its figures, see ``_ranks``)."""
+    return run.pop("analysis", None)
 
 
 def rank_folders(path: Path) -> list[tuple[int, Path]]:
@@ -138,6 +154,7 @@ def _run(path: Path, points: int) -> tuple[dict[str, Any], Run]:
     analysis = read_analysis(source.path) if source.kind == "folder" else None
     if analysis is not None:
         data["snapshot"] = snapshot_summary(analysis)
+        data["analysis"] = analysis  # for a comparison of two snapshots; not embedded
         timeline = _timeline_file(source)
         times = line_times(read_timeline(timeline)) if snapshot and timeline is not None else None
         enrich_lines(data["lines"], analysis, times)

@@ -513,6 +513,22 @@
       plainTable(["key", "A " + value, "B " + value, "B-A", "peak B-A"], rows));
   }
 
+  /* Two snapshots compared line by line (html/snapshot.py: snapshot_comparison). */
+  function snapshotComparison(data) {
+    var c = data.snapshot_comparison;
+    if (!c) return;
+    var box = section("Snapshots compared: B (" + c.b + ") minus A (" + c.a + ")", "gmt-snapshot-comparison");
+    box.appendChild(el("p", { "class": "note" }, c.matching + " " + c.matched + " of " + c.total +
+      " lines in both. Sizes A/B: a request size, then how many allocations of it each made."));
+    box.appendChild(plainTable(["", "A", "B", "B - A"], c.peaks));
+    var heads = ["allocated A", "allocated B", "B - A", "at peak A", "at peak B", "B - A", "sizes A/B"];
+    box.appendChild(plainTable(["phase"].concat(heads), c.phases, "gmt-snapshot-phases"));
+    if (c.lines.length < c.total)
+      box.appendChild(el("p", { "class": "note" }, "The " + c.lines.length + " lines of largest difference (of " + c.total + ")."));
+    box.appendChild(el("div", { "class": "lines-box" })).appendChild(
+      plainTable(["where", "phase"].concat(heads), c.lines, "gmt-snapshot-lines"));
+  }
+
   /* ---- self test (#selftest) -------------------------------------------------------- */
   function sorted(values, descending) {
     for (var i = 1; i < values.length; i++) {
@@ -569,6 +585,7 @@
     snapshots(data);
     var chart = timeline(data);
     comparison(data);
+    snapshotComparison(data);
     var table = lineTable(data);
     censuses(data);
     if (window.location.hash === "#selftest") selftest(chart, table);

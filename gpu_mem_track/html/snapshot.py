@@ -1,7 +1,8 @@
 """What the HTML report adds for a memory snapshot's analysis: the summary the text report
 opens with (the peak and what set it, reserved bytes and the cache at the peak, the largest
 free block, segments, ``empty_cache()`` runs; the phases), and per line its phase, its
-bytes live at the peak and when it first and last allocated or freed in the trace.
+bytes live at the peak and when it first and last allocated or freed in the trace; for two
+snapshots, their comparison line by line and phase by phase (``snapshots.compare``).
 
 The analysis is the ``snapshot.json`` a ``snapshot`` report folder holds (also written by
 ``run --snapshot``), i.e. ``snapshots.analyse.SnapshotAnalysis.to_dict()``. Sizes are
@@ -20,12 +21,22 @@ from ..errors import UsageError
 from ..runfolder.records import TimelineRow
 from ..units import format_bytes
 
-__all__ = ["ANALYSIS_FILE", "enrich_lines", "line_times", "read_analysis", "snapshot_summary"]
+__all__ = [
+    "ANALYSIS_FILE",
+    "MAX_COMPARED_LINES",
+    "enrich_lines",
+    "line_times",
+    "read_analysis",
+    "snapshot_comparison",
+    "snapshot_summary",
+]
 
 #: The analysis file of a snapshot report folder.
 ANALYSIS_FILE = "snapshot.json"
 #: The largest ``snapshot.json`` read (bytes): ours hold one entry per source line.
 _MAX_BYTES = 64 * 2**20
+#: Lines of a snapshot comparison shown in the page (largest difference first).
+MAX_COMPARED_LINES = 200
 
 
 def read_analysis(folder: Path) -> dict[str, Any] | None:
@@ -165,3 +176,53 @@ def enrich_lines(
         record["live_at_peak"] = found.get("live_at_peak")
         if times is not None:
             record["first"], record["last"] = times.get(key, (None, None))
+
+
+def snapshot_comparison(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str) -> dict[str, Any]:
+    """Two analyses compared (``snapshots.compare``) as page rows, B minus A: ``peaks``
+    ``[what, A, B, B - A]``, ``phases`` and ``lines`` (the first ``MAX_COMPARED_LINES``)
+    ``[where or phase, phase(s), allocated A, B, B - A, at peak A, B, B - A, sizes A/B]``,
+    ``matching`` (how lines are matched), ``matched`` and ``total`` lines. ``UsageError``
+    for analyses that cannot be compared."""
+    from ..snapshots.compare import compare_analyses
+    from ..snapshots.compare_report import MATCHING, sizes_text
+
+    c = compare_analyses(a, b, name_a, name_b)
+
+    def cells(allocated: tuple[int, int], at_peak: tuple[int, int]) -> list[str]:
+        out = []
+        for x, y in (allocated, at_peak):
+            out += [format_bytes(x), format_bytes(y), format_bytes(y - x, signed=True)]
+        return out
+
+    def phases(first: str, second: str) -> str:
+        return first if first == second or not second else f"{first or '-'} / {second}"
+
+    return {
+        "a": name_a,
+        "b": name_b,
+        "matching": MATCHING.replace("\n", " "),
+        "matched": c.matched,
+        "total": len(c.lines),
+        "peaks": [
+            [what, format_bytes(x), format_bytes(y), format_bytes(y - x, signed=True)]
+            for what, x, y in (
+                ("peak allocated", c.peak_a, c.peak_b),
+                ("highest reserved", c.max_reserved_a, c.max_reserved_b),
+                ("allocated at the end", c.final_allocated_a, c.final_allocated_b),
+            )
+        ],
+        "phases": [
+            [p.name, *cells((p.allocated_a, p.allocated_b), (p.at_peak_a, p.at_peak_b)), sizes_text(p.sizes)]
+            for p in c.phases
+        ],
+        "lines": [
+            [
+                u.where + ("" if u.file_a and u.file_b else " (only in A)" if u.file_a else " (only in B)"),
+                phases(u.phase_a, u.phase_b),
+                *cells((u.allocated_a, u.allocated_b), (u.at_peak_a, u.at_peak_b)),
+                sizes_text(u.sizes),
+            ]
+            for u in c.lines[:MAX_COMPARED_LINES]
+        ],
+    }

@@ -5,15 +5,15 @@ fragmentation at the peak.
 
 Every figure is bytes of the caching allocator's ``allocated_bytes`` (blocks, 512 B
 rounded, unsplit tails included) or ``reserved_bytes`` (segments). Lines are the sites of
-``attribution``: the innermost user frame of the stack that allocated (or freed).
+``attribution``: the innermost user frame of the stack that allocated (or freed); phases
+are read from the stacks in the trace's order (``phases``: autograd's allocations carry
+no Python frame, and belong to the backward call running).
 A snapshot without a trace gives what it has: the blocks in use per line, and the
 segments.
 """
 
 from __future__ import annotations
 
-import linecache
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,8 +22,12 @@ from ..allocator.replay import Replay
 from ..allocator.timeline import ReplayCheck, Step
 from ..snapshotfile.records import Snapshot
 from .attribution import PRE_TRACE, Attributor, Site
+from .phases import TraceReading, read_trace
+from .tally import Tally
+from .usage import AllocationSizes, CategoryUsage, LineUsage, source_code
 
 __all__ = [
+    "AllocationSizes",
     "CategoryUsage",
     "LineUsage",
     "Peak",
@@ -33,52 +37,6 @@ __all__ = [
     "pick_device",
     "source_code",
 ]
-
-
-@dataclass(frozen=True)
-class LineUsage:
-    """One site over the trace. ``hits``: allocations made there (without a trace: blocks
-    in use); ``allocated``: their bytes in total; ``freed``: bytes freed there;
-    ``live_at_peak``/``live_at_end``: bytes it allocated still in use at the peak / at
-    the end; ``memory``: allocated bytes (whole device) after its last allocation or
-    free; ``peak``: the highest allocated bytes right after one of its allocations (the
-    device figure at the snapshot without a trace, a lower bound); ``category``: the
-    phase most of its bytes were allocated in; ``code``: the source line where the file
-    is readable here, else ``<line N>``."""
-
-    file: str
-    function: str
-    line: int
-    code: str
-    category: str
-    hits: int
-    allocated: int
-    freed: int
-    live_at_peak: int
-    live_at_end: int
-    memory: int
-    peak: int
-
-    @property
-    def site(self) -> Site:
-        return Site(self.file, self.function, self.line)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class CategoryUsage:
-    """One phase (``attribution.CATEGORIES``): allocations, their bytes, bytes live at the
-    peak."""
-
-    name: str
-    hits: int
-    allocated: int
-    live_at_peak: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -113,7 +71,9 @@ class SnapshotAnalysis:
     ``largest_free``/``free_blocks``: the largest free cached block then and how many;
     ``empty_cache``: (time_us, bytes released, segments) per ``empty_cache()`` run;
     ``ooms``: times of recorded out-of-memory errors; ``unmatched_include``: ``--include``
-    values no frame matched; ``segments_at_end``: (small, large) segments recorded.
+    values no frame matched; ``segments_at_end``: (small, large) segments recorded;
+    ``sizes``: the request sizes each site allocated in each phase (``AllocationSizes``;
+    what ``compare`` compares).
     """
 
     source: str
@@ -141,6 +101,7 @@ class SnapshotAnalysis:
     include: tuple[str, ...] = ()
     unmatched_include: tuple[str, ...] = ()
     segments_at_end: tuple[int, int] = (0, 0)
+    sizes: tuple[AllocationSizes, ...] = ()
 
     @property
     def has_trace(self) -> bool:
@@ -153,6 +114,7 @@ class SnapshotAnalysis:
             check=self.check.to_dict(),
             lines=[line.to_dict() for line in self.lines],
             categories=[c.to_dict() for c in self.categories],
+            sizes=[s.to_dict() for s in self.sizes],
         )
         return {"format": "gpu_mem_track snapshot", "version": 1, **data}
 
@@ -171,25 +133,20 @@ def pick_device(snapshot: Snapshot, device: int | None = None) -> int:
     return max(counts, key=lambda d: counts[d]) if counts else 0
 
 
-def source_code(file: str, line: int) -> str:
-    """The stripped source of ``file:line`` when that file is readable here, else
-    ``<line N>`` (so lines still match by number); ``""`` for pseudo-sites."""
-    if line <= 0 or file.startswith("<"):
-        return ""
-    text = linecache.getline(file, line).strip() if os.path.isfile(file) else ""
-    return text or f"<line {line}>"
-
-
-def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
-    """The analysis of ``replayed`` (``allocator.replay.replay(snapshot, device)``)."""
+def analyse(
+    snapshot: Snapshot, replayed: Replay, attributor: Attributor, reading: TraceReading | None = None
+) -> SnapshotAnalysis:
+    """The analysis of ``replayed`` (``allocator.replay.replay(snapshot, device)``);
+    ``reading``: its trace read in order (``phases.read_trace``; read here when None)."""
     device = replayed.device
     trace = snapshot.device_trace(device)
     if not trace:
         return _without_trace(snapshot, replayed, attributor)
     peak_at = _peak_step(replayed)
-    tally = _Tally(attributor)
-    tally.walk(replayed, peak_at)
-    peak = _peak(replayed, peak_at, attributor, trace)
+    reading = reading or read_trace(trace, attributor)
+    tally = Tally(attributor)
+    tally.walk(replayed, peak_at, reading)
+    peak = _peak(replayed, peak_at, attributor, trace, reading)
     free_blocks, largest_free = replayed.free_after(peak.index)
     segment_steps = [s for s in replayed.steps if s.entry.action.startswith("segment_")]
     empty_cache = _empty_cache_runs(replayed.steps)
@@ -219,6 +176,7 @@ def analyse(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> Sna
         include=attributor.include,
         unmatched_include=attributor.unmatched(),
         segments_at_end=_segment_counts(snapshot, device),
+        sizes=tally.sizes(),
     )
 
 
@@ -237,7 +195,9 @@ def _peak_step(replayed: Replay) -> int | None:
     return at
 
 
-def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any]) -> Peak:
+def _peak(
+    replayed: Replay, at: int | None, attributor: Attributor, trace: Sequence[Any], reading: TraceReading
+) -> Peak:
     bound = peak_bound(replayed)
     if at is None:
         return Peak(
@@ -250,14 +210,13 @@ def _peak(replayed: Replay, at: int | None, attributor: Attributor, trace: Seque
             bound=max(bound, replayed.start_allocated),
         )
     step = replayed.steps[at]
-    site, category = attributor.describe(step.entry.frames)
     return Peak(
         step.allocated,
         step.reserved,
         step.index,
         step.entry.time_us or None,
-        site,
-        category,
+        reading.site(step.index, step.entry.frames, attributor),
+        reading.phases[step.index],
         step.bytes,
         step.entry.size,
         max(bound, step.allocated),
@@ -298,114 +257,20 @@ def _empty_cache_runs(steps: Iterable[Step]) -> tuple[tuple[int, int, int], ...]
     return tuple((t, b, n) for t, b, n in runs)
 
 
-class _Tally:
-    """Per-site and per-category sums over one walk through the steps."""
-
-    def __init__(self, attributor: Attributor) -> None:
-        self.attributor = attributor
-        self.sites: dict[Site, dict[str, Any]] = {}
-        self.phases: dict[str, list[int]] = {}
-
-    def row(self, site: Site) -> dict[str, Any]:
-        row = self.sites.get(site)
-        if row is None:
-            row = self.sites[site] = dict.fromkeys(
-                ("hits", "allocated", "freed", "at_peak", "at_end", "memory", "peak"), 0
-            )
-            row["by_category"] = {}
-        return row
-
-    def walk(self, replayed: Replay, peak_at: int | None) -> None:
-        live: dict[int, tuple[int, Site, str]] = {
-            a: (s, PRE_TRACE, "before recording") for a, s in replayed.start_blocks
-        }
-        pre = self.row(PRE_TRACE)
-        pre.update(hits=len(live), allocated=replayed.start_allocated, memory=replayed.start_allocated)
-        pre.update(peak=replayed.start_allocated)
-        self.phases["before recording"] = [len(live), replayed.start_allocated, 0]
-        if peak_at is None:
-            self.mark(live.values(), "at_peak")
-        for position, step in enumerate(replayed.steps):
-            action = step.entry.action
-            if action == "alloc":
-                site, category = self.attributor.describe(step.entry.frames)
-                self.allocation(site, category, step)
-                live[step.entry.addr] = (step.bytes, site, category)
-            elif action == "free_requested":
-                site, _ = self.attributor.describe(step.entry.frames)
-                row = self.row(site)
-                row["freed"] -= step.bytes
-                row["memory"] = step.allocated
-                live.pop(step.entry.addr, None)
-            if position == peak_at:
-                self.mark(live.values(), "at_peak")
-        self.mark(live.values(), "at_end")
-
-    def allocation(self, site: Site, category: str, step: Step) -> None:
-        row = self.row(site)
-        row["hits"] += 1
-        row["allocated"] += step.bytes
-        row["memory"] = step.allocated
-        row["peak"] = max(row["peak"], step.allocated)
-        row["by_category"][category] = row["by_category"].get(category, 0) + step.bytes
-        phase = self.phases.setdefault(category, [0, 0, 0])
-        phase[0] += 1
-        phase[1] += step.bytes
-
-    def block(self, site: Site, category: str, size: int, allocated: int) -> None:
-        """A block in use at the end of a snapshot without a trace."""
-        row = self.row(site)
-        row["hits"] += 1
-        for key in ("allocated", "at_peak", "at_end"):
-            row[key] += size
-        row.update(memory=allocated, peak=allocated)
-        row["by_category"][category] = row["by_category"].get(category, 0) + size
-        phase = self.phases.setdefault(category, [0, 0, 0])
-        phase[0] += 1
-        phase[1] += size
-        phase[2] += size
-
-    def mark(self, blocks: Iterable[tuple[int, Site, str]], key: str) -> None:
-        for size, site, category in blocks:
-            self.row(site)[key] += size
-            if key == "at_peak":
-                self.phases.setdefault(category, [0, 0, 0])[2] += size
-
-    def lines(self) -> tuple[LineUsage, ...]:
-        out = []
-        for site, row in self.sites.items():
-            if site == PRE_TRACE and not row["hits"]:
-                continue
-            categories = row["by_category"]
-            category = max(categories, key=categories.get) if categories else "before recording"
-            out.append(
-                LineUsage(
-                    site.file, site.function, site.line, source_code(site.file, site.line), category,
-                    row["hits"], row["allocated"], row["freed"], row["at_peak"], row["at_end"],
-                    row["memory"], row["peak"],
-                )
-            )  # fmt: skip
-        return tuple(sorted(out, key=lambda u: (-u.live_at_peak, -u.allocated, u.file, u.line)))
-
-    def categories(self) -> tuple[CategoryUsage, ...]:
-        usages = [CategoryUsage(name, *figures) for name, figures in self.phases.items() if any(figures)]
-        return tuple(sorted(usages, key=lambda c: (-c.live_at_peak, -c.allocated, c.name)))
-
-
 def _without_trace(snapshot: Snapshot, replayed: Replay, attributor: Attributor) -> SnapshotAnalysis:
     """A snapshot without a trace: the blocks in use per line, at the snapshot's moment."""
     allocated, reserved = replayed.final_allocated, replayed.final_reserved
-    tally = _Tally(attributor)
+    tally = Tally(attributor)
     for segment in snapshot.device_segments(replayed.device):
         for block in segment.blocks:
             if block.state == "active_allocated":
                 site, category = attributor.describe(block.frames)
-                tally.block(site, category, block.size, allocated)
+                tally.block(site, category, block.size, allocated, block.requested_size)
     free_blocks, largest_free = replayed.free_after(None)  # the end state: no trace
     peak = Peak(allocated, reserved, None, None, Site("<snapshot>", "end state", 0), "", bound=allocated)
     return SnapshotAnalysis(
         snapshot.source, replayed.device, snapshot.devices(), 0, None, None, allocated, reserved,
         allocated, reserved, reserved, peak, reserved - allocated, largest_free, free_blocks,
         0, 0, (), (), tally.lines(), tally.categories(), replayed.check, attributor.include,
-        attributor.unmatched(), _segment_counts(snapshot, replayed.device),
+        attributor.unmatched(), _segment_counts(snapshot, replayed.device), tally.sizes(),
     )  # fmt: skip

@@ -12,9 +12,12 @@ autograd node that ran (``<backward>``, e.g. ``MmBackward0``), else to the inner
 Python frame of any library, else to ``<no Python frame>``.
 
 Phases (``CATEGORIES``), the first that applies: ``optimizer`` (a frame in
-``torch/optim``), ``backward`` (a frame of autograd's engine, or ``backward`` in
-``torch/autograd`` or ``torch/_tensor.py``), ``forward`` (under ``Module._call_impl`` in
-``torch/nn/modules/module.py``), else ``other``.
+``torch/optim``), ``backward`` (a frame of autograd's engine, or a call into backward:
+``backward`` in ``torch/autograd`` or ``torch/_tensor.py``, ``grad`` in ``torch/autograd``),
+``forward`` (under ``Module._call_impl`` in
+``torch/nn/modules/module.py``), else ``other``. That is one stack's phase: read in
+the trace's order, stacks without Python frames made while backward runs belong to it
+(``phases``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 from ..snapshotfile.records import Frame
 
-__all__ = ["CATEGORIES", "PRE_TRACE", "Attributor", "Site"]
+__all__ = ["CATEGORIES", "PRE_TRACE", "Attributor", "Site", "is_backward_call"]
 
 #: Phases an allocation can be placed in from its stack, plus memory live before the trace.
 CATEGORIES = ("forward", "backward", "optimizer", "other", "before recording")
@@ -159,10 +162,19 @@ def _phase(frame: Frame) -> str | None:
     if file.endswith(".py"):
         if "/torch/optim/" in file:
             return "optimizer"
-        if name == "backward" and ("/torch/autograd/" in file or file.endswith("/torch/_tensor.py")):
+        if is_backward_call(frame):
             return "backward"
         if name in ("_call_impl", "_wrapped_call_impl") and file.endswith("torch/nn/modules/module.py"):
             return "forward"
     elif "torch::autograd::Engine" in name or "PythonEngine" in name:
         return "backward"
     return None
+
+
+def is_backward_call(frame: Frame) -> bool:
+    """Whether ``frame`` is a call into backward: ``Tensor.backward`` (``torch/_tensor.py``),
+    ``torch.autograd.backward`` or ``torch.autograd.grad`` (``torch/autograd/``)."""
+    file = frame.filename.replace("\\", "/")
+    if frame.name == "backward":
+        return "/torch/autograd/" in file or file.endswith("/torch/_tensor.py")
+    return frame.name == "grad" and "/torch/autograd/" in file

@@ -39,6 +39,7 @@ from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_me
 from ..runfolder.records import LineRecord, RunInfo
 from .analyse import LineUsage, SnapshotAnalysis
 from .attribution import PRE_TRACE, Attributor
+from .phases import TraceReading
 from .report import render_report
 
 __all__ = [
@@ -84,14 +85,20 @@ def line_records(analysis: SnapshotAnalysis) -> list[LineRecord]:
 
 
 def write_folder(
-    folder: RunFolder, analysis: SnapshotAnalysis, replayed: Replay, attributor: Attributor, top: int = 10
+    folder: RunFolder,
+    analysis: SnapshotAnalysis,
+    replayed: Replay,
+    attributor: Attributor,
+    top: int = 10,
+    reading: TraceReading | None = None,
 ) -> None:
-    """Write every file of the folder (which exists)."""
+    """Write every file of the folder (which exists); ``reading``: the trace read in
+    order, as the analysis read it (``phases.read_trace``), for the timeline's lines."""
     name = folder.path.name
     try:
         write_meta(folder.meta, _info(analysis, name))
         write_lines(folder.lines, line_records(analysis))
-        _write_timeline(folder.timeline, analysis, replayed, attributor)
+        _write_timeline(folder.timeline, analysis, replayed, attributor, reading)
         write_snapshot_files(folder.path, analysis)
         folder.report.write_text(render_report(analysis, name, top), encoding="utf-8")
     except OSError as exc:
@@ -127,17 +134,23 @@ def _info(analysis: SnapshotAnalysis, name: str) -> RunInfo:
     )
 
 
-def _write_timeline(path: Path, analysis: SnapshotAnalysis, replayed: Replay, attributor: Attributor) -> None:
+def _write_timeline(
+    path: Path,
+    analysis: SnapshotAnalysis,
+    replayed: Replay,
+    attributor: Attributor,
+    reading: TraceReading | None,
+) -> None:
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(TIMELINE_COLUMNS)
         width = len(TIMELINE_COLUMNS)  # the rank column: empty (no distributed launch)
-        rows = _timeline_rows(analysis, replayed, attributor)
+        rows = _timeline_rows(analysis, replayed, attributor, reading)
         writer.writerows(row + [None] * (width - len(row)) for row in rows)
 
 
 def _timeline_rows(
-    analysis: SnapshotAnalysis, replayed: Replay, attributor: Attributor
+    analysis: SnapshotAnalysis, replayed: Replay, attributor: Attributor, reading: TraceReading | None = None
 ) -> Iterator[list[Any]]:
     """Rows in ``TIMELINE_COLUMNS`` order (see the module docstring)."""
     t0 = analysis.time_start_us
@@ -156,7 +169,8 @@ def _timeline_rows(
             label = "out of memory" if entry.action == "oom" else "empty_cache()"
             yield _mark(seq, elapsed, "track", label, allocated, reserved)
             seq += 1
-        site, _ = attributor.describe(entry.frames)
+        owner = reading.owners.get(step.index) if reading is not None else None
+        site = owner if owner is not None else attributor.describe(entry.frames)[0]
         allocated, reserved = step.allocated, step.reserved
         increment = step.bytes if entry.action in ("alloc", "free_requested") else 0
         yield [

@@ -14,6 +14,7 @@ from .analyse import LineUsage, SnapshotAnalysis
 
 __all__ = ["render_report", "render_summary"]
 
+_PHASES = "Phases (from the stacks, in order: no Python frame while backward() runs is backward)"
 _HEAD = f"{'Live at peak':>13}  {'Allocated':>12}  {'Freed':>12}  {'Allocs':>7}  {'Phase':<16}  Where"
 
 
@@ -145,8 +146,8 @@ def _over_the_trace(analysis: SnapshotAnalysis) -> list[str]:
 
 def _phases(analysis: SnapshotAnalysis) -> str:
     out = [
-        "Phases (from the stacks)",
-        "=" * 24,
+        _PHASES,
+        "=" * len(_PHASES),
         f"{'Live at peak':>13}  {'Allocated':>12}  {'Allocs':>7}  Phase",
     ]
     for c in analysis.categories:
