@@ -46,7 +46,7 @@ def _fresh_state() -> dict[str, Any]:
         "note": "not looked for yet",
         "requested": False,
         "builder": None,
-        "checked": {},  # device index -> '' (agrees) or what disagreed
+        "checked": {},  # (id(module), device index) -> (module, '' when it agrees, else what differed)
     }
 
 
@@ -137,25 +137,26 @@ def figures(nested: dict[str, Any]) -> tuple[int, int, int, int, int]:
 
 def checked_read(index: int, stats: Callable[[int], dict[str, Any]], found: Any = None) -> Read | None:
     """``cuda_stats.read`` when it reads what ``stats(index)`` (torch's nested dict) says
-    on device ``index``, else None. Compared once per device and process: a native read,
+    on device ``index``, else None. Compared once per module, device and process: a native read,
     the dict, a native read again; equal, it agrees; the two native reads equal and the
     dict not, it disagrees (never used); the allocator moving between them (another
     thread allocating), tried again up to :data:`CHECK_TRIES` times. Call it only once
-    the program has started CUDA. ``found``: the module to check (default :func:`module`)."""
+    the program has started CUDA. ``found``: the module to check (default :func:`module`;
+    each module is checked on its own)."""
     reader = found if found is not None else module()
     if reader is None:
         return None
     checked = _state["checked"]
-    if index not in checked:
-        checked[index] = _compare(reader.read, index, stats)
+    key = (id(reader), index)
+    if key not in checked:
+        checked[key] = (reader, _compare(reader.read, index, stats))  # keeps the reader alive
+        problem = checked[key][1]
         where = f"cuda:{index}"
-        if checked[index]:
-            _state["note"] = (
-                f"not used: checked against torch._C._cuda_memoryStats on {where}: {checked[index]}"
-            )
+        if problem:
+            _state["note"] = f"not used: checked against torch._C._cuda_memoryStats on {where}: {problem}"
         else:
             _state["note"] = f"in use: reads as torch._C._cuda_memoryStats does on {where}"
-    return None if checked[index] else reader.read
+    return None if checked[key][1] else reader.read
 
 
 def _compare(read: Read, index: int, stats: Callable[[int], dict[str, Any]]) -> str:
