@@ -4,7 +4,9 @@ In this process, a workload of short pure-Python lines (ten a loop iteration, no
 runs untraced and then traced the way ``python -m gpu_mem_track run`` traces a script:
 the runner's engine (``sys.monitoring`` on Python 3.12+, else ``sys.settrace``) driving a
 ``LineProfiler`` that writes the timeline to a file. The cost of a line is (traced -
-untraced) / lines, median of ``--repeats`` rounds. One row per sampler:
+untraced) / lines, in this thread's CPU time (``time.thread_time``: what other processes
+on a busy machine take is not counted), median and min of ``--repeats`` rounds. One row
+per sampler:
 
 - ``none (FakeSampler)``: a sampler that reads nothing: the tracer and profiler alone;
 - ``CudaSampler, dict read (stub dict)``: the fallback read, ``torch._C._cuda_memoryStats``,
@@ -49,6 +51,8 @@ from gpu_mem_track.runner.samplers import CudaSampler, FakeSampler
 from gpu_mem_track.runner.tracer import best_engine
 
 LINES_PER_ITERATION = 10
+#: The share of ``--iterations`` run by the rows whose read takes far longer (simulated)
+SLOW_SHARE = 20
 H200_DICT_US = 11.4  # torch._C._cuda_memoryStats(0) on the H200 (fixtures/h200/logs)
 
 
@@ -156,6 +160,7 @@ def samplers(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[], Abstr
             CudaSampler("cuda:0", reader=NoReader(), torch_module=stub_torch(), native=StubModule())
         ),
     )
+    # a slow read: a twentieth of the lines (SLOW_SHARE)
     yield f"CudaSampler on the simulated GPU ({args.gpu})", lambda: simulated(args.gpu)
     if torch.cuda.is_available():
         torch.empty(1, device="cuda")  # CUDA started, as by the program
@@ -189,46 +194,45 @@ def time_lines(sampler: Any, iterations: int, folder: Path) -> float:
     timeline = TimelineWriter(folder / "timeline.csv")
     profiler = LineProfiler(sampler, timeline=timeline)
     engine = best_engine(profiler, wants)
-    started = time.perf_counter()
+    started = time.thread_time()
     engine.start()
     try:
         workload(iterations)
     finally:
         engine.stop()
         profiler.finish()
-    elapsed = time.perf_counter() - started
-    timeline.close()
-    return elapsed
+        timeline.close()
+    return time.thread_time() - started
 
 
 def time_plain(iterations: int) -> float:
-    started = time.perf_counter()
+    started = time.thread_time()
     workload(iterations)
-    return time.perf_counter() - started
+    return time.thread_time() - started
 
 
-def time_sample(sampler: Any, calls: int = 20_000) -> float:
-    """Nanoseconds per ``sampler.sample()``."""
+def time_sample(sampler: Any, calls: int) -> float:
+    """Nanoseconds (thread CPU time) per ``sampler.sample()``."""
     sample = sampler.sample
     sample()
-    started = time.perf_counter()
+    started = time.thread_time()
     for _ in range(calls):
         sample()
-    return (time.perf_counter() - started) / calls * 1e9
+    return (time.thread_time() - started) / calls * 1e9
 
 
 def measure(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
-    lines = args.iterations * LINES_PER_ITERATION
     rows = []
     for name, make in samplers(args):
         per_line, per_sample, reader, error = [], [], "", ""
+        iterations = args.iterations // SLOW_SHARE if "simulated" in name else args.iterations
         try:
             for _ in range(args.repeats):
                 with make() as sampler:
-                    plain = time_plain(args.iterations)
-                    traced = time_lines(sampler, args.iterations, folder)
-                    per_line.append((traced - plain) / lines * 1e6)
-                    per_sample.append(time_sample(sampler))
+                    plain = time_plain(iterations)
+                    traced = time_lines(sampler, iterations, folder)
+                    per_line.append((traced - plain) / (iterations * LINES_PER_ITERATION) * 1e6)
+                    per_sample.append(time_sample(sampler, 2 * iterations))
                     reader = getattr(sampler, "stats_reader", "")
         except Exception as error_:  # a sampler that cannot run here: say why, go on
             error = f"{type(error_).__name__}: {error_}"
@@ -236,6 +240,7 @@ def measure(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
             {
                 "sampler": name,
                 "stats_reader": reader,
+                "lines_per_round": iterations * LINES_PER_ITERATION,
                 "us_per_line": statistics.median(per_line) if per_line else None,
                 "us_per_line_min": min(per_line) if per_line else None,
                 "us_per_line_runs": [round(v, 3) for v in per_line],
@@ -266,14 +271,16 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], env: dict[str, 
         "",
         f"`{env['command']}` at commit {env['commit']}, {env['date_utc']}: Python {env['python']} "
         f"({engine}), torch {env['torch']}, {env['cpu_count']} CPUs ({env['machine']}), "
-        f"{args.iterations * LINES_PER_ITERATION:,} traced lines a round, medians of {args.repeats} rounds.",
+        f"{args.iterations * LINES_PER_ITERATION:,} traced lines a round (the simulated GPU's row: "
+        f"{args.iterations * LINES_PER_ITERATION // SLOW_SHARE:,}), {args.repeats} rounds.",
         "",
         *markdown_table(
             ["sampler", "read", "us per line (median)", "(min)", "ns per sample() (median)", "not run"], table
         ),
         "",
         "The line's cost is the whole runner's (engine callback, profiler, timeline row, memory read) "
-        "against the untraced workload. The stub rows time only the Python side of each read; "
+        "against the untraced workload, in the thread's CPU time. The stub rows time only the Python "
+        "side of each read; "
         f"torch building its statistics dict costs {H200_DICT_US} us a call on an H200 on top of the "
         "dict row, where the native read returns the five figures from one C++ call.",
         "",
