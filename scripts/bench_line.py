@@ -246,11 +246,18 @@ def measure(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
                 "us_per_line_runs": [round(v, 3) for v in per_line],
                 "ns_per_sample": statistics.median(per_sample) if per_sample else None,
                 "error": error,
-                "native_status": cudastats.status() if name.endswith("(real)") else "",
+                "native_status": cudastats.status().replace(str(Path.home()), "~")
+                if name.endswith("(real)")
+                else "",
             }
         )
         print(rows[-1], file=sys.stderr)
     return rows
+
+
+def native_status() -> str:
+    """``cudastats.status()`` with the home folder written ``~``."""
+    return cudastats.status().replace(str(Path.home()), "~")
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]], env: dict[str, Any], status: str) -> str:
@@ -294,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if torch.cuda.is_available() and build.plan(name=build.CUDA_MODULE).missing == "":
         build.build(quiet=False, name=build.CUDA_MODULE)
-    status = cudastats.status()
+    status = native_status()
     with tempfile.TemporaryDirectory() as folder:
         rows = measure(args, Path(folder))
     env = environment()
