@@ -298,3 +298,21 @@ def test_the_native_read_gives_what_torch_dict_gives_on_a_real_gpu(cuda_stats_mo
     after = sampler.sample()
     assert after[0] - before[0] == 5 << 20
     assert after == (torch.cuda.memory_allocated(index), torch.cuda.max_memory_allocated(index))
+
+
+def test_a_build_another_rank_holds_is_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path))
+
+    class Ended:  # this process's build: it found the lock taken and ended at once
+        def poll(self):
+            return 0
+
+    assert not cudastats.building()
+    cudastats._state["builder"] = Ended()
+    assert not cudastats.building()
+    lock = build.plan(name=build.CUDA_MODULE).folder / ".lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("12345")
+    assert cudastats.building()
+    lock.unlink()
+    assert not cudastats.building()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -56,7 +57,8 @@ _state = _fresh_state()
 def module() -> ModuleType | None:
     """The loaded ``cuda_stats`` module, or None (off, not a CUDA build, not built, being
     built, or not loadable; :func:`status` says which). Never builds; looks for the file
-    once, and once more after a build this process started has ended."""
+    once, and once more after a build this process started (or found running in
+    another, such as another rank's) has ended."""
     if _state["module"] is not None:
         return _state["module"]
     if mode() == "off":
@@ -64,9 +66,8 @@ def module() -> ModuleType | None:
         return None
     with _lock:
         if not _state["looked"]:
-            builder = _state["builder"]
-            if builder is not None and builder.poll() is None:
-                return None  # still being built
+            if building():
+                return None
             _state["module"], _state["note"] = _load()
             _state["looked"] = True
     return _state["module"]
@@ -113,9 +114,20 @@ def request_build() -> bool:
 
 
 def building() -> bool:
-    """Whether a build this process started is still running."""
+    """Whether a build this process started is still running, or, after one was started,
+    another process (another rank) holds the build's lock."""
     builder = _state["builder"]
-    return builder is not None and builder.poll() is None
+    if builder is None:
+        return False
+    if builder.poll() is None:
+        return True
+    try:
+        from . import build
+
+        lock = build.plan(name=build.CUDA_MODULE).folder / ".lock"
+        return time.time() - lock.stat().st_mtime < build.STALE_LOCK_SECONDS
+    except Exception:  # no lock (or no plan): nobody is building it
+        return False
 
 
 def figures(nested: dict[str, Any]) -> tuple[int, int, int, int, int]:
