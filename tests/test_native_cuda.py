@@ -296,7 +296,7 @@ def test_the_native_read_gives_what_torch_dict_gives_on_a_real_gpu(cuda_stats_mo
     assert sampler.stats_reader == "native", cudastats.status()
     kept.append(torch.empty(5 << 20, dtype=torch.uint8, device="cuda"))
     after = sampler.sample()
-    assert after[0] - before[0] == 5 << 20
+    assert after[0] - before[0] >= 5 << 20  # a cached block up to 1 MiB larger may serve it
     assert after == (torch.cuda.memory_allocated(index), torch.cuda.max_memory_allocated(index))
 
 
