@@ -29,8 +29,10 @@ install: install-package
 demo: install-package
 	$(PYTHON) scripts/vgg_demo.py
 
-# The census's native reader (gpu_mem_track/native), built for the torch installed into the
-# cache folder; a census otherwise builds it in the background once it meets 20,000 tensors.
+# The native modules (gpu_mem_track/native), built for the torch installed into the cache
+# folder: the census's reader (a census otherwise builds it in the background once it meets
+# 20,000 tensors) and, for a CUDA build of torch, the CUDA statistics reader (a run on a GPU
+# otherwise builds it in the background and reads torch's dict until it is there).
 native: install-package
 	$(PYTHON) -m gpu_mem_track.native.build
 
@@ -57,6 +59,7 @@ bench: install
 		--out reports/bench_census_tensors.md
 	$(PYTHON) scripts/bench_census_mixes.py
 	$(PYTHON) scripts/bench_runner.py
+	$(PYTHON) scripts/bench_line.py
 	$(PYTHON) scripts/bench_ranks.py
 	$(PYTHON) scripts/bench_simulate.py
 

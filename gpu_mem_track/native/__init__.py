@@ -1,11 +1,13 @@
 """Native code, built on the user's machine against the torch they have.
 
-One module so far: ``census_scan`` (``census_scan.cpp``), the census's native reader. It
-reads each plain tensor's storage, shape, dtype, device and flags in one C++ pass, where
+Two modules. ``census_scan`` (``census_scan.cpp``), the census's native reader (this
+module loads it), reads each plain tensor's storage, shape, dtype, device and flags in one C++ pass, where
 the same reads through torch's Python bindings cost 85-190 ns each: with it a census of
 100,000 small tensors costs about what a bare ``gc.get_objects()`` does, without it
 several times more (``reports/bench_census_tensors.md``). The census gives the same
-result either way (``tests/test_native_census.py`` compares them).
+result either way (``tests/test_native_census.py`` compares them). ``cuda_stats``
+(``cuda_stats.cpp``, CUDA builds of torch only), the runner's read of the CUDA allocator's
+statistics without torch's dict, is loaded and checked by :mod:`.cudastats`.
 
 Nothing is compiled at install time. The module is built (``build.py``, about 20 s of one
 core) into the user's cache folder:
@@ -15,7 +17,8 @@ core) into the user's cache folder:
   :data:`AUTO_BUILD_TENSORS` plain tensors; censuses use it once it is there.
 
 ``GPU_MEM_TRACK_NATIVE`` chooses: ``auto`` (the default, as above), ``off`` (never load
-nor build: the census reads through Python only). Without a C++ compiler or torch's
+nor build either module: the census reads through Python only, the runner through
+torch's statistics dict). Without a C++ compiler or torch's
 headers, or when the built module does not match the torch in use, the census reads
 through Python and ``status()`` says why.
 """
@@ -38,6 +41,7 @@ __all__ = [
     "loaded",
     "mode",
     "request_build",
+    "start_build",
     "status",
     "use",
 ]
@@ -175,17 +179,32 @@ def request_build() -> bool:
     if mode() == "off" or _state["requested"] or _state["module"] is not None:
         return False
     _state["requested"] = True
+    builder = start_build()
+    if builder is None:
+        return False
+    with _lock:
+        _state["builder"] = builder
+        _state["loaded"] = False  # look again once the build has ended
+        _state["note"] = "being built in the background"
+    return True
+
+
+def start_build(name: str = "census_scan") -> subprocess.Popen[bytes] | None:
+    """A background process building the module ``name`` (``build.MODULES``), detached from
+    this one's terminal and output; None when it is built, failed before, cannot be built
+    here, or the process could not start."""
     try:
         from . import build
 
-        target = build.plan()
+        target = build.plan(name=name)
         if target.built or target.failed or target.missing:
-            return False
+            return None
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH", "")]))
-        builder = subprocess.Popen(
-            [sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"],
+        command = [sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"]
+        return subprocess.Popen(
+            command if name == build.MODULE else [*command, "--module", name],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -194,12 +213,7 @@ def request_build() -> bool:
             close_fds=True,
         )
     except Exception:
-        return False
-    with _lock:
-        _state["builder"] = builder
-        _state["loaded"] = False  # look again once the build has ended
-        _state["note"] = "being built in the background"
-    return True
+        return None
 
 
 class use:

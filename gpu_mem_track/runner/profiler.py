@@ -36,15 +36,16 @@ __all__ = ["LineProfiler", "function_name"]
 
 #: Index of each aggregate in the per-line list: hits, memory after the last execution,
 #: total increment, max peak, whether that peak is exact, seconds, max rise, max reserved
-#: peak (CUDA).
-_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS, _RISE, _RESERVED = range(8)
+#: peak (CUDA); then the line's timeline cells ``line,file,function`` (``_WHERE``).
+_HITS, _MEMORY, _INCREMENT, _PEAK, _EXACT, _SECONDS, _RISE, _RESERVED, _WHERE = range(9)
 
 # A frame on the profiler's stack: [code, running statement's first line (or None), memory,
 # high-water mark, time, the sampler's event count] as read when that statement started,
 # the line of the last event in the frame (index ``_LAST``), and (CUDA) the allocator's
-# (reserved, reserved peak) read when the statement started (index ``_RES``).
+# reserved bytes (None until read) and reserved peak read when the statement started
+# (indexes ``_RES``, ``_RES_PEAK``).
 _Frame = list
-_LAST, _RES = 6, 7
+_LAST, _RES, _RES_PEAK = 6, 7, 8
 
 
 class LineProfiler:
@@ -120,7 +121,7 @@ class LineProfiler:
 
     def enter(self, code: CodeType) -> None:
         # No reading: the frame's first line event reads the start of its first line.
-        self._stack.append([code, None, 0, 0, 0.0, 0, 0, None])
+        self._stack.append([code, None, 0, 0, 0.0, 0, 0, None, 0])
 
     def line(self, code: CodeType, lineno: int) -> None:
         starts = self._starts.get(id(code))
@@ -137,7 +138,7 @@ class LineProfiler:
         current, high = self._sample()
         now = self._clock()
         if frame is None:  # an event the engine did not send
-            frame = [code, None, current, high, now, 0, lineno, None]
+            frame = [code, None, current, high, now, 0, lineno, None, 0]
             stack.append(frame)
         if frame[1] is not None and self._close(frame, current, high, now):
             # a census ran after the line: start the next one after it, not before
@@ -145,7 +146,7 @@ class LineProfiler:
             now = self._clock()
         frame[1], frame[2], frame[3], frame[4], frame[_LAST] = first, current, high, now, lineno
         if self._reserved:
-            frame[_RES] = (self._sampler.reserved, self._sampler.reserved_peak)
+            frame[_RES], frame[_RES_PEAK] = self._sampler.reserved, self._sampler.reserved_peak
         if self._windows is not None:
             frame[5] = self._sampler.events
 
@@ -226,16 +227,22 @@ class LineProfiler:
         """Record the end of the frame's running line; True when ``on_increment`` ran."""
         code, lineno, before, high_before = frame[0], frame[1], frame[2], frame[3]
         increment = current - before
+        # the peak: comparisons written out, as max() costs a call at every line
         if high > high_before:
-            # max(): a mark read a moment before ``current`` may lag it a little
-            peak, exact = max(high, before, current), True
+            # the new mark, or a reading above it: a mark read a moment before ``current``
+            # may lag it a little
+            peak, exact = high if high >= before else before, True
+            if current > peak:
+                peak = current
         else:  # the mark did not move (or the program reset it): a lower bound
-            peak, exact = max(before, current, high if high < high_before else 0), False
+            peak, exact = before if before >= current else current, False
+            if high < high_before and high > peak:
+                peak = high
         rise = peak - before
         key = (id(code), lineno)
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0, 0, 0]
+            stats = self._stats[key] = [0, 0, 0, 0, False, 0.0, 0, 0, self._where_cells(code)]
         stats[_HITS] += 1
         stats[_MEMORY] = current
         stats[_INCREMENT] += increment
@@ -244,27 +251,26 @@ class LineProfiler:
         if rise > stats[_RISE]:
             stats[_RISE] = rise
         if self._reserved and frame[_RES] is not None:
-            self._reserved_peak(stats, frame[_RES])
+            # as the allocated peak: the allocator's reserved peak when it rose while the
+            # line ran, else the larger of the readings before and after
+            reserved_peak = self._sampler.reserved_peak
+            if reserved_peak <= frame[_RES_PEAK]:
+                reserved_peak = frame[_RES]
+                if self._sampler.reserved > reserved_peak:
+                    reserved_peak = self._sampler.reserved
+            if reserved_peak > stats[_RESERVED]:
+                stats[_RESERVED] = reserved_peak
         stats[_SECONDS] += now - frame[4]
         if self._windows is not None and self._sampler.events != frame[5]:
             self._windows.add(code, lineno, frame[5], self._sampler.events, before, current)
         if peak > self.peak or (rise > self._significant and peak >= self._floor):
             self._offer(peak, rise, (code.co_filename, lineno))
         if self._write_text is not None:
-            self._line_row(code, lineno, current, increment, peak, now)
+            self._line_row(stats[_WHERE], lineno, current, increment, peak, now)
         if self._threshold is not None and increment >= self._threshold and self._on_increment:
             self._on_increment(code, lineno, increment)
             return True
         return False
-
-    def _reserved_peak(self, stats: list[Any], start: tuple[int, int]) -> None:
-        """The line's reserved peak, as its allocated peak: the allocator's reserved peak
-        when it rose while the line ran, else the larger of the readings before and after."""
-        before, peak_before = start
-        now, peak_now = self._sampler.reserved, self._sampler.reserved_peak
-        peak = peak_now if peak_now > peak_before else max(before, now)
-        if peak > stats[_RESERVED]:
-            stats[_RESERVED] = peak
 
     def _offer(self, peak: int, rise: int, where: tuple[str, int] | None) -> None:
         """An execution (``where``; None for an event row) that reached the run's peak or
@@ -278,15 +284,18 @@ class LineProfiler:
         if rise > self._significant and (not candidates or peak > candidates[-1][0]) and len(candidates) < 64:
             candidates.append((peak, rise, where))
 
-    def _line_row(
-        self, code: CodeType, lineno: int, current: int, increment: int, peak: int, now: float
-    ) -> None:
-        """The timeline row of one line execution, formatted here: the hot path. Its cells
-        follow ``files.TIMELINE_COLUMNS`` (``records.TimelineRow``) by hand, for speed;
-        tests/test_schemas.py holds the two together."""
+    def _where_cells(self, code: CodeType) -> str:
+        """The timeline cells ``line,file,function`` of ``code``'s rows."""
         where = self._where.get(id(code))
         if where is None:
             where = self._where[id(code)] = csv_line(["line", code.co_filename, function_name(code)])[:-1]
+        return where
+
+    def _line_row(self, where: str, lineno: int, current: int, increment: int, peak: int, now: float) -> None:
+        """The timeline row of one line execution (``where``: see ``_where_cells``),
+        formatted here: the hot path. Its cells follow ``files.TIMELINE_COLUMNS``
+        (``records.TimelineRow``) by hand, for speed; tests/test_schemas.py holds the two
+        together."""
         elapsed = now - self._start
         driver = rss = ""
         if elapsed - self._extras_at >= self._extras_every:
@@ -294,11 +303,12 @@ class LineProfiler:
             read_driver, read_rss = self._sampler.extras()
             driver = "" if read_driver is None else read_driver
             rss = "" if read_rss is None else read_rss
-        allocated = current if self._on_cuda else ""
+        memory = str(current)
+        allocated = memory if self._on_cuda else ""  # the same figure on CUDA: formatted once
         reserved = self._sampler.reserved
         self._seq += 1
         self._write_text(  # type: ignore[misc]
-            f"{self._seq},{elapsed:.6f},{where},{lineno},,{current},{increment},{peak},{allocated},"
+            f"{self._seq},{elapsed:.6f},{where},{lineno},,{memory},{increment},{peak},{allocated},"
             f"{'' if reserved is None else reserved},{driver},{rss},{self._rank_cell}\n"
         )
 

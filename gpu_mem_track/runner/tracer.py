@@ -49,6 +49,7 @@ class SettraceEngine:
         self._decided: dict[int, tuple[CodeType, bool]] = {}
         self._previous: Any = None
         self._thread: int | None = None
+        self._local: Callable[[FrameType, str, Any], Any] | None = None
 
     @staticmethod
     def available() -> bool:
@@ -57,6 +58,7 @@ class SettraceEngine:
     def start(self) -> None:
         self._previous = sys.gettrace()
         self._thread = threading.get_ident()
+        self._local = self._local_function()
         sys.settrace(self._global)
 
     def stop(self) -> None:
@@ -73,12 +75,19 @@ class SettraceEngine:
         self._sink.enter(code)
         return self._local
 
-    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "line":
-            self._sink.line(frame.f_code, frame.f_lineno)
-        elif event == "return":  # also after an exception, and at a generator's yield
-            self._sink.leave(frame.f_code)
-        return self._local
+    def _local_function(self) -> Callable[[FrameType, str, Any], Any]:
+        """The local trace function of wanted frames: called at every line, so a closure
+        over the sink's methods rather than a method looking them up each time."""
+        line, leave = self._sink.line, self._sink.leave
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line":
+                line(frame.f_code, frame.f_lineno)
+            elif event == "return":  # also after an exception, and at a generator's yield
+                leave(frame.f_code)
+            return local
+
+        return local
 
 
 class MonitoringEngine:
