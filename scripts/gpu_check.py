@@ -215,10 +215,12 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
         check.run("probe", [python(), "-m", "gpu_mem_track", "probe"], ROOT, 60)
     loads = workloads(check, find_nanogpt(args.fixtures), args.only)
     phase_a = check.start + 0.55 * args.budget
-    tasks: list[Callable[[], Any]] = [lambda w=w: simulate(check, w, gpu, phase_a) for w in loads]
+    tasks: list[Callable[[], Any]] = []
+    for w in sorted(loads, key=lambda w: not w.name.startswith("nanogpt")):  # the longest first
+        if not dry:
+            tasks.append(lambda w=w: real_memory(check, w, phase_a))
+        tasks.append(lambda w=w: simulate(check, w, gpu, phase_a))
     tests: dict[str, str] = {}
-    if not dry:
-        tasks += [lambda w=w: real_memory(check, w, phase_a) for w in loads]
     modules = env.get("modules", {})
     no_tests = (
         "dry mode" if dry else "--no-tests" if args.no_tests else "" if modules["pytest"] else "no pytest"
@@ -227,7 +229,7 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
         check.skip("tests", no_tests)
     else:
         # Whole files per worker: a file's tests may share module state or a fixture's folder.
-        xdist = ["-n", str(max(2, min(8, cpus // 2))), "--dist", "loadfile"] if modules["xdist"] else []
+        xdist = ["-n", str(max(2, min(6, cpus // 2))), "--dist", "loadfile"] if modules["xdist"] else []
         if not xdist:
             check.say("pytest-xdist not importable: the quick suite runs in one process")
         quick = ["-m", "not slow and not cuda", *xdist]
@@ -235,7 +237,7 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
             0,
             lambda: tests.__setitem__("quick suite", pytest_step(check, "tests-quick", quick, 170, phase_a)),
         )
-    in_parallel(tasks, workers=max(2, min(6, cpus // 3)))
+    in_parallel(tasks, workers=max(2, min(8, cpus // 2)))
     if not no_tests:
         until = check.start + 0.72 * args.budget
         tests["cuda-marked"] = pytest_step(check, "tests-cuda", ["-m", "cuda", "-rs"], 90, until)
@@ -243,14 +245,16 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
     if dry:
         check.skip("timing", "dry mode")
     probe = next((s.output for s in check.steps if s.name == "probe"), "")
+    results = {k: v for k, v in check.results.items() if not k.startswith("_")}
+    skipped = [s for s in check.steps if s.status.startswith("skipped")]
+    failed = [s for s in check.steps if not s.ok and s not in skipped]
     return {
         "gpu_label": label, "simulated_gpu": gpu, "dry": dry, "started": started, "budget": args.budget,
         "seconds": check.elapsed(), "environment": env, "tests": tests, "probe": probe,
-        "memory": report.memory_rows({k: v for k, v in check.results.items() if not k.startswith("_")}),
-        "timing": timing, "results": {k: v for k, v in check.results.items() if not k.startswith("_")},
-        "skipped": [f"{s.name} {s.status[8:]}" for s in check.steps if s.status.startswith("skipped")],
-        "failed": [f"{s.name}: {s.status}" for s in check.steps if not s.ok and "skipped" not in s.status],
-        "steps": [{"name": s.name, "status": s.status, "seconds": s.seconds} for s in check.steps],
+        "memory": report.memory_rows(results), "timing": timing, "results": results,
+        "skipped": [f"{s.name} {s.status[len('skipped '):]}" for s in skipped],
+        "failed": [f"{s.name}: {s.status}{s.why}" for s in failed],
+        "steps": [s.to_dict() for s in check.steps],
     }  # fmt: skip
 
 

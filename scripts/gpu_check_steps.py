@@ -57,6 +57,20 @@ class Outcome:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The step for report.json: name, status, seconds and ``detail`` (see ``why``)."""
+        return {"name": self.name, "status": self.status, "seconds": self.seconds, "detail": self.why[2:]}
+
+    @property
+    def why(self) -> str:
+        """``": "`` and the last line of the output that names an error (else its last
+        line), cut to 160 characters; ``""`` when it ended well or said nothing."""
+        lines = [line.strip() for line in self.output.splitlines() if line.strip()]
+        if self.ok or not lines:
+            return ""
+        named = [line for line in lines if re.search(r"Error|error:|Exception|Killed", line)]
+        return ": " + (named or lines)[-1][:160]
+
 
 class Check:
     """The clock, the steps' outcomes and the figures read from them; steps run in threads."""
@@ -140,7 +154,7 @@ def simulate(check: Check, w: Workload, gpu: str, until: float) -> None:
     if meta:
         check.put(w.name, "simulated", meta)
     if not outcome.ok:
-        check.note(w.name, f"simulated run {outcome.status}")
+        check.note(w.name, f"simulated run {outcome.status}{outcome.why}")
 
 
 def under_runner(check: Check, w: Workload, label: str, until: float) -> Outcome:
@@ -153,7 +167,7 @@ def under_runner(check: Check, w: Workload, label: str, until: float) -> Outcome
     if meta:
         check.put(w.name, "runner", meta)
     if not outcome.ok:
-        check.note(w.name, f"runner {outcome.status}")
+        check.note(w.name, f"runner {outcome.status}{outcome.why}")
     return outcome
 
 
@@ -167,7 +181,7 @@ def plainly(check: Check, w: Workload, label: str, snapshot: bool, until: float)
     if real and snapshot:
         check.put(w.name, "real", real)
     if not outcome.ok:
-        check.note(w.name, f"plain run {outcome.status}")
+        check.note(w.name, f"plain run {outcome.status}{outcome.why}")
     if snapshot and pickle.is_file():
         argv = [
             python(),
@@ -185,7 +199,7 @@ def plainly(check: Check, w: Workload, label: str, snapshot: bool, until: float)
             keep = ("entries", "peak", "max_reserved", "segments_allocated", "check")
             check.put(w.name, "snapshot", {k: summary.get(k) for k in keep})
         if not replay.ok:
-            check.note(w.name, f"snapshot replay {replay.status}")
+            check.note(w.name, f"snapshot replay {replay.status}{replay.why}")
         pickle.unlink(missing_ok=True)
     return outcome
 
