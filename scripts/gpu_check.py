@@ -92,7 +92,7 @@ def detect(check: Check) -> dict[str, Any]:
     outcome = check.run("detect", [python(), "-c", DETECT], ROOT, 90)
     found = re.search(r"^DETECT(.*)$", outcome.output, re.MULTILINE)
     if not found:
-        return {"error": outcome.output.strip().splitlines()[-1:] or [outcome.status]}
+        return {"error": (outcome.output.strip().splitlines() or [outcome.status])[-1]}
     return json.loads(found.group(1))
 
 
