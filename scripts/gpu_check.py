@@ -140,9 +140,9 @@ def workloads(check: Check, nanogpt: Path | None, only: set[str]) -> list[Worklo
         if check.run("nanoGPT make_data.py", [python(), "make_data.py"], copy, 60).ok:
             kinds = {"nanogpt-char": "launch-bound", "nanogpt-gpt2": "GPU-bound"}
             found += [Workload(n, ["train.py", *a], copy, kinds[n]) for n, a in NANOGPT.items()]
-    if not any(w.timed for w in found):  # no nanoGPT: time the examples instead, and say so
+    if not any(w.timed for w in found):  # no nanoGPT run: time the examples, and say so
         for w in found:
-            w.timed = {"convnet": "launch-bound (nanoGPT absent)", "transformer": "small (nanoGPT absent)"}[
+            w.timed = {"convnet": "launch-bound (no nanoGPT run)", "transformer": "small (no nanoGPT run)"}[
                 w.name
             ]
     return [w for w in found if not only or w.name in only]
