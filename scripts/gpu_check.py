@@ -161,9 +161,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only", help="comma-separated workloads (convnet,transformer,nanogpt-char,nanogpt-gpt2)"
     )
     parser.add_argument("--no-tests", action="store_true", help="skip both pytest runs")
+    parser.add_argument("--no-xdist", action="store_true", help="run the quick suite in one process")
     args = parser.parse_args(argv)
     if args.budget < 30:
         parser.error("--budget must be at least 30 seconds")
+    if args.out and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a folder")
     if args.fixtures and not args.fixtures.is_dir():
         parser.error(f"no such folder: {args.fixtures}")
     if args.gpu:
@@ -175,7 +178,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.only = {n.strip() for n in (args.only or "").split(",") if n.strip()}
     if args.only - known:
         parser.error(
-            f"unknown workload(s) {', '.join(sorted(args.only - known))}: choose from {', '.join(known)}"
+            f"unknown workload(s) {', '.join(sorted(args.only - known))}: choose from {', '.join(sorted(known))}"
         )
     return args
 
@@ -229,9 +232,13 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
         check.skip("tests", no_tests)
     else:
         # Whole files per worker: a file's tests may share module state or a fixture's folder.
-        xdist = ["-n", str(max(2, min(6, cpus // 2))), "--dist", "loadfile"] if modules["xdist"] else []
+        xdist = (
+            ["-n", str(max(2, min(6, cpus // 2))), "--dist", "loadfile"]
+            if modules["xdist"] and not args.no_xdist
+            else []
+        )
         if not xdist:
-            check.say("pytest-xdist not importable: the quick suite runs in one process")
+            check.say("the quick suite runs in one process (pytest-xdist not importable, or --no-xdist)")
         quick = ["-m", "not slow and not cuda", *xdist]
         tasks.insert(
             0,
