@@ -178,7 +178,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.only = {n.strip() for n in (args.only or "").split(",") if n.strip()}
     if args.only - known:
         parser.error(
-            f"unknown workload(s) {', '.join(sorted(args.only - known))}: choose from {', '.join(sorted(known))}"
+            f"unknown workload(s) {', '.join(sorted(args.only - known))}: "
+            f"choose from {', '.join(sorted(known))}"
         )
     return args
 
