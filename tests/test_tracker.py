@@ -62,7 +62,7 @@ def test_a_gpu_this_machine_lacks_is_refused():
     count = torch.cuda.device_count()
     tracker = MemTracker(device=f"cuda:{count}", out_dir=None, verbosity=0, reader=FakeReader())
     with pytest.raises(UsageError, match=rf"^no such device: cuda:{count} \({count} CUDA devices visible\)$"):
-        tracker.device
+        _ = tracker.device
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
