@@ -60,9 +60,8 @@ def test_device_argument_is_honoured(device, resolved):
 def test_a_gpu_this_machine_lacks_is_refused():
     torch.cuda.init()  # the count is checked once CUDA runs (the tracker never starts it)
     count = torch.cuda.device_count()
-    tracker = MemTracker(device=f"cuda:{count}", out_dir=None, verbosity=0, reader=FakeReader())
     with pytest.raises(UsageError, match=rf"^no such device: cuda:{count} \({count} CUDA devices visible\)$"):
-        _ = tracker.device
+        _ = MemTracker(device=f"cuda:{count}", out_dir=None, verbosity=0, reader=FakeReader()).device
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
