@@ -253,7 +253,7 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
     if dry:
         check.skip("timing", "dry mode")
     probe = next((s.output for s in check.steps if s.name == "probe"), "")
-    results = {k: v for k, v in check.results.items() if not k.startswith("_")}
+    results = {w.name: check.results.get(w.name, {}) for w in loads}  # in the workloads' order
     skipped = [s for s in check.steps if s.status.startswith("skipped")]
     failed = [s for s in check.steps if not s.ok and s not in skipped]
     return {
