@@ -64,10 +64,13 @@ class Outcome:
     @property
     def why(self) -> str:
         """``": "`` and the last line of the output that names an error (else its last
-        line), cut to 160 characters; ``""`` when it ended well or said nothing."""
+        line; after a timeout, its last line as such), cut to 160 characters; ``""`` when it
+        ended well or said nothing."""
         lines = [line.strip() for line in self.output.splitlines() if line.strip()]
         if self.ok or not lines:
             return ""
+        if self.status.startswith("timed out"):
+            return f": its last line was {lines[-1][:140]!r}"
         named = [line for line in lines if re.search(r"Error|error:|Exception|Killed", line)]
         return ": " + (named or lines)[-1][:160]
 
