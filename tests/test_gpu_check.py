@@ -107,3 +107,19 @@ def test_dry_mode_runs_the_simulated_parts_and_exits_0(tmp_path):
     report = (out / "report.md").read_text()
     assert "| convnet | - | - | - | - | - |" in report
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md", "runs.log"]
+
+
+@pytest.mark.slow
+def test_the_plain_wrapper_keeps_the_scripts_exit_code_and_argv(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")
+    figures = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "gpu_check_wrap.py"), str(figures), "-", str(script), "a", "--b"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "['a', '--b'] __main__\n"
+    data = json.loads(figures.read_text())
+    # The script never started CUDA, so no allocator figures, on any machine.
+    assert data["exit_code"] == 3 and data["cuda"] is False and "max_memory_allocated" not in data
