@@ -4,7 +4,7 @@ PYTHON ?= python3
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install install-torch install-package demo native test test-slow test-all test-gpu bench lint format clean
+.PHONY: install install-torch install-package demo native test test-slow test-all test-gpu gpu-check bench lint format clean
 
 # Looks packages up without importing them (importing torch alone takes seconds).
 # install-torch: torch, when none is importable. install-package: the package from this
@@ -50,6 +50,14 @@ test-all: install
 
 test-gpu: install
 	$(PYTHON) -m pytest -q -m cuda -rs
+
+# The check of a machine with a GPU, in about 5 minutes (scripts/gpu_check.py): the quick and
+# the cuda-marked tests, probe, training scripts plainly, under run and simulated, the runner's
+# cost; report in reports/gpu_check/<gpu>/. Installs nothing (that machine may have no
+# network): its subprocesses import this checkout. Without a GPU it runs the simulated parts.
+# GPU_CHECK_ARGS passes options (--out DIR, --fixtures DIR, --budget S, --dry, --only NAMES).
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The runner benchmark compares with memory_profiler, installed here if missing.
 bench: install

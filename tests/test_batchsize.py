@@ -15,6 +15,7 @@ from gpu_mem_track import estimate, find_max_batch_size, search_batch_size
 from gpu_mem_track.errors import UsageError
 from gpu_mem_track.estimator.records import BatchProbe, BatchSizeResult
 from gpu_mem_track.estimator.render import render_batch_size
+from gpu_mem_track.gpumodel.workspace import workspace_bytes
 
 
 class Counting:
@@ -182,12 +183,43 @@ def test_measured_on_the_gpu_the_probes_are_the_estimators(gpu):
 def test_cli_batch_size_measures_on_the_gpu(in_process, gpu):
     args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "64MiB", "--json"]
     done = in_process(*args, "--measure")
+    major, minor = torch.cuda.get_device_capability()
+    if workspace_bytes("hopper" if (major, minor) == (9, 0) else None) * 2 >= 64 * 2**20:
+        # Hopper: the forward's and the backward's 32 MiB cuBLAS workspaces take the budget.
+        assert_nothing_fits_on_hopper(done, f"{major}.{minor}")
+        return
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["source"] == "measured steps on cuda, peak reserved"
     fits = [p for p in data["probes"] if p["peak"] is not None and p["peak"] <= 64 * 2**20]
     assert data["batch"] == max(p["batch"] for p in fits) and data["peak"] <= 64 * 2**20
     assert min(p["peak"] for p in data["probes"]) > 20 * 2**20  # each counts the workspace
+
+
+def assert_nothing_fits_on_hopper(done, capability: str) -> None:
+    """batch-size --measure of the mlp at a 64 MiB budget where its cuBLAS workspaces are 32 MiB."""
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert data["batch"] == 0 and data["peak"] is None and data["probes"][0]["batch"] == 1
+    first = data["probes"][0]["peak"]
+    assert first > 64 * 2**20  # the workspaces and the model's own bytes
+    assert done.stderr == (
+        f"gpu_mem_track: no batch fits the 64.00 MiB budget: batch 1's step peaks at {first:,} B "
+        f"(reserved), counting the cuBLAS workspaces its matmuls create on cuda (compute capability "
+        f"{capability}): 2 x 32.00 MiB whatever the batch, which alone take the whole budget "
+        "(CUBLAS_WORKSPACE_CONFIG sets their size)\n"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the test above measures the real one")
+def test_cli_batch_size_says_why_nothing_fits_on_a_simulated_hopper(in_process, monkeypatch):
+    from gpu_mem_track.simgpu import simulated_gpu
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    args = ["batch-size", "gpu_mem_track.examples:mlp", "--input", "1x784", "--budget", "64MiB", "--json"]
+    with simulated_gpu("h100-80gb"):
+        done = in_process(*args, "--measure")
+    assert_nothing_fits_on_hopper(done, "9.0")
 
 
 def test_result_round_trips_and_renders():

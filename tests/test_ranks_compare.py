@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -91,7 +92,11 @@ def test_the_ranks_command_rebuilds_the_table(tmp_path, capsys):
     assert main(["ranks", str(launch)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("gpu_mem_track launch a:") and "train.py:1 (backward)" in out
-    assert (launch / "ranks.csv").read_text().splitlines()[2].startswith("1,ok,cpu,7340032,")
+    # The rank's device as its run recorded it: cpu without a GPU; on one, the CUDA device
+    # the runner chose for local rank 1 (cuda:0 where it is the only one and CUDA runs).
+    device = json.loads((launch / "rank1" / "meta.json").read_text())["device"]
+    assert device == "cpu" or re.fullmatch(r"cuda:\d+", device), device
+    assert (launch / "ranks.csv").read_text().splitlines()[2].startswith(f"1,ok,{device},7340032,")
     assert main(["ranks", str(tmp_path / "nothing")]) == 2
     assert "no such launch folder" in capsys.readouterr().err
 

@@ -77,7 +77,10 @@ def torchrun(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     script.write_text(textwrap.dedent(source))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "gpu_mem_track", "run", "--out-dir", str(tmp_path / "reports"), str(script)]
+    # CPU ranks on any machine: on a GPU one, the default device is each rank's own GPU,
+    # which these gloo scripts never use (peak 0), and a rank may have none (cuda:1 of one).
+    command += ["-m", "gpu_mem_track", "run", "--device", "cpu", "--out-dir", str(tmp_path / "reports")]
+    command.append(str(script))
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
 

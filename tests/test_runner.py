@@ -23,11 +23,26 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def sigint_default() -> None:
+    """In the child: SIGINT at its default, as in a terminal. Started in the background of
+    a non-interactive shell (``&``, nohup) the tests inherit SIGINT ignored, and Python
+    keeps an ignored SIGINT ignored: no KeyboardInterrupt would ever come."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(tmp_path: Path, *args: str, name: str = "r", timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "gpu_mem_track", "run", "--out-dir", str(tmp_path / "reports")]
     command += ["--run-name", name, "--device", "cpu", *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=timeout,
+        preexec_fn=sigint_default if os.name == "posix" else None,
+    )
 
 
 def folder(tmp_path: Path, name: str = "r") -> Path:

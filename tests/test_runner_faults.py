@@ -23,6 +23,9 @@ def run_limited(tmp_path, script, file_limit: int | None = None):
     full disk gives ``ENOSPC``: ``OSError`` on a write)."""
 
     def limit() -> None:
+        # SIGINT at its default, as in a terminal: in the background of a non-interactive
+        # shell (`&`, nohup) it is inherited ignored, and Python keeps it ignored.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if file_limit is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
@@ -115,7 +118,13 @@ def test_ctrl_c_prints_the_traceback_python_prints(tmp_path):
         wait()
         """,
     )
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as run_limited does
+    )
     done = run_limited(tmp_path, script)
     assert done.returncode == 130
     assert plain.stderr.startswith("Traceback (most recent call last):")

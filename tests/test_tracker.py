@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import io
@@ -47,8 +48,20 @@ def test_classic_constructor_forms(tmp_path):
     [(0, "cuda:0"), ("cuda:1", "cuda:1"), (torch.device("cuda", 2), "cuda:2"), ("cpu", "cpu")],
 )
 def test_device_argument_is_honoured(device, resolved):
-    # An injected reader stands for the device: no fallback even without CUDA.
+    # An injected reader stands for the device: no fallback even without CUDA. Where CUDA
+    # runs, a device it does not have is refused (test_a_gpu_this_machine_lacks_is_refused).
+    index = int(resolved.partition(":")[2] or -1)
+    if torch.cuda.is_available() and index >= torch.cuda.device_count():
+        pytest.skip(f"{resolved} needs {index + 1} GPUs; this machine has {torch.cuda.device_count()}")
     assert MemTracker(device=device, out_dir=None, verbosity=0, reader=FakeReader()).device == resolved
+
+
+@pytest.mark.cuda
+def test_a_gpu_this_machine_lacks_is_refused():
+    torch.cuda.init()  # the count is checked once CUDA runs (the tracker never starts it)
+    count = torch.cuda.device_count()
+    with pytest.raises(UsageError, match=rf"^no such device: cuda:{count} \({count} CUDA devices visible\)$"):
+        _ = MemTracker(device=f"cuda:{count}", out_dir=None, verbosity=0, reader=FakeReader()).device
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -348,6 +361,8 @@ def test_track_reads_a_cached_probe_and_never_measures(quiet_tracker, probe_resu
     hint = "run `python -m gpu_mem_track probe --device cuda:0` once"
     assert stream.getvalue().count(hint) == 1
     assert not (tmp_path / "cache").exists()
+    if torch.cuda.is_initialized():  # then the tracker looks the probe up by this GPU's UUID
+        probe_result = dataclasses.replace(probe_result, uuid=str(torch.cuda.get_device_properties(0).uuid))
     probe.store_probe(probe_result)  # what `gpu_mem_track probe` does
     monkeypatch.setattr(probe, "_MEMORY_CACHE", {})  # as in a later process: only the disk cache
     measured = quiet_tracker(device="cuda:0", reader=reader, probe=True)

@@ -38,13 +38,23 @@ def test_track_in_a_destructor_at_interpreter_shutdown_writes_its_stamp(tmp_path
     script.write_text(
         textwrap.dedent(
             """
+            import pathlib
+            import sys
+
             import torch
             from gpu_mem_track import MemTracker
 
             tracker = MemTracker(probe=False, device="cpu", run_name="bye")
 
+            def no_import(*args):
+                raise ImportError("sys.meta_path is None, Python is likely shutting down")
+
             class Holder:
-                def __del__(self):
+                def __del__(self, path_class=pathlib.PurePath, version=sys.version_info):
+                    # Python 3.12.3's pathlib imports while it makes a Path, which fails
+                    # once sys.meta_path is None: make every 3.12+ do the same here.
+                    if version >= (3, 12):
+                        path_class.__init__ = no_import
                     tracker.track("in del")
 
             holder = Holder()

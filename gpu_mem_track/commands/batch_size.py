@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from . import Command, print_result
+from . import Command, print_result, report
 from .model_args import add_model_arguments, dist_options, load_model, simulation_options, step_options
 
 __all__ = ["COMMAND"]
@@ -58,7 +59,38 @@ def run(args: argparse.Namespace) -> int:
         **simulation,
     )
     print_result(result, args.json, render_batch_size)
-    return 0 if result.batch > 0 else 1  # no batch fits: a script must be able to tell
+    if not result.batch:  # exit 1: a script must be able to tell, and a reader of --json why
+        report(_nothing_fits(result, args))
+    return 0 if result.batch > 0 else 1
+
+
+def _nothing_fits(result: Any, args: argparse.Namespace) -> str:
+    """Why no batch fits, in one line: the smallest batch's peak against the budget, and for
+    steps measured on CUDA the cuBLAS workspaces any step with a matmul holds whatever its
+    batch (one for the forward's thread, one for autograd's: 2 x 32 MiB on Hopper), which
+    a budget below them can never hold."""
+    from ..units import format_bytes
+
+    first = result.probes[0]
+    peak = "ran out of memory" if first.peak is None else f"peaks at {first.peak:,} B"
+    line = f"no batch fits the {format_bytes(result.budget)} budget: batch {first.batch}'s step {peak}"
+    if not (args.measure and args.device.startswith("cuda")):
+        return line
+    line += f" ({args.budget_on})"
+    import torch
+
+    from ..gpumodel.workspace import GPU_ARCHITECTURES, workspace_bytes
+
+    major, minor = torch.cuda.get_device_capability(args.device)
+    arch = next((name for name, cc in GPU_ARCHITECTURES.items() if cc == f"{major}.{minor}"), None)
+    handles = 1 if args.inference else 2
+    held = handles * workspace_bytes(arch)
+    return (
+        f"{line}, counting the cuBLAS workspaces its matmuls create on {args.device} (compute capability "
+        f"{major}.{minor}): {handles} x {format_bytes(held // handles)} whatever the batch"
+        + (", which alone take the whole budget" if held >= result.budget else "")
+        + " (CUBLAS_WORKSPACE_CONFIG sets their size)"
+    )
 
 
 COMMAND = Command(

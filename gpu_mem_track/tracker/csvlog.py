@@ -112,7 +112,7 @@ def write_header(path: Path) -> None:
             csv.DictWriter(handle, fieldnames=COLUMNS).writeheader()
 
 
-def append_stamp(path: Path, stamp: Stamp, rank: int | None = None) -> None:
+def append_stamp(path: str | Path, stamp: Stamp, rank: int | None = None) -> None:
     """Append a stamp's rows to ``path``, an existing file (the header first if it is
     empty), then flush and close, so a crash after this call loses nothing of it. A
     symbolic link is refused (``OSError``)."""

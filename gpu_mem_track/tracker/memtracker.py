@@ -28,7 +28,7 @@ import torch
 from .._version import __version__
 from ..devices import Device, parse_device
 from ..errors import UsageError
-from ..outputs import ReportFiles, default_run_name
+from ..outputs import ReportFiles, default_run_name, open_append
 from ..ranks import launch_name, rank_device, rank_info
 from .bulk import CensusMemo
 from .census import TensorSource, take_census
@@ -170,6 +170,12 @@ class MemTracker(ClassicMethods):
             )
             self.files.write_text(render_header(self.run_name, str(self._device or "auto"), versions))
             write_header(self.files.csv)
+        # The files' paths as strings, made once: a track() in a destructor at interpreter
+        # shutdown can make no Path (Python 3.12.3's pathlib imports while making one, and
+        # every import fails once sys.meta_path is None).
+        self._log_path, self._csv_path = (
+            (str(self.files.log), str(self.files.csv)) if self.files else ("", "")
+        )
 
     # -- registration -------------------------------------------------------------------------
 
@@ -425,8 +431,8 @@ class MemTracker(ClassicMethods):
             self._memory_rows.extend(stamp_rows(stamp, self._rank_number))
         elif not self._unwritable:
             try:
-                self.files.write_text(text)
-                append_stamp(self.files.csv, stamp, self._rank_number)
+                self._write_log(text)
+                append_stamp(self._csv_path, stamp, self._rank_number)
             except OSError as exc:  # a full disk must not stop the program being measured
                 self._unwritable = f"{self.files.folder}: {exc.strerror or exc}"
                 print(
@@ -452,6 +458,12 @@ class MemTracker(ClassicMethods):
             raise UsageError(f"cannot write reports to {folder}: {exc.strerror or exc}") from exc
         return folder
 
+    def _write_log(self, text: str) -> None:
+        """Append ``text`` to the text log and close it (``ReportFiles.write_text``, from
+        the path kept as a string)."""
+        with open_append(self._log_path) as handle:
+            handle.write(text)
+
     def _note(self, message: str) -> None:
         """Say ``message`` once: on the stream (stderr by default) and in the text log."""
         if message in self._notes_shown:
@@ -461,7 +473,7 @@ class MemTracker(ClassicMethods):
             print(message, file=self._stream or sys.stderr)
         if self.files is not None and not self._unwritable:
             try:
-                self.files.write_text(f"# {message}\n")
+                self._write_log(f"# {message}\n")
             except OSError:
                 pass  # said by the next stamp's write, which fails the same way
 
