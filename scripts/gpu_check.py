@@ -87,6 +87,17 @@ print("DETECT" + json.dumps(out))
 """
 
 
+READER = """
+import torch
+from gpu_mem_track.runner.samplers import CudaSampler
+from gpu_mem_track.native import cudastats
+x = torch.zeros(1 << 20, device="cuda")
+sampler = CudaSampler("cuda:0")
+print("first sample", sampler.sample(), "read by", sampler.stats_reader)
+print("cuda_stats:", cudastats.status())
+"""
+
+
 def detect(check: Check) -> dict[str, Any]:
     """What this machine has, from a subprocess (``{}`` with the reason when torch fails)."""
     outcome = check.run("detect", [python(), "-c", DETECT], ROOT, 90)
@@ -215,8 +226,16 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
     )
     label = f"dry-{gpu}" if dry else gpu
     cpus = os.cpu_count() or 2
-    if not dry:
-        check.run("probe", [python(), "-m", "gpu_mem_track", "probe"], ROOT, 60)
+    if not dry:  # the native readers build (CPU) while probe measures the driver (GPU)
+        in_parallel(
+            [
+                lambda: check.run("probe", [python(), "-m", "gpu_mem_track", "probe"], ROOT, 60),
+                lambda: check.run("native build", [python(), "-m", "gpu_mem_track.native.build"], ROOT, 120),
+            ],
+            workers=2,
+        )
+        reader = check.run("native reader", [python(), "-c", READER], ROOT, 60)
+        check.put("_native", "reader", reader.output.strip()[-2000:])
     loads = workloads(check, find_nanogpt(args.fixtures), args.only)
     phase_a = check.start + 0.55 * args.budget
     tasks: list[Callable[[], Any]] = []
@@ -250,8 +269,13 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
         until = check.start + 0.72 * args.budget
         tests["cuda-marked"] = pytest_step(check, "tests-cuda", ["-m", "cuda", "-rs"], 90, until)
     timing = [] if dry else [time_loop(check, w) for w in loads if w.timed]
+    bench = ""
     if dry:
         check.skip("timing", "dry mode")
+    else:  # the read alone, dict against native, on this GPU
+        bench_out = check.tmp / "bench_line.md"
+        check.run("bench_line", [python(), "scripts/bench_line.py", "--out", str(bench_out)], ROOT, 60)
+        bench = bench_out.read_text() if bench_out.is_file() else ""
     probe = next((s.output for s in check.steps if s.name == "probe"), "")
     results = {w.name: check.results.get(w.name, {}) for w in loads}  # in the workloads' order
     skipped = [s for s in check.steps if s.status.startswith("skipped")]
@@ -259,6 +283,7 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
     return {
         "gpu_label": label, "simulated_gpu": gpu, "dry": dry, "started": started, "budget": args.budget,
         "seconds": check.elapsed(), "environment": env, "tests": tests, "probe": probe,
+        "native": check.results.get("_native", {}).get("reader", ""), "bench_line": bench,
         "memory": report.memory_rows(results), "timing": timing, "results": results,
         "skipped": [f"{s.name} {s.status[len('skipped '):]}" for s in skipped],
         "failed": [f"{s.name}: {s.status}{s.why}" for s in failed],
@@ -274,11 +299,13 @@ def real_memory(check: Check, w: Workload, until: float) -> None:
 
 
 def time_loop(check: Check, w: Workload) -> dict[str, Any]:
-    """Phase 5, alone on the machine: plain, then under ``run``."""
+    """Phase 5, alone on the machine: plain, under ``run``, and under ``run`` reading the
+    allocator's statistics dict (the native CUDA reader off)."""
     until = check.deadline - 8
     plain = plainly(check, w, "timed-plain", snapshot=False, until=until)
     runner = under_runner(check, w, "timed-runner", until)
-    return timing_row(check, w, plain, runner)
+    dict_read = under_runner(check, w, "timed-runner-dict", until, env={"GPU_MEM_TRACK_NATIVE": "off"})
+    return timing_row(check, w, plain, runner, dict_read)
 
 
 def write(out: Path, check: Check, data: dict[str, Any]) -> None:

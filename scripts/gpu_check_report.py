@@ -122,18 +122,20 @@ def render_memory_table(rows: list[dict[str, Any]]) -> str:
 def render_timing_table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of median iteration times, plain against under ``run``."""
     lines = [
-        "| loop | kind | plain median ms | runner median ms | runner / plain | iterations (after warm-up) |",
-        "|---|---|---|---|---|---|",
+        "| loop | kind | plain median ms | runner median ms | runner / plain "
+        "| runner, dict read (native off) ms | dict / plain | iterations (after warm-up) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        plain, runner = row.get("plain_ms"), row.get("runner_ms")
-        ratio = f"{runner / plain:.3f}x" if plain and runner else "-"
+        plain, runner, dict_read = row.get("plain_ms"), row.get("runner_ms"), row.get("dict_ms")
         cells = [
             row["workload"],
             row["kind"],
             "-" if plain is None else f"{plain:.2f}",
             "-" if runner is None else f"{runner:.2f}",
-            ratio,
+            f"{runner / plain:.3f}x" if plain and runner else "-",
+            "-" if dict_read is None else f"{dict_read:.2f}",
+            f"{dict_read / plain:.3f}x" if plain and dict_read else "-",
             f"{row.get('plain_n', 0)} / {row.get('runner_n', 0)} (warm-up {row.get('warmup', 0)})",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -180,6 +182,10 @@ def render_report(data: dict[str, Any]) -> str:
     out.append(render_memory_table(data["memory"]))
     out.append("\n## Runner cost (each script's own per-iteration times, medians after warm-up)\n")
     out.append(render_timing_table(data["timing"]))
+    if data.get("native"):
+        out.append("\n## The runner's CUDA statistics reader\n\n```\n" + data["native"] + "\n```\n")
+    if data.get("bench_line"):
+        out.append("\n## bench_line on this GPU\n\n" + data["bench_line"].strip() + "\n")
     if data.get("probe"):
         out.append("\n## probe\n\n```\n" + data["probe"].strip() + "\n```\n")
     out.append("\n## Steps\n")

@@ -104,26 +104,32 @@ class Check:
             self.results.setdefault(workload, {})[key] = value
 
     def run(
-        self, name: str, argv: list[str], cwd: Path, timeout: float, until: float | None = None
+        self,
+        name: str,
+        argv: list[str],
+        cwd: Path,
+        timeout: float,
+        until: float | None = None,
+        env: dict[str, str] | None = None,
     ) -> Outcome:
         """Run one step, killing its process group at ``timeout`` seconds or at ``until``
-        (a monotonic time, default the budget's end)."""
+        (a monotonic time, default the budget's end); ``env``: variables set for it only."""
         left = min(until or self.deadline, self.deadline) - time.monotonic()
         if left < 3:
             outcome = Outcome(name, "skipped (out of time)")
         else:
             self.say(f"start {name}")
-            outcome = self._spawn(name, argv, cwd, min(timeout, left))
+            outcome = self._spawn(name, argv, cwd, min(timeout, left), {**self.env, **(env or {})})
             self.say(f"{name}: {outcome.status} ({outcome.seconds:.1f} s)")
         with self.lock:
             self.steps.append(outcome)
         return outcome
 
-    def _spawn(self, name: str, argv: list[str], cwd: Path, timeout: float) -> Outcome:
+    def _spawn(self, name: str, argv: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> Outcome:
         began = time.monotonic()
         try:
             proc = subprocess.Popen(
-                argv, cwd=cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace",
             )  # fmt: skip
         except OSError as exc:
@@ -160,14 +166,17 @@ def simulate(check: Check, w: Workload, gpu: str, until: float) -> None:
         check.note(w.name, f"simulated run {outcome.status}{outcome.why}")
 
 
-def under_runner(check: Check, w: Workload, label: str, until: float) -> Outcome:
-    """``run`` on the real GPU: the run folder's meta.json as ``runner``."""
+def under_runner(
+    check: Check, w: Workload, label: str, until: float, env: dict[str, str] | None = None
+) -> Outcome:
+    """``run`` on the real GPU: the run folder's meta.json as ``runner`` (not for a run
+    with ``env`` set, such as the dict-read timing run)."""
     argv = [python(), "-m", "gpu_mem_track", "run", "--out-dir", str(check.tmp / "runs")]
     outcome = check.run(
-        f"{w.name} {label}", [*argv, "--run-name", f"{w.name}-{label}", *w.argv], w.cwd, 120, until
+        f"{w.name} {label}", [*argv, "--run-name", f"{w.name}-{label}", *w.argv], w.cwd, 120, until, env
     )
     meta = read_json(check.tmp / "runs" / f"{w.name}-{label}" / "meta.json")
-    if meta:
+    if meta and env is None:
         check.put(w.name, "runner", meta)
     if not outcome.ok:
         check.note(w.name, f"runner {outcome.status}{outcome.why}")
@@ -220,9 +229,16 @@ def in_parallel(tasks: list[Callable[[], Any]], workers: int) -> None:
             future.result()
 
 
-def timing_row(check: Check, w: Workload, plain: Outcome, runner: Outcome) -> dict[str, Any]:
+def timing_row(
+    check: Check, w: Workload, plain: Outcome, runner: Outcome, dict_read: Outcome | None = None
+) -> dict[str, Any]:
+    """Median iteration times of the plain run, the run under ``run`` and (``dict_read``)
+    under ``run`` with the native CUDA reader off (``GPU_MEM_TRACK_NATIVE=off``)."""
     plain_times, runner_times = report.iteration_times(plain.output), report.iteration_times(runner.output)
+    dict_times = report.iteration_times(dict_read.output) if dict_read else []
     return {
+        "dict_ms": report.median_after_warmup(dict_times, WARMUP),
+        "dict_status": dict_read.status if dict_read else "not run",
         "workload": w.name,
         "kind": w.timed,
         "plain_ms": report.median_after_warmup(plain_times, WARMUP),
