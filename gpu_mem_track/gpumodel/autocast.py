@@ -12,7 +12,11 @@ keeps ``layer_norm`` in the low precision, CUDA runs it in float32):
   pointwise functions of the list, the losses of the list, norms and distances;
 - float32 output without an input copy (autocast's "set dtype" ops): ``softmax``,
   ``log_softmax``, ``sum``, ``prod``, ``cumsum``, ``cumprod``, ``linalg_vector_norm``;
-  ``cross_entropy`` runs as ``nll_loss(log_softmax(x, dtype=float32))``.
+  ``cross_entropy`` is on no list: its decomposition (``LossNLL.cpp``) runs with
+  autocast on, so ``log_softmax(x, 1, x.dtype)`` keeps the low precision (the dtype is
+  given) and ``nll_loss`` (float32 list) takes a float32 copy of it: for bf16 logits a
+  bf16 then a float32 logits-sized block, both saved for backward (the order, sizes and
+  lifetimes of the H200 nanoGPT recordings, whose out-of-memory asked for the bf16 one).
 
 Other ops run in their inputs' dtype. Casts of parameters (leaves requiring grad) are
 cached until the outermost autocast region exits (:meth:`CudaAutocast.clear`), as
@@ -27,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn import _reduction
 from torch.utils._pytree import tree_map
 
 __all__ = ["FLOAT32", "LOWER", "SET_DTYPE", "CudaAutocast"]
@@ -63,8 +68,8 @@ class CudaAutocast:
         name = getattr(func, "__name__", "")
         if name not in _NAMES:
             return func(*args, **kwargs)
-        if name == "cross_entropy" and _floating(args[0]) and args[0].dtype != torch.float32:
-            return _cross_entropy(*args, **kwargs)
+        if name == "cross_entropy" and _floating(args[0]):
+            return self._cross_entropy(dtype, *args, **kwargs)
         args, kwargs = self.cast_for(func, args, kwargs, dtype)
         return func(*args, **kwargs)
 
@@ -93,6 +98,76 @@ class CudaAutocast:
 
         return tree_map(cast, tree)
 
+    def _cross_entropy(
+        self,
+        dtype: torch.dtype,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        size_average: bool | None = None,
+        ignore_index: int = -100,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> torch.Tensor:
+        """``cross_entropy_loss_symint`` of ``LossNLL.cpp`` with each op it calls under
+        autocast's policy (see the module doc)."""
+        if size_average is not None or reduce is not None:
+            reduction = _reduction.legacy_get_string(size_average, reduce)
+
+        def run(func: Any, *args: Any, **kwargs: Any) -> Any:
+            return self.call(func, args, kwargs, dtype)
+
+        dim = 0 if logits.dim() == 1 else 1
+        classes = logits.shape[dim]
+        logs = F.log_softmax(logits, dim, dtype=logits.dtype)
+        if logits.shape == target.shape and target.is_floating_point():
+            if label_smoothing > 0.0:
+                target = target * (1 - label_smoothing) + label_smoothing / classes
+            terms = logs * target
+            if weight is not None:
+                terms = terms * _class_view(weight, logs.dim(), dim)
+            if reduction == "none":
+                return -run(torch.sum, terms, dim)
+            total = -run(torch.sum, terms)
+            return total if reduction == "sum" else total / max(logs.numel() // max(classes, 1), 1)
+        nll = run(F.nll_loss, logs, target, weight, ignore_index=ignore_index, reduction=reduction)
+        if label_smoothing <= 0.0:
+            return nll
+        return _smoothed(run, nll, logs, target, weight, dim, ignore_index, reduction, label_smoothing)
+
+
+def _class_view(weight: torch.Tensor, dims: int, dim: int) -> torch.Tensor:
+    shape = [1] * dims
+    shape[dim] = weight.shape[0]
+    return weight.view(shape)
+
+
+def _smoothed(
+    run: Any,
+    nll: torch.Tensor,
+    logs: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    dim: int,
+    ignore_index: int,
+    reduction: str,
+    smoothing: float,
+) -> torch.Tensor:
+    """The label-smoothing tail of ``cross_entropy_loss_label_smoothing``."""
+    terms = logs if weight is None else logs * _class_view(weight, logs.dim(), dim)
+    smooth = -run(torch.sum, terms, dim)
+    ignored = target == ignore_index
+    smooth.masked_fill_(ignored, 0.0)
+    if reduction == "mean":
+        if weight is None:
+            total = run(torch.sum, smooth) / run(torch.sum, ~ignored)
+        else:
+            total = run(torch.sum, smooth) / weight.gather(0, target.masked_select(~ignored).flatten()).sum()
+    else:
+        total = run(torch.sum, smooth) if reduction == "sum" else smooth
+    return (1 - smoothing) * nll + total * (smoothing / logs.shape[dim])
+
 
 def _floating(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
@@ -101,9 +176,3 @@ def _floating(value: Any) -> bool:
 def _wants_float32(args: Any) -> bool:
     first = args[0] if args else None
     return _floating(first) and first.dtype in (torch.float16, torch.bfloat16)
-
-
-def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    if args or set(kwargs) - {"reduction", "ignore_index", "weight"}:
-        return F.cross_entropy(logits.float(), target, *args, **kwargs)
-    return F.nll_loss(F.log_softmax(logits, 1, dtype=torch.float32), target, **kwargs)
