@@ -91,3 +91,20 @@ def test_out_of_memory_in_cross_entropy_asks_for_the_low_precision_block_first()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 6\.14 GiB"):
                 F.cross_entropy(logits, target)
+
+
+def test_segments_are_placed_top_down_so_the_newer_of_two_equal_free_blocks_serves_first():
+    # nanogpt-gpt2-bf16: with two free 2,472,542,208 B segments, the GPU put the next
+    # bf16 log_softmax (1,236,271,104 B) into the one made later, at the lower address.
+    logits32 = 12 * 1024 * 50304 * 4
+    with simulated_gpu("h200"):
+        torch.cuda.memory._record_memory_history()
+        older = torch.empty(logits32, dtype=torch.uint8, device="cuda")
+        newer = torch.empty(logits32, dtype=torch.uint8, device="cuda")
+        del older, newer
+        half = torch.empty(logits32 // 2, dtype=torch.uint8, device="cuda")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    older_at, newer_at = (e["addr"] for e in trace if e["action"] == "segment_alloc")
+    allocs = [e["addr"] for e in trace if e["action"] == "alloc"]
+    assert newer_at < older_at and allocs == [older_at, newer_at, newer_at] and half.numel() > 0

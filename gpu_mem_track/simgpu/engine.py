@@ -4,7 +4,8 @@ of the caching-allocator model, sized to the GPU's capacity.
 :class:`GpuMemory` is the device memory the storage tracker
 (:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) takes storages from: a
 ``malloc`` on :class:`~gpu_mem_track.allocator.Allocator` with capacity
-``total_memory - context_bytes``. When even the allocator's retry (free the cached
+``total_memory - context_bytes``, whose segments the driver places top-down
+(:mod:`~gpu_mem_track.gpumodel.addresses`). When even the allocator's retry (free the cached
 segments) cannot serve a request it raises ``torch.OutOfMemoryError`` with PyTorch's
 message (``c10/cuda/CUDACachingAllocator.cpp``; the size asked for is the segment the
 allocator needed, as there) and records it. While history is recorded
@@ -29,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
 from ..estimator.lifetimes import Lifetimes
+from ..gpumodel.addresses import TopDownDevice
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
@@ -118,7 +120,7 @@ class GpuMemory:
         on_oom: Callable[[OutOfMemory], None] | None = None,
     ) -> None:
         self.spec = spec
-        self.allocator = Allocator(settings, capacity=spec.capacity)
+        self.allocator = Allocator(settings, device=TopDownDevice(spec.capacity))
         self.on_oom = on_oom
         self.history: list[TraceEntry] | None = None
         self.max_entries = sys.maxsize
