@@ -108,3 +108,28 @@ def test_segments_are_placed_top_down_so_the_newer_of_two_equal_free_blocks_serv
     older_at, newer_at = (e["addr"] for e in trace if e["action"] == "segment_alloc")
     allocs = [e["addr"] for e in trace if e["action"] == "alloc"]
     assert newer_at < older_at and allocs == [older_at, newer_at, newer_at] and half.numel() > 0
+
+
+def test_autocast_lists_hold_rms_norm_interpolate_and_the_norms_as_cuda_does():
+    # aten/src/ATen/autocast_mode.h: rms_norm and upsample_* on the float32 list, norms
+    # with an output dtype set to float32, linalg_vecdot on the lower-precision list.
+    with simulated_gpu("h200"):
+        x = torch.randn(2, 3, 8, 8, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(4, 8, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            dtypes = [
+                F.rms_norm(x, (8,)).dtype,
+                F.interpolate(x, scale_factor=2.0, mode="bilinear").dtype,
+                F.interpolate(x, size=(4, 4), mode="area").dtype,
+                torch.norm(x).dtype,
+                x.norm(dim=-1).dtype,
+                torch.linalg.vecdot(v, v).dtype,
+            ]
+    assert dtypes == [
+        torch.float32,
+        torch.float32,
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+        torch.bfloat16,
+    ]

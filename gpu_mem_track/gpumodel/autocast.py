@@ -5,13 +5,16 @@
 lists (``aten/src/ATen/autocast_mode.cpp``, the CUDA lists, not the CPU's: CPU autocast
 keeps ``layer_norm`` in the low precision, CUDA runs it in float32):
 
-- lower precision (the AMP dtype): linear, convolutions, prelu, the matmul family,
-  einsum, ``scaled_dot_product_attention``, ``multi_head_attention_forward`` (treated as
-  one op: its inputs and projections are cast up front), RNNs (``lstm``, ``gru``, cells);
-- float32: layer and group norm, ``exp``/``log``/``pow``/``rsqrt`` and the other
-  pointwise functions of the list, the losses of the list, norms and distances;
+- lower precision (the AMP dtype): linear, convolutions, prelu, the matmul family
+  (``linalg_vecdot`` and ``linalg_multi_dot`` included), einsum,
+  ``scaled_dot_product_attention``, ``multi_head_attention_forward`` (treated as one op:
+  its inputs and projections are cast up front), RNNs (``lstm``, ``gru``, cells);
+- float32: layer, group and RMS norm, ``interpolate`` (its ``upsample_*`` ops; not
+  ``mode="area"``), ``exp``/``log``/``pow``/``rsqrt`` and the other pointwise functions
+  of the list, the losses of the list, norms and distances;
 - float32 output without an input copy (autocast's "set dtype" ops): ``softmax``,
-  ``log_softmax``, ``sum``, ``prod``, ``cumsum``, ``cumprod``, ``linalg_vector_norm``;
+  ``log_softmax``, ``sum``, ``prod``, ``cumsum``, ``cumprod``, ``linalg_vector_norm``,
+  ``linalg_matrix_norm`` and ``norm`` (which calls one of those two);
   ``cross_entropy`` is on no list: its decomposition (``LossNLL.cpp``) runs with
   autocast on, so ``log_softmax(x, 1, x.dtype)`` keeps the low precision (the dtype is
   given) and ``nll_loss`` (float32 list) takes a float32 copy of it: for bf16 logits a
@@ -39,17 +42,19 @@ __all__ = ["FLOAT32", "LOWER", "SET_DTYPE", "CudaAutocast"]
 LOWER = frozenset(
     "linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d conv_tbc prelu "
     "matmul __matmul__ __rmatmul__ mm mv bmm addmm addmv addr baddbmm addbmm chain_matmul einsum "
-    "scaled_dot_product_attention multi_head_attention_forward "
+    "linalg_vecdot linalg_multi_dot scaled_dot_product_attention multi_head_attention_forward "
     "lstm gru rnn_tanh rnn_relu lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell".split()
 )
 FLOAT32 = frozenset(
-    "layer_norm group_norm acos asin cosh erfinv exp expm1 log log2 log10 log1p pow __pow__ rsqrt "
-    "reciprocal sinh tan softplus cosine_similarity cdist dist renorm "
+    "layer_norm group_norm rms_norm acos asin cosh erfinv exp expm1 log log2 log10 log1p pow __pow__ rsqrt "
+    "reciprocal sinh tan softplus cosine_similarity cdist pdist dist renorm interpolate "
     "mse_loss l1_loss smooth_l1_loss huber_loss nll_loss binary_cross_entropy_with_logits "
     "kl_div poisson_nll_loss cosine_embedding_loss hinge_embedding_loss margin_ranking_loss "
     "soft_margin_loss triplet_margin_loss multi_margin_loss multilabel_margin_loss logsumexp".split()
 )
-SET_DTYPE = frozenset("softmax log_softmax sum prod cumsum cumprod linalg_vector_norm".split())
+SET_DTYPE = frozenset(
+    "softmax log_softmax sum prod cumsum cumprod linalg_vector_norm linalg_matrix_norm norm".split()
+)
 _NAMES = LOWER | FLOAT32 | SET_DTYPE | {"cross_entropy"}
 
 
@@ -78,7 +83,7 @@ class CudaAutocast:
         name = getattr(func, "__name__", "")
         if name in LOWER:
             return self._cast((args, kwargs), dtype)
-        if name in FLOAT32:
+        if name in FLOAT32 and not (name == "interpolate" and _area(args, kwargs)):
             return self._cast((args, kwargs), torch.float32)
         if name in SET_DTYPE and kwargs.get("dtype") is None and _wants_float32(args):
             return args, {**kwargs, "dtype": torch.float32}
@@ -171,6 +176,12 @@ def _smoothed(
 
 def _floating(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _area(args: tuple, kwargs: dict) -> bool:
+    """``F.interpolate``'s ``mode="area"`` runs ``adaptive_avg_pool``, on no list (the
+    other modes run ``upsample_*``, on the float32 list)."""
+    return (args[2] if len(args) > 2 else kwargs.get("mode", "nearest")) == "area"
 
 
 def _wants_float32(args: Any) -> bool:
