@@ -133,3 +133,28 @@ def test_autocast_lists_hold_rms_norm_interpolate_and_the_norms_as_cuda_does():
         torch.float32,
         torch.bfloat16,
     ]
+
+
+@pytest.mark.parametrize("gpu, scratch", [("h200", [256, 25_559_296]), ("a100-80gb", [])])
+def test_attention_scratch_on_hopper_as_recorded(gpu, scratch):
+    # nanogpt-char on the H200: a 256 B block at each attention forward and one
+    # 25,559,296 B block after dq, dk, dv (12,582,912 B each) in each backward, both
+    # freed at once; not modelled before sm90.
+    with simulated_gpu(gpu):
+        q, k, v = (
+            torch.randn(64, 6, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)
+        )
+        torch.cuda.memory._record_memory_history()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    freed = {e["addr"]: i for i, e in enumerate(trace) if e["action"] == "free_completed"}
+    allocs = [(i, e) for i, e in enumerate(trace) if e["action"] == "alloc"]
+    transient = [
+        e["size"] for i, e in allocs if e["size"] in (256, 25_559_296) and freed.get(e["addr"], 0) > i
+    ]
+    assert transient == scratch
+    grads = [i for i, e in allocs if e["size"] == 12_582_912]
+    assert len(grads) >= 4  # the output, dq, dk, dv
+    assert all(i > grads[-1] for i, e in allocs if e["size"] == 25_559_296)

@@ -153,14 +153,22 @@ DIFFERENCES: tuple[Difference, ...] = (
         "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu",
     ),
     Difference(
-        "kernel scratch buffers (reductions, index sorting in a loss's backward, attention)",
+        "attention kernels' scratch on sm90+ (cuDNN's attention, preferred there)",
         "none on meta",
-        "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step; on the H200 "
-        "(torch 2.11) one 4*B*H*T*(D+1) + 256 B block per attention backward (25,559,296 B in "
-        "nanogpt-char, 38,338,816 B in nanogpt-gpt2-bf16) and 256 B per attention forward, and no "
-        "log-sum-exp when no gradient is needed",
-        "not modelled: under 0.3% of the 2.7B step's peak; the attention ones are freed at once, "
-        "after nanoGPT's peaks (the simulated attention keeps its log-sum-exp in evaluation too)",
+        "H200, torch 2.11: 256 B per attention forward, one 4*B*H*T*(D+1) + 256 B block per "
+        "attention backward (25,559,296 B in nanogpt-char, 38,338,816 B in nanogpt-gpt2-bf16), each "
+        "freed at once; no log-sum-exp when no gradient is needed",
+        "modelled on sm90+: gpumodel.attention.kernel_scratch, taken and freed after the op; the "
+        "simulated forward still makes a log-sum-exp without gradients (freed at once); the flash "
+        "kernel's scratch before sm90 is not modelled",
+        "tests/test_gpumodel_fidelity.py::test_attention_scratch_on_hopper_as_recorded",
+    ),
+    Difference(
+        "kernel scratch buffers (reductions, index sorting in a loss's backward)",
+        "none on meta",
+        "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step; 131,072 B "
+        "and smaller blocks in nanoGPT's backward on the H200",
+        "not modelled: under 0.3% of the 2.7B step's peak, freed at once",
         "tests/test_gpumodel_differences.py::test_every_difference_names_a_test_that_exists",
     ),
 )
