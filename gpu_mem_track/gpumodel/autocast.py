@@ -73,7 +73,7 @@ class CudaAutocast:
         name = getattr(func, "__name__", "")
         if name not in _NAMES:
             return func(*args, **kwargs)
-        if name == "cross_entropy" and _floating(args[0]):
+        if name == "cross_entropy" and _floating(args[0]) and args[0].is_meta:
             return self._cross_entropy(dtype, *args, **kwargs)
         args, kwargs = self.cast_for(func, args, kwargs, dtype)
         return func(*args, **kwargs)
