@@ -149,7 +149,8 @@ DIFFERENCES: tuple[Difference, ...] = (
         "IndexBackward0 allocate once)",
         "not reproduced: one extra input-sized block, freed at once (per layer of the recorded step: "
         "1 (batch, heads, seq, seq) at the softmax's max; once: 2 logits-sized at the loss, 1 "
-        "(vocab, d_model) at the token embedding's lookup)",
+        "(vocab, d_model) at the token embedding's lookup; in nanogpt-gpt2-bf16 one 154,533,888 B "
+        "float32 (vocab, d_model) block per micro-step at the embedding's backward)",
         "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu",
     ),
     Difference(
@@ -166,8 +167,10 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference(
         "kernel scratch buffers (reductions, index sorting in a loss's backward)",
         "none on meta",
-        "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step; 131,072 B "
-        "and smaller blocks in nanoGPT's backward on the H200",
+        "e.g. 10 MiB + 16 B per layer, 4 KiB sort buffers in the recorded 2.7B step; in nanoGPT's "
+        "backward on the H200 131,072 B and smaller blocks, and the embedding backward's sort "
+        "buffers and per-segment sums (7 x 98,304 B and one 41,521,152 B block per micro-step of "
+        "nanogpt-gpt2-bf16; the latter's size depends on the token values)",
         "not modelled: under 0.3% of the 2.7B step's peak, freed at once",
         "tests/test_gpumodel_differences.py::test_every_difference_names_a_test_that_exists",
     ),
