@@ -210,12 +210,12 @@ def render(results: list[dict], fixtures: Path) -> str:
     out = [
         "# `run --simulate h200` against the H200 nanoGPT recordings",
         "",
-        f"Written by `python scripts/check_h200.py` (fixtures: `{shown(fixtures)}/`; their README gives the",
-        "machine and the commands). The recordings ran torch "
+        f"Written by `python scripts/check_h200.py` (fixtures: `{shown(fixtures)}/`; their README",
+        "gives the machine and the commands). The recordings ran torch "
         + ", ".join(sorted({r["recorded"]["torch"] for r in results}))
-        + f" on the GPU; the simulation ran torch {torch_version()} on this machine's CPU wheel, unmodified",
-        "`train.py` with the recorded arguments. Targets: peak allocated within 0.5%, peak reserved",
-        "within 1%.",
+        + f" on the GPU; the simulation ran torch {torch_version()} here, on the",
+        "unmodified `train.py` with the recorded arguments. Targets: peak allocated within 0.5%, peak",
+        "reserved within 1%.",
         "",
         "| configuration | GPU allocated | simulated | error | GPU reserved | simulated | error | time "
         "| run to end: allocated, reserved, time |",
