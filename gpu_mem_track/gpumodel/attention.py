@@ -16,6 +16,16 @@ A backend disabled by ``torch.backends.cuda.enable_*_sdp(False)`` or left out of
 ``torch.nn.attention.sdpa_kernel`` is skipped. cuDNN attention is not modelled (it is
 after these in the default order). ``enable_gqa`` repeats the key and value heads first
 (a copy the fused kernels may avoid). Dropout's random state is a few bytes.
+
+Kernel scratch (:func:`kernel_scratch`): on compute capability 9.0 and later, where
+PyTorch prefers cuDNN's attention for half precision (``check_prefer_cudnn_attention``
+in ``sdp_utils.cpp``), the H200 recordings (torch 2.11, ``../shared/fixtures/h200``)
+show a 256 B workspace taken and freed at each attention forward, and one block of
+``4 * B * H * T * (D + 1) + 256`` bytes (a float32 query-gradient accumulator and a
+float32 row sum) taken after the three input gradients and freed at once in each
+attention backward: 25,559,296 B for nanogpt-char (B 64, H 6, T 256, D 64),
+38,338,816 B for nanogpt-gpt2-bf16 (B 12, H 12, T 1024, D 64). On older GPUs the flash
+kernel's scratch is not modelled.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["cuda_attention", "pick_backend"]
+__all__ = ["cuda_attention", "kernel_scratch", "pick_backend"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -84,6 +94,25 @@ def cuda_attention(func: Any, args: tuple, kwargs: dict, capability: tuple[int, 
             query, key, value, bias, grad, dropout, causal, scale=scale
         )[0]
     return func(*args, **kwargs)
+
+
+#: Scratch bytes a fused attention forward takes and frees on sm90+ (recorded).
+FORWARD_SCRATCH = 256
+_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention.default
+_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+
+
+def kernel_scratch(func: Any, args: tuple, capability: tuple[int, int]) -> int:
+    """Bytes the aten op ``func`` takes and frees at once on a GPU of ``capability``
+    beyond its outputs (0: none modelled); see the module doc."""
+    if func is not _FORWARD and func is not _BACKWARD or capability < (9, 0):
+        return 0
+    if func is _FORWARD:
+        return FORWARD_SCRATCH
+    if len(args) > 1 and args[1].dim() == 4:
+        batch, heads, length, head = args[1].shape
+        return 4 * batch * heads * length * (head + 1) + 256
+    return 0
 
 
 def _bias(mask: Any, query: torch.Tensor, key: torch.Tensor) -> Any:

@@ -4,7 +4,8 @@ of the caching-allocator model, sized to the GPU's capacity.
 :class:`GpuMemory` is the device memory the storage tracker
 (:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes`) takes storages from: a
 ``malloc`` on :class:`~gpu_mem_track.allocator.Allocator` with capacity
-``total_memory - context_bytes``. When even the allocator's retry (free the cached
+``total_memory - context_bytes``, whose segments the driver places top-down
+(:mod:`~gpu_mem_track.gpumodel.addresses`). When even the allocator's retry (free the cached
 segments) cannot serve a request it raises ``torch.OutOfMemoryError`` with PyTorch's
 message (``c10/cuda/CUDACachingAllocator.cpp``; the size asked for is the segment the
 allocator needed, as there) and records it. While history is recorded
@@ -29,6 +30,8 @@ from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
 from ..dispatch.lifetimes import Lifetimes
+from ..gpumodel.addresses import TopDownDevice
+from ..gpumodel.attention import kernel_scratch
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
@@ -118,7 +121,7 @@ class GpuMemory:
         on_oom: Callable[[OutOfMemory], None] | None = None,
     ) -> None:
         self.spec = spec
-        self.allocator = Allocator(settings, capacity=spec.capacity)
+        self.allocator = Allocator(settings, device=TopDownDevice(spec.capacity))
         self.on_oom = on_oom
         self.history: list[TraceEntry] | None = None
         self.max_entries = sys.maxsize
@@ -233,11 +236,14 @@ class Storages(Lifetimes):
     """:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes` on the meta device with
     torch functions off while it works (see the module doc). Outputs of ops made as
     virtual CPU tensors (``virtual.making``) or computed from virtual CPU tensors only
-    are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`)."""
+    are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`). Kernels'
+    scratch blocks (:func:`~gpu_mem_track.gpumodel.attention.kernel_scratch`) are taken
+    and given back right after their op."""
 
     def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
         super().__init__({"meta"}, memory, workspace, history=False)
         self.virtual = virtual
+        self.capability = memory.spec.capability
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunction():
@@ -248,7 +254,17 @@ class Storages(Lifetimes):
                     if isinstance(leaf, torch.Tensor) and leaf.is_meta:
                         virtual.add(leaf)
                 return out
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            scratch = kernel_scratch(func, args, self.capability)
+            if scratch:
+                self._scratch(scratch, str(func.overloadpacket.__name__))
+            return out
+
+    def _scratch(self, nbytes: int, op: str) -> None:
+        """A kernel's scratch block: taken after the op's outputs, freed at once."""
+        key = self._new_key(nbytes, 0)
+        self._note_peak(op)
+        self._release(key)
 
     def _from_virtual(self, args: Any, kwargs: Any) -> bool:
         metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]

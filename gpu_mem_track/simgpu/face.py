@@ -10,7 +10,8 @@ see :mod:`~gpu_mem_track.dispatch.values`), answers ``isfinite``/``isnan``/``isi
 unknown values as finite (:data:`FINITE_CHECKS`), makes ``record_stream`` on them a
 no-op, and applies CUDA's behaviour where the CPU's differs: autocast with CUDA's op
 lists when ``torch.autocast("cuda")`` is on (:mod:`~gpu_mem_track.gpumodel.autocast`)
-the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`) and
+the attention backend CUDA would pick (:mod:`~gpu_mem_track.gpumodel.attention`),
+dropout's fused kernel with its one-byte mask (:mod:`~gpu_mem_track.gpumodel.dropout`) and
 linear-shaped einsums as linear layers, whose weight gradients come in the weight's
 layout as on the GPU (:mod:`~gpu_mem_track.gpumodel.einsum`).
 Large CPU tensors made while a module is built are virtual
@@ -38,6 +39,7 @@ from torch.utils._device import _device_constructors
 
 from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
+from ..gpumodel.dropout import DROPOUTS, cuda_dropout
 from ..gpumodel.einsum import as_linear
 from .virtual import FACTORIES, VirtualCpu, default_device
 
@@ -116,6 +118,7 @@ class CudaFace(TorchFunctionMode):
             torch.as_tensor: self._from_data,
             torch.asarray: self._from_data,
             torch.Tensor.new_tensor: self._new_tensor,
+            **{dropout: self._dropout for dropout in DROPOUTS},
         }
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -136,6 +139,9 @@ class CudaFace(TorchFunctionMode):
         if torch.is_autocast_enabled("cuda"):
             return self.autocast.call(func, args, kwargs, torch.get_autocast_dtype("cuda"))
         return func(*args, **kwargs)
+
+    def _dropout(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return cuda_dropout(func, args, kwargs, self._on_gpu)
 
     def _einsum(self, func: Any, args: tuple, kwargs: dict) -> Any:
         plan = as_linear(args[0], args[1:]) if args and not kwargs else None
