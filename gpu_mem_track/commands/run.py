@@ -188,8 +188,10 @@ COMMAND = Command(
     "CPU (see --memory). With --snapshot (CUDA) the run folder also keeps "
     "snapshot.pickle, and line peaks come from its trace. "
     "With --simulate GPU the script runs on a simulated GPU (no GPU needed): the report adds what the "
-    "simulation could not know and where the GPU would run out of memory; the run stops once its loop's "
-    "memory is steady, or at --max-iterations/--max-seconds (exit code 0; the report says where). "
+    "simulation could not know and where the GPU would run out of memory; once its loop's memory is "
+    "steady (or at --max-iterations) the loop is left as a break would and the script goes on after it "
+    "(--end-script ends the script there instead); --max-seconds ends the script (exit code 0; the "
+    "report says where and how many iterations were skipped). "
     "Under torchrun every rank writes reports/<launch>/rank<k>/ (one launch folder for all "
     "ranks, with ranks.csv and report.txt comparing them), measures its own device, and only "
     "rank 0 prints.",

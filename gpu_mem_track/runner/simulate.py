@@ -10,9 +10,10 @@ read a real GPU. What the simulation could not know (value reads that got a
 placeholder, data-dependent shapes taken at a bound, saves that wrote nothing, where the
 GPU ran out) goes into the run's description (``records.SimulationInfo``).
 
-Long scripts stop once memory is steady (``steady``): on by default under ``--simulate``
+Long loops stop once memory is steady (``steady``): on by default under ``--simulate``
 (``--run-to-end`` turns it off), with ``--max-iterations`` and ``--max-seconds`` for
-any run.
+any run. A stopped loop is left as a ``break`` would, so the script goes on after it
+(``--end-script``: the script ends there instead).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def check_simulate(options: RunOptions, rank: Any) -> Any:
 
 def stop_rule(options: RunOptions) -> StopRule | None:
     """The stop rule of the run (None when nothing can stop it early): steady memory
-    under ``--simulate`` unless ``--run-to-end``, and the budgets."""
+    under ``--simulate`` unless ``--run-to-end``, and the budgets; a stopped loop is left
+    unless ``--end-script``."""
     rule = StopRule(
         until_steady=options.simulate is not None and not options.run_to_end,
         max_iterations=options.max_iterations,
         max_seconds=options.max_seconds,
+        leave_loop=not options.end_script,
     )
     return rule if rule.active else None
 
