@@ -324,3 +324,86 @@ def test_stop_info_says_what_was_left_and_round_trips():
 
 def test_the_python_running_the_tests_is_one_the_jump_was_checked_on():
     assert sys.version_info[:2] in ((3, 11), (3, 12), (3, 13), (3, 14))
+
+
+DATALOADER_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Linear(256, 256).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(2048, 256)), batch_size=8)
+
+def train(epoch):
+    for i, (x,) in enumerate(loader):
+        loss = model(x.cuda()).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return i
+
+for epoch in range(3):
+    last = train(epoch)
+    print(f"epoch {epoch} ended after batch {last}")
+print("max allocated", torch.cuda.max_memory_allocated())
+"""
+
+
+@pytest.mark.slow
+def test_run_simulate_leaves_a_dataloader_loop_and_the_script_runs_to_its_end(tmp_path):
+    import os
+    import subprocess
+
+    from gpu_mem_track.runfolder.files import read_meta
+
+    (tmp_path / "train.py").write_text(DATALOADER_SCRIPT.lstrip())
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_mem_track",
+            "run",
+            "--run-name",
+            "r",
+            "--simulate",
+            "a100-40gb",
+            "train.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    info = read_meta(tmp_path / "reports" / "r" / "meta.json")
+    # the batch loop is nested in the epoch loop (through train()): 64 passes, then left;
+    # the rest of epoch 0 ran (its print), the epoch loop ended, the last print ran
+    assert done.stdout.splitlines() == ["epoch 0 ended after batch 63", f"max allocated {info.peak}"]
+    stop = info.stopped
+    assert stop.action == "left-loop" and stop.loop.endswith("train.py:10") and stop.iterations == 64
+    assert stop.skipped == 2048 // 8 - 64
+    assert stop.resumed.endswith("train.py:15") and [w.rsplit(":", 1)[1] for w in stop.left] == ["17"]
+    assert "192 iteration(s) skipped, the script went on at train.py:15" in done.stderr
+    assert "also left the loop(s) at train.py:17" in done.stderr
+
+
+def test_the_end_script_flag_on_the_command_line(tmp_path, capsys, monkeypatch):
+    from gpu_mem_track.cli import main
+    from gpu_mem_track.runfolder.files import read_meta
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop.py").write_text("for step in range(10**6):\n    pass\nprint('after', step)\n")
+    assert main(["run", "--device", "cpu", "--end-script", "loop.py"]) == 2
+    assert "--end-script only applies with --simulate or --max-iterations" in capsys.readouterr().err
+    base = ["run", "--device", "cpu", "--max-iterations", "5"]
+    assert main([*base, "--run-name", "left", "loop.py"]) == 0
+    assert capsys.readouterr().out == "after 4\n"  # 5 iterations: steps 0-4
+    assert main([*base, "--run-name", "ended", "--end-script", "loop.py"]) == 0
+    assert capsys.readouterr().out == ""
+    ended = read_meta(tmp_path / "reports" / "ended" / "meta.json").stopped
+    left = read_meta(tmp_path / "reports" / "left" / "meta.json").stopped
+    assert (ended.action, ended.skipped) == ("ended-script", None)
+    assert (left.action, left.skipped, left.resumed) == ("left-loop", 10**6 - 5, f"{tmp_path}/loop.py:3")

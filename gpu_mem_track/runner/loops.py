@@ -22,7 +22,7 @@ would skip the context manager's ``__exit__``), of an ``except`` handler or of a
 one line is also left out (its body has no line event of its own).
 
 **Iterations left.** For ``for target in EXPR`` where ``EXPR`` is a name, an attribute,
-a constant, simple arithmetic, or ``range``/``enumerate``/``zip``/``reversed``/
+a constant, integer arithmetic, or ``range``/``enumerate``/``zip``/``reversed``/
 ``len``/``min``/``max`` of such (the builtins, not a name the script rebinds), the
 expression is evaluated again in the loop's frame and ``len()`` taken
 (``remaining``); anything else (a generator, ``iter(...)``, ``tqdm(...)``, a method
@@ -185,6 +185,8 @@ _OPERATORS = {
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 
 
@@ -227,6 +229,8 @@ def _evaluate(node: ast.expr, frame: FrameType) -> Any:
         left, right = _evaluate(node.left, frame), _evaluate(node.right, frame)
         if not all(isinstance(v, int) for v in (left, right)):
             raise _Unsafe("arithmetic on something other than ints")
+        if isinstance(node.op, ast.Pow) and not 0 <= right <= 64:
+            raise _Unsafe("a large or negative power")
         return _OPERATORS[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         value = _evaluate(node.operand, frame)
