@@ -90,14 +90,15 @@ def oom_message(
     request: int, allocated: int, reserved: int, spec: GpuSpec, allowed: int | None = None
 ) -> str:
     """``torch.OutOfMemoryError``'s text for the simulated GPU (device 0; this process is
-    the only one, and holds its reserved bytes plus the CUDA context); ``allowed``: the
-    limit ``set_per_process_memory_fraction`` set, if any."""
+    the only one, and holds its reserved bytes plus its non-PyTorch memory, the CUDA
+    context and library handles: ``GpuSpec.non_pytorch_bytes``); ``allowed``: the limit
+    ``set_per_process_memory_fraction`` set, if any."""
     free = max(spec.capacity - reserved, 0)
     limit = f"{format_size(allowed)} allowed; " if allowed is not None else ""
     return (
         f"CUDA out of memory. Tried to allocate {format_size(request)}. GPU 0 has a total capacity of "
         f"{format_size(spec.total_memory)} of which {format_size(free)} is free. "
-        f"Including non-PyTorch memory, this process has {format_size(reserved + spec.context_bytes)} "
+        f"Including non-PyTorch memory, this process has {format_size(reserved + spec.non_pytorch_bytes)} "
         f"memory in use. {limit}Of the allocated memory {format_size(allocated)} is allocated by PyTorch, "
         "and "
         f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If reserved but "
