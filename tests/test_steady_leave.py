@@ -6,13 +6,14 @@ appends to, read as the high marks."""
 
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from gpu_mem_track.runner.loops import loop_table
+from gpu_mem_track.runner.loops import PAD_LINE, loop_table, pad_loops
 from gpu_mem_track.runner.steady import LoopWatch, StopInfo, StopRule, StopRun
 from gpu_mem_track.runner.tracer import ENGINES
 
@@ -35,14 +36,16 @@ class Sink:
         pass
 
 
-def run_watched(tmp_path: Path, source: str, engine: str, rule: StopRule | None = None):
+def run_watched(tmp_path: Path, source: str, engine: str, rule: StopRule | None = None, pad: bool = False):
     """Run ``source``'s ``main(log)`` under a watch with ``engine``; the high mark is the
     number of entries in ``log`` that are not strings (strings are what the code after
-    the loops writes). Returns (log, watch, sink, ended: whether StopRun ended it)."""
+    the loops writes); ``pad``: compile it as the runner does (``loops.pad_loops``).
+    Returns (log, watch, sink, ended: whether StopRun ended it)."""
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(source))
     namespace: dict = {"__name__": "script"}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    tree = ast.parse(path.read_text())
+    exec(compile(pad_loops(tree) if pad else tree, str(path), "exec"), namespace)
     log: list = []
     sink = Sink()
     watch = LoopWatch(sink, rule or StopRule(), lambda: sum(1 for x in log if not isinstance(x, str)))
@@ -212,6 +215,47 @@ def test_a_for_over_a_generator_is_left_and_the_generator_closed(tmp_path, engin
     assert watch.stopped.loop.endswith("script.py:12") and watch.stopped.skipped is None
 
 
+def test_a_loop_that_ends_its_function_is_left_through_the_runners_pad(tmp_path, engine):
+    # PyTorch's MNIST example: train()'s batch loop is its last statement
+    source = """
+    class Closing:
+        def __init__(self, log):
+            self.log = log
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            self.log.append("exit ran")
+
+    def train(log):
+        for step in range(1000):
+            if step < 3:
+                log.append(step)
+
+    def evaluate(log):
+        with Closing(log):
+            for batch in range(1000):
+                pass
+
+    def main(log):
+        train(log)
+        log.append("tested")
+        evaluate(log)
+        log.append("after")
+    """
+    log, watch, sink, ended = run_watched(tmp_path, source, engine, pad=True)
+    assert not ended
+    assert log == [0, 1, 2, "tested", "exit ran", "after"]
+    info = watch.stopped
+    assert info.action == "left-loop" and info.skipped == 1000 - 5
+    assert info.resumed.endswith("script.py:13") and info.resumed_after
+    assert (
+        "the script went on after " in info.describe()
+        and "(the end of its function or block)" in info.describe()
+    )
+    assert [where.rsplit(":", 1)[1] for where in info.left] == ["17"]  # evaluate()'s, once steady
+    assert max(sink.lines) < PAD_LINE  # the pads' line events are not the script's
+
+
 def test_a_loop_last_in_its_function_ends_the_script_and_says_why(tmp_path, engine):
     source = """
     def train(log):
@@ -293,7 +337,8 @@ def test_exits_of_loops_in_every_kind_of_block(tmp_path):
     )
     table = loop_table(str(path))
     exits = {header: loop.exit for header, loop in table.items()}
-    assert exits == {2: 4, 5: 7, 9: 12, 14: None, 17: None, 18: None, 20: None}
+    # a loop that ends a block goes on at the pad after the statement that ends it
+    assert exits == {2: 4, 5: 7, 9: 12, 14: PAD_LINE + 14, 17: PAD_LINE + 17, 18: PAD_LINE + 17, 20: None}
     assert table[18].through == (17,) and table[18].enclosing == (17,)
     assert table[9].kind == "for" and table[5].kind == "while"
 
@@ -341,11 +386,10 @@ def train(epoch):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return i
 
 for epoch in range(3):
-    last = train(epoch)
-    print(f"epoch {epoch} ended after batch {last}")
+    train(epoch)
+    print(f"epoch {epoch} ended")
 print("max allocated", torch.cuda.max_memory_allocated())
 """
 
@@ -355,7 +399,7 @@ def test_run_simulate_leaves_a_dataloader_loop_and_the_script_runs_to_its_end(tm
     import os
     import subprocess
 
-    from gpu_mem_track.runfolder.files import read_meta
+    from gpu_mem_track.runfolder.files import read_lines, read_meta
 
     (tmp_path / "train.py").write_text(DATALOADER_SCRIPT.lstrip())
     root = Path(__file__).resolve().parents[1]
@@ -381,13 +425,16 @@ def test_run_simulate_leaves_a_dataloader_loop_and_the_script_runs_to_its_end(tm
     info = read_meta(tmp_path / "reports" / "r" / "meta.json")
     # the batch loop is nested in the epoch loop (through train()): 64 passes, then left;
     # the rest of epoch 0 ran (its print), the epoch loop ended, the last print ran
-    assert done.stdout.splitlines() == ["epoch 0 ended after batch 63", f"max allocated {info.peak}"]
+    # (PyTorch's MNIST example's shape: the batch loop is train()'s last statement)
+    assert done.stdout.splitlines() == ["epoch 0 ended", f"max allocated {info.peak}"]
     stop = info.stopped
     assert stop.action == "left-loop" and stop.loop.endswith("train.py:10") and stop.iterations == 64
     assert stop.skipped == 2048 // 8 - 64
-    assert stop.resumed.endswith("train.py:15") and [w.rsplit(":", 1)[1] for w in stop.left] == ["17"]
-    assert "192 iteration(s) skipped, the script went on at train.py:15" in done.stderr
-    assert "also left the loop(s) at train.py:17" in done.stderr
+    assert stop.resumed.endswith("train.py:14") and [w.rsplit(":", 1)[1] for w in stop.left] == ["16"]
+    assert "192 iteration(s) skipped, the script went on after train.py:14 (the end of its" in done.stderr
+    assert "also left the loop(s) at train.py:16" in done.stderr
+    lines = {(r.line, r.hits) for r in read_lines(tmp_path / "reports" / "r" / "lines.csv")}
+    assert (11, 64) in lines and max(line for line, _ in lines) == 19  # no pad line recorded
 
 
 def test_the_end_script_flag_on_the_command_line(tmp_path, capsys, monkeypatch):

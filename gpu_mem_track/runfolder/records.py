@@ -136,8 +136,10 @@ class StopInfo:
     the rule's iterations (``steady.StopRule``).
 
     ``action``: ``"left-loop"`` (the loop was left as a ``break`` would, and the script
-    went on at ``resumed``, ``file:line``) or ``"ended-script"`` (the script was ended
-    there; run descriptions written before loops were left say nothing, and mean this);
+    went on at ``resumed``, ``file:line``; with ``resumed_after``, the loop ended its
+    function or block and the script went on from the end of it, after that line) or
+    ``"ended-script"`` (the script was ended there; run descriptions written before
+    loops were left say nothing, and mean this);
     ``skipped``: iterations of the loop that were skipped (None when that cannot be known:
     a ``while`` loop, a generator); ``left``: ``file:line`` of the other loops left
     afterwards (the loops around it, at their header; later loops once steady);
@@ -160,6 +162,7 @@ class StopInfo:
     left: tuple[str, ...] = ()
     note: str = ""
     ended_at: str = ""
+    resumed_after: bool = False
 
     def describe(self) -> str:
         """One or two sentences: what was stopped, why, and where the script went on."""
@@ -184,8 +187,10 @@ class StopInfo:
         )
         text = (
             f"left the loop at {self.loop} after {self.iterations} iteration(s), {self.seconds:.1f} s: "
-            f"{why}; {skipped}, the script went on at {self.resumed}"
+            f"{why}; {skipped}, the script went on {'after' if self.resumed_after else 'at'} {self.resumed}"
         )
+        if self.resumed_after:
+            text += " (the end of its function or block)"
         if self.left:
             text += f"; also left the loop(s) at {', '.join(self.left)}"
         if self.ended_at:

@@ -14,12 +14,15 @@ loop's iterator). That line is the first statement that runs after the loop:
   ``break`` goes (the enclosing loop is left too, see ``Loop.through``); of a loop's
   ``else``: where that loop's ``break`` goes.
 
-**What cannot be left by a jump** (``Loop.exit`` is None): a loop that is the last
-statement of a function (its return has no line of its own: CPython gives the implicit
-``return None`` the loop header's line), of the module, of a ``with`` block (a jump
-would skip the context manager's ``__exit__``), of an ``except`` handler or of a
-``finally`` block (a jump cannot leave them), of a ``match`` case. A loop written on
-one line is also left out (its body has no line event of its own).
+**Loops that end a block.** A loop that is the last statement of a function, of the
+module, of a ``with`` block, of an ``except`` handler, of a ``finally`` block or of a
+``match`` case has no source line to jump to (CPython gives the implicit ``return None``
+the loop header's line, and a jump out of a ``with`` would skip its ``__exit__``).
+``pad_loops`` puts a ``pass`` after it in the same block, on a line number of its own
+(``PAD_LINE`` and up), when the runner compiles the script; ``Loop.exit`` is that line.
+In a file the runner did not compile (an ``--include``d module, imported as usual) the
+jump is refused and the stop rule ends the script instead. A loop written on one line is
+left out (its body has no line event of its own).
 
 **Iterations left.** For ``for target in EXPR`` where ``EXPR`` is a name, an attribute,
 a constant, integer arithmetic, or ``range``/``enumerate``/``zip``/``reversed``/
@@ -42,7 +45,7 @@ from typing import Any
 
 from .statements import parse_source
 
-__all__ = ["Loop", "jump", "loop_table", "remaining", "running_frame", "unsilence"]
+__all__ = ["PAD_LINE", "Loop", "jump", "loop_table", "pad_loops", "remaining", "running_frame", "unsilence"]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 #: statement -> (its parent, the parent's field holding it, its index there)
@@ -68,12 +71,44 @@ class Loop:
     iterable: ast.expr | None = None
 
 
+#: Pads (``pad_loops``) get line numbers from here on, beyond any source file's lines.
+PAD_LINE = 1 << 24
+
+
 def loop_table(filename: str) -> dict[int, Loop]:
     """``{header line: Loop}`` for every loop of ``filename`` (empty when it cannot be read
     or parsed)."""
     tree = parse_source(filename)
     if tree is None:
         return {}
+    parents = _parents(tree)
+    return {node.lineno: _loop(node, parents) for node in ast.walk(tree) if isinstance(node, _LOOPS)}
+
+
+def pad_loops(tree: ast.Module) -> ast.Module:
+    """``tree`` with a ``pass`` after each statement that ends a function or block with a
+    loop in it (a loop no jump could leave otherwise; see the module docstring), on line
+    ``PAD_LINE + that statement's first line``: a line of its own that no source line
+    has, for the jump out of the loop to land on. The pad changes nothing the script
+    does; its line events are not the script's (``steady`` drops them)."""
+    parents = _parents(tree)
+    ends: dict[ast.AST, ast.stmt] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, _LOOPS):
+            pad: list[ast.stmt] = []
+            if not _one_line(node) and _after(node, parents, [], pad) is None and pad:
+                ends[pad[0]] = pad[0]
+    for end in sorted(ends, key=lambda n: -parents[n][2]):  # later first: the indices hold
+        parent, field, index = parents[end]
+        line = PAD_LINE + end.lineno  # type: ignore[attr-defined]
+        col = end.col_offset  # type: ignore[attr-defined]
+        getattr(parent, field).insert(
+            index + 1, ast.Pass(lineno=line, col_offset=col, end_lineno=line, end_col_offset=col + 4)
+        )
+    return tree
+
+
+def _parents(tree: ast.AST) -> _Parents:
     parents: _Parents = {}
     for node in ast.walk(tree):
         for field, value in ast.iter_fields(node):
@@ -81,17 +116,20 @@ def loop_table(filename: str) -> dict[int, Loop]:
                 for index, child in enumerate(value):
                     if isinstance(child, ast.stmt):
                         parents[child] = (node, field, index)
-    table: dict[int, Loop] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, _LOOPS):
-            table[node.lineno] = _loop(node, parents)
-    return table
+    return parents
+
+
+def _one_line(node: ast.stmt) -> bool:
+    """A loop written on one line: its body has no line event of its own."""
+    return bool(node.body) and node.body[0].lineno == node.lineno  # type: ignore[attr-defined]
 
 
 def _loop(node: ast.stmt, parents: _Parents) -> Loop:
     through: list[int] = []
-    one_line = bool(node.body) and node.body[0].lineno == node.lineno  # type: ignore[attr-defined]
-    exit_line = None if one_line else _after(node, parents, through)
+    pad: list[ast.stmt] = []
+    exit_line = None if _one_line(node) else _after(node, parents, through, pad)
+    if exit_line is None and pad and not _one_line(node):
+        exit_line = PAD_LINE + pad[0].lineno  # type: ignore[attr-defined]
     enclosing = []
     parent = parents.get(node)
     while parent is not None and not isinstance(parent[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -109,8 +147,9 @@ def _loop(node: ast.stmt, parents: _Parents) -> Loop:
     )
 
 
-def _after(node: ast.stmt, parents: _Parents, through: list[int]) -> int | None:
-    """The first line that runs once ``node`` is done (see the module docstring)."""
+def _after(node: ast.stmt, parents: _Parents, through: list[int], pad: list[ast.stmt]) -> int | None:
+    """The first line that runs once ``node`` is done (see the module docstring); None
+    when no source line does, with the statement that ends its block put in ``pad``."""
     if node not in parents:
         return None
     parent, field, index = parents[node]
@@ -118,19 +157,18 @@ def _after(node: ast.stmt, parents: _Parents, through: list[int]) -> int | None:
     if index + 1 < len(siblings):
         return _first_line(siblings[index + 1])
     if isinstance(parent, ast.If):
-        return _after(parent, parents, through)
-    if isinstance(parent, _TRY):
-        follow = parent.orelse or parent.finalbody if field == "body" else None  # type: ignore[attr-defined]
-        if field == "orelse":
-            follow = parent.finalbody  # type: ignore[attr-defined]
-        if follow is None:
-            return None  # an except handler or a finally block: no jump out of them
-        return _first_line(follow[0]) if follow else _after(parent, parents, through)
+        return _after(parent, parents, through, pad)
+    if isinstance(parent, _TRY) and field in ("body", "orelse"):
+        follow = parent.orelse or parent.finalbody if field == "body" else parent.finalbody  # type: ignore[attr-defined]
+        return _first_line(follow[0]) if follow else _after(parent, parents, through, pad)
     if isinstance(parent, _LOOPS):
         if field == "body":
             through.append(parent.lineno)
-        return _after(parent, parents, through)
-    return None  # the end of a function or module, a with block, a match case
+        return _after(parent, parents, through, pad)
+    # the end of a function or module, a with block, an except handler, a finally block or
+    # a match case: no jump out of it (or none to a line), but one to a pad within it
+    pad.append(node)
+    return None
 
 
 def _first_line(node: ast.stmt) -> int:

@@ -76,7 +76,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from ..runfolder.records import StopInfo
-from .loops import Loop, jump, loop_table, remaining, running_frame, unsilence
+from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, unsilence
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -200,6 +200,12 @@ class LoopWatch:
         self._filter: Any = None  # the warnings filter of a jump, until the next line event
 
     @property
+    def leaves_loops(self) -> bool:
+        """Whether a stop leaves the loop (the script is best compiled with
+        ``loops.pad_loops``) rather than ending the script."""
+        return self._rule.leave_loop
+
+    @property
     def stopped(self) -> StopInfo | None:
         """The first stop, with every loop left after it (None: not stopped)."""
         if self._first is None or not self._left:
@@ -219,6 +225,8 @@ class LoopWatch:
     def line(self, code: CodeType, lineno: int) -> None:
         if self._filter is not None:
             self._filter = unsilence(self._filter)
+        if lineno >= PAD_LINE:
+            return  # a pad of ``loops.pad_loops``, not a line of the script
         stack = self._stack
         if not stack or stack[-1].code is not code:
             self.enter(code)  # an event the engine did not send: as the profiler does
@@ -352,8 +360,10 @@ class LoopWatch:
         skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
         self._jump(frame, real, loop, info)
         if self._first is None:
+            padded = loop.exit >= PAD_LINE  # type: ignore[operator]
+            resumed = f"{info.file}:{loop.end if padded else loop.exit}"
             self._first = replace(
-                info, action="left-loop", skipped=skipped, resumed=f"{info.file}:{loop.exit}"
+                info, action="left-loop", skipped=skipped, resumed=resumed, resumed_after=padded
             )
         else:
             self._left.append(f"{info.file}:{loop.header}")
@@ -388,11 +398,13 @@ class LoopWatch:
             self._filter = jump(real, loop.exit)  # type: ignore[arg-type]
         except ValueError as exc:
             base = info or self._first or self._info("steady", frame.code.co_filename, loop.header)
-            self._end(base, f"Python refused to leave the loop at {where} ({exc})", ended_at=where)
+            refused = f"Python refused to leave the loop at {where} ({exc})"
+            self._end(base, _CANNOT % where if loop.exit >= PAD_LINE else refused, ended_at=where)  # type: ignore[operator]
         frame.last = loop.exit  # type: ignore[assignment]
         for header in (loop.header, *loop.through):
             frame.passes.pop(header, None)
-        self._sink.line(frame.code, loop.exit)
+        if loop.exit < PAD_LINE:  # type: ignore[operator]
+            self._sink.line(frame.code, loop.exit)
 
     def _end(self, info: StopInfo, note: str, ended_at: str = "") -> None:
         """End the script where it is, saying why the loop could not be left."""
@@ -404,6 +416,6 @@ class LoopWatch:
 
 
 _CANNOT = (
-    "the loop at %s is the last statement of its function, or of a with, except or finally block: "
-    "no line to go on at, so the script was ended there"
+    "the loop at %s is the last statement of its function, or of a with, except or finally block, "
+    "in a file the runner did not compile (no line to go on at), so the script was ended there"
 )
