@@ -256,6 +256,27 @@ def test_a_loop_that_ends_its_function_is_left_through_the_runners_pad(tmp_path,
     assert max(sink.lines) < PAD_LINE  # the pads' line events are not the script's
 
 
+def test_loops_of_functions_a_forward_calls_are_never_left(tmp_path, engine):
+    source = """
+    def helper(log):
+        for i in range(300):
+            pass
+        return i
+
+    class Model:
+        def forward(self, log):
+            for layer in range(3):
+                log.append(f"layer {layer} {helper(log)}")
+
+    def main(log):
+        Model().forward(log)
+        log.append("after")
+    """
+    log, watch, _, ended = run_watched(tmp_path, source, engine, pad=True)
+    assert log == ["layer 0 299", "layer 1 299", "layer 2 299", "after"]
+    assert watch.stopped is None and not ended
+
+
 def test_a_loop_last_in_its_function_ends_the_script_and_says_why(tmp_path, engine):
     source = """
     def train(log):

@@ -22,10 +22,11 @@ the optimizer-step loop around it, a batch loop stays the iteration inside its e
 loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
 timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
 its body, or in functions it calls) are part of it. Loops in a ``forward`` method (a
-model's loop over its layers) are never the iteration. While the anchor may be an inner
-loop (a loop of its function encloses it, or the frames that called it are inside a
-loop's body) it is not stopped for being steady before its ``inner_limit``-th pass: the
-loop around it may still do what matters once per pass, such as the optimizer step.
+model's loop over its layers), and in the functions it calls, are never the iteration.
+While the anchor may be an inner loop (a loop of its function encloses it, or the frames
+that called it are inside a loop's body) it is not stopped for being steady before its
+``inner_limit``-th pass: the loop around it may still do what matters once per pass,
+such as the optimizer step.
 
 **Steady.** At the end of each iteration the watch reads the run's high marks: the peak
 of allocated memory, the peak of reserved memory, how many source lines have run and the
@@ -264,8 +265,8 @@ class LoopWatch:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
         is the watched loop, or decide whether it becomes the watched loop. True when the
         watch left the loop (the line event was forwarded as the jump's target)."""
-        if frame.code.co_name in _STEP_FUNCTIONS:
-            return False
+        if any(f.code.co_name in _STEP_FUNCTIONS for f in self._stack):
+            return False  # a model's loop, or one of a function its forward calls
         depth = len(self._stack) - 1
         anchor = self._anchor
         if anchor is None:
