@@ -129,3 +129,35 @@ def test_the_report_and_the_gpus_table_say_what_is_counted_outside_pytorch():
     assert "  H200: measured by gpu-mem-track probe on an H200" in table
     h200 = next(g for g in gpus_dict(GPUS.values())["gpus"] if g["name"] == "H200")
     assert h200["non_pytorch_bytes"] == 684 * MiB and h200["capacity"] == H200_TOTAL - 684 * MiB
+
+
+@pytest.mark.slow
+def test_run_simulate_counts_the_probe_saved_for_that_gpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpu_mem_track.runfolder.files import read_meta
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _save_probe(cache, "h200", "NVIDIA H200", 600, 200)
+    (tmp_path / "s.py").write_text(
+        "import torch\nprint(torch.cuda.mem_get_info()[0])\nx = torch.empty(2**30, device='cuda')\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", "run", "--run-name", "r", "--simulate", "h200", "s.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root), "GPU_MEM_TRACK_CACHE": str(cache)},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(H200_TOTAL - 806 * MiB)  # 600 + 200 + 6 (cuDNN) MiB outside
+    gpu = read_meta(tmp_path / "reports" / "r" / "meta.json").simulation.gpu
+    assert (gpu["context_bytes"], gpu["library_bytes"]) == (600 * MiB, 206 * MiB)
+    assert str(cache / "probe-h200.json") in gpu["context_source"]
+    assert "non-PyTorch memory 806.00 MiB measured" in done.stderr
