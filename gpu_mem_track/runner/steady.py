@@ -356,7 +356,8 @@ class LoopWatch:
         frame = self._stack[-1]
         loop = frame.table.get(info.line)
         if loop is None or loop.exit is None:
-            self._end(info, _CANNOT % f"{info.file}:{info.line}")
+            where = f"{info.file}:{info.line}"
+            self._end(info, _ONE_LINE % where, ended_at=where)
         real = running_frame(frame.code)
         skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
         self._jump(frame, real, loop, info)
@@ -382,7 +383,7 @@ class LoopWatch:
         where = f"{frame.code.co_filename}:{header}"
         if loop.exit is None:
             info = self._first or self._info("steady", frame.code.co_filename, header)
-            self._end(info, _CANNOT % where, ended_at=where)
+            self._end(info, _ONE_LINE % where, ended_at=where)
         self._jump(frame, running_frame(frame.code), loop, None)
         self._left += [where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)]
         self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
@@ -416,6 +417,10 @@ class LoopWatch:
         raise StopRun(self._first)
 
 
+_ONE_LINE = (
+    "the loop at %s is written on one line (no line event of its own to leave it at), so the script "
+    "was ended there"
+)
 _CANNOT = (
     "the loop at %s is the last statement of its function, or of a with, except or finally block, "
     "in a file the runner did not compile (no line to go on at), so the script was ended there"
