@@ -214,9 +214,10 @@ class SimulationInfo:
     """How a ``run --simulate`` went on its simulated GPU (``gpu_mem_track.simgpu``).
 
     ``gpu``: the GPU's description (``simgpu.GpuSpec.to_dict()``: ``name``,
-    ``total_memory`` and ``context_bytes`` in bytes, ``capability``, ``cublas_workspace``
-    bytes, where the figures come from); ``placeholders``: value reads that got a
-    placeholder (``simgpu.Placeholder.to_dict()``: ``filename``, ``line``, ``op``,
+    ``total_memory``, ``context_bytes`` and ``library_bytes`` (the non-PyTorch memory:
+    CUDA context, cuBLAS/cuDNN handles) in bytes, ``capability``, ``cublas_workspace``
+    bytes, where the figures come from: ``source``, ``context_source``); ``placeholders``:
+    value reads that got a placeholder (``simgpu.Placeholder.to_dict()``: ``filename``, ``line``, ``op``,
     ``count``); ``bounds``: data-dependent shapes taken at their upper bound
     (``simgpu.Bound.to_dict()``: ``filename``, ``line``, ``op``, ``bound``, ``count``);
     ``skipped_saves``: ``torch.save`` calls of simulated tensors that wrote nothing;
