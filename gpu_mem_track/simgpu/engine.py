@@ -4,7 +4,7 @@ of the caching-allocator model, sized to the GPU's capacity.
 :class:`GpuMemory` is the device memory the storage tracker
 (:class:`~gpu_mem_track.estimator.lifetimes.Lifetimes`) takes storages from: a
 ``malloc`` on :class:`~gpu_mem_track.allocator.Allocator` with capacity
-``total_memory - context_bytes``. When even the allocator's retry (free the cached
+``GpuSpec.capacity`` (total memory less the non-PyTorch memory). When even the allocator's retry (free the cached
 segments) cannot serve a request it raises ``torch.OutOfMemoryError`` with PyTorch's
 message (``c10/cuda/CUDACachingAllocator.cpp``; the size asked for is the segment the
 allocator needed, as there) and records it. While history is recorded
