@@ -68,13 +68,15 @@ def test_a_training_script_runs_on_the_simulated_gpu_until_steady(tmp_path):
     assert info.simulation.gpu["name"] == "A100-40GB"
     assert info.simulation.gpu["total_memory"] == GPUS["a100-40gb"].total_memory
     assert info.stopped.reason == "steady" and info.stopped.line == 7
+    assert info.stopped.action == "left-loop" and info.stopped.skipped == 100000 - 4
     assert info.stopped.iterations == 4  # 2 of warm-up, 2 unchanged
     assert done.stdout.count("loss") == 4  # printed from a placeholder: 0.000
     placeholders = info.simulation.placeholders
     assert [(p["line"], p["op"], p["count"]) for p in placeholders] == [(13, "item", 4)]
     report = (folder / "report.txt").read_text()
     assert "Simulated GPU: A100-40GB" in report
-    assert "Stopped at train.py:7 after 4 iteration(s)" in report
+    assert "Left the loop at train.py:7 after 4 iteration(s)" in report
+    assert "99,996 iteration(s) skipped, the script went on at train.py:15" in report
     assert "train.py:13  item  x4" in report
     records = {r.line: r for r in read_lines(folder / "lines.csv")}
     assert records[11].hits == 4 and records[11].peak == info.peak  # the optimizer step peaks
@@ -193,7 +195,8 @@ def test_the_stop_rule_ends_a_long_cpu_loop_with_its_finally_and_reports(tmp_pat
     info = read_meta(tmp_path / "reports" / "r" / "meta.json")
     assert info.stopped.reason == "max-iterations" and info.stopped.iterations == 25
     assert info.stopped.line == 3 and info.exit_code == 0
-    assert "Stopped at loop.py:3 after 25 iteration(s)" in out.err
+    assert "Left the loop at loop.py:3 after 25 iteration(s)" in out.err
+    assert f"{10**9 - 25:,} iteration(s) skipped, the script went on at loop.py:9" in out.err
     assert "--max-iterations reached" in (tmp_path / "reports" / "r" / "report.txt").read_text()
 
 

@@ -87,16 +87,18 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         metavar="GPU",
         help="run the script unchanged on a simulated GPU: a name listed by the gpus command "
         "(case-insensitive, e.g. A100-40GB) or SIZE:smXY (e.g. 24GiB:sm86). CUDA tensors get shapes, "
-        "no data, and memory from the caching-allocator model of that GPU; the script stops once its "
-        "loop's memory is steady (see --run-to-end). Under torchrun each rank runs on its own "
+        "no data, and memory from the caching-allocator model of that GPU; once its loop's memory is "
+        "steady the loop is left as a break would and the script goes on after it (see --run-to-end, "
+        "--end-script). Under torchrun each rank runs on its own "
         "simulated GPU, in torch's fake process group (collectives move no data)",
     )
     run.add_argument(
         "--max-iterations",
         type=count,
         metavar="N",
-        help="stop the script after N iterations of its loop (the loop is found as the README's "
-        "'Long scripts' says); the reports say where it stopped",
+        help="leave a loop after N of its iterations, as a break would (the loop is found as the "
+        "README's 'Long scripts' says; see --end-script); the reports say where and how many "
+        "iterations were skipped",
     )
     run.add_argument(
         "--max-seconds",
@@ -107,7 +109,13 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--run-to-end",
         action="store_true",
-        help="with --simulate: do not stop the script once its loop's memory is steady",
+        help="with --simulate: do not stop the loop once its memory is steady",
+    )
+    run.add_argument(
+        "--end-script",
+        action="store_true",
+        help="with --simulate or --max-iterations: when a loop is stopped, end the whole script there "
+        "(the code after the loop does not run) instead of leaving the loop as a break would",
     )
     run.add_argument(
         "--all-ranks",
@@ -142,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rank-wait takes seconds >= 0, not {args.rank_wait}")
     if args.run_to_end and args.simulate is None:
         raise UsageError("--run-to-end only applies with --simulate")
+    if args.end_script and args.simulate is None and args.max_iterations is None:
+        raise UsageError("--end-script only applies with --simulate or --max-iterations")
     options = RunOptions(
         script=args.script,
         args=tuple(args.args),
@@ -161,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         max_iterations=args.max_iterations,
         max_seconds=args.max_seconds,
         run_to_end=args.run_to_end,
+        end_script=args.end_script,
         **entries,
     )
     result = execute(prepare(options))
@@ -188,8 +199,10 @@ COMMAND = Command(
     "CPU (see --memory). With --snapshot (CUDA) the run folder also keeps "
     "snapshot.pickle, and line peaks come from its trace. "
     "With --simulate GPU the script runs on a simulated GPU (no GPU needed): the report adds what the "
-    "simulation could not know and where the GPU would run out of memory; the run stops once its loop's "
-    "memory is steady, or at --max-iterations/--max-seconds (exit code 0; the report says where). "
+    "simulation could not know and where the GPU would run out of memory; once its loop's memory is "
+    "steady (or at --max-iterations) the loop is left as a break would and the script goes on after it "
+    "(--end-script ends the script there instead); --max-seconds ends the script (exit code 0; the "
+    "report says where and how many iterations were skipped). "
     "Under torchrun every rank writes reports/<launch>/rank<k>/ (one launch folder for all "
     "ranks, with ranks.csv and report.txt comparing them), measures its own device, and only "
     "rank 0 prints.",

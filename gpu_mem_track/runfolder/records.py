@@ -126,13 +126,27 @@ class TimelineRow:
 
 @dataclass(frozen=True)
 class StopInfo:
-    """Where and why a run was stopped early. ``reason``: ``"steady"``,
-    ``"max-iterations"`` or ``"max-seconds"``; ``file``/``line``: where the script was
-    stopped (the watched loop's header, or the line that was starting when the time ran
-    out); ``iterations``: iterations of the watched loop completed (0 when none was
-    found); ``seconds``: wall time since the script started; ``loop``: ``file:line`` of
-    the watched loop's header ("" when none); ``warmup`` and ``steady``: the rule's
-    iterations (``steady.StopRule``)."""
+    """Where and why the runner stopped a loop, or the script, early (``runner.steady``).
+
+    ``reason``: ``"steady"``, ``"max-iterations"`` or ``"max-seconds"``; ``file``/``line``:
+    where it was stopped (the watched loop's header, or the line that was starting when
+    the time ran out); ``iterations``: iterations of the watched loop completed (0 when
+    none was found); ``seconds``: wall time since the script started; ``loop``:
+    ``file:line`` of the watched loop's header ("" when none); ``warmup`` and ``steady``:
+    the rule's iterations (``steady.StopRule``).
+
+    ``action``: ``"left-loop"`` (the loop was left as a ``break`` would, and the script
+    went on at ``resumed``, ``file:line``; with ``resumed_after``, the loop ended its
+    function or block and the script went on from the end of it, after that line) or
+    ``"ended-script"`` (the script was ended there; run descriptions written before
+    loops were left say nothing, and mean this);
+    ``skipped``: iterations of the loop that were skipped (None when that cannot be known:
+    a ``while`` loop, a generator); ``left``: ``file:line`` of the other loops left
+    afterwards (the loops around it, at their header; later loops once steady);
+    ``note``: why the script was ended rather than the loop left, or ended after it;
+    ``ended_at``: ``file:line`` where the script was ended after the loop was left ("" when
+    it ran to its end).
+    """
 
     reason: str
     file: str
@@ -142,10 +156,16 @@ class StopInfo:
     loop: str = ""
     warmup: int = 2
     steady: int = 2
+    action: str = "ended-script"
+    skipped: int | None = None
+    resumed: str = ""
+    left: tuple[str, ...] = ()
+    note: str = ""
+    ended_at: str = ""
+    resumed_after: bool = False
 
     def describe(self) -> str:
-        """One sentence: why and where."""
-        where = f"{self.file}:{self.line}"
+        """One or two sentences: what was stopped, why, and where the script went on."""
         if self.reason == "steady":
             why = (
                 f"memory steady (no new peak, allocated or reserved, and no new line for "
@@ -155,15 +175,38 @@ class StopInfo:
             why = "--max-iterations reached"
         else:
             why = "--max-seconds reached"
-        loop = f" of the loop at {self.loop}" if self.loop else ""
-        return f"stopped at {where} after {self.iterations} iteration(s){loop}, {self.seconds:.1f} s: {why}"
+        if self.action != "left-loop":
+            loop = f" of the loop at {self.loop}" if self.loop else ""
+            text = f"stopped at {self.file}:{self.line} after {self.iterations} iteration(s){loop}"
+            text += f", {self.seconds:.1f} s: {why}"
+            return f"{text} ({self.note})" if self.note else text
+        skipped = (
+            f"{self.skipped:,} iteration(s) skipped"
+            if self.skipped is not None
+            else "its remaining iterations skipped (how many is not known)"
+        )
+        text = (
+            f"left the loop at {self.loop} after {self.iterations} iteration(s), {self.seconds:.1f} s: "
+            f"{why}; {skipped}, the script went on {'after' if self.resumed_after else 'at'} {self.resumed}"
+        )
+        if self.resumed_after:
+            text += " (the end of its function or block)"
+        if self.left:
+            text += f"; also left the loop(s) at {', '.join(self.left)}"
+        if self.ended_at:
+            text += f"; the script was ended at {self.ended_at}: {self.note}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["left"] = list(self.left)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StopInfo:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["left"] = tuple(values.get("left", ()))
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -171,9 +214,10 @@ class SimulationInfo:
     """How a ``run --simulate`` went on its simulated GPU (``gpu_mem_track.simgpu``).
 
     ``gpu``: the GPU's description (``simgpu.GpuSpec.to_dict()``: ``name``,
-    ``total_memory`` and ``context_bytes`` in bytes, ``capability``, ``cublas_workspace``
-    bytes, where the figures come from); ``placeholders``: value reads that got a
-    placeholder (``simgpu.Placeholder.to_dict()``: ``filename``, ``line``, ``op``,
+    ``total_memory``, ``context_bytes`` and ``library_bytes`` (the non-PyTorch memory:
+    CUDA context, cuBLAS/cuDNN handles) in bytes, ``capability``, ``cublas_workspace``
+    bytes, where the figures come from: ``source``, ``context_source``); ``placeholders``:
+    value reads that got a placeholder (``simgpu.Placeholder.to_dict()``: ``filename``, ``line``, ``op``,
     ``count``); ``bounds``: data-dependent shapes taken at their upper bound
     (``simgpu.Bound.to_dict()``: ``filename``, ``line``, ``op``, ``bound``, ``count``);
     ``skipped_saves``: ``torch.save`` calls of simulated tensors that wrote nothing;

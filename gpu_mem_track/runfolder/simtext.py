@@ -62,10 +62,22 @@ def _gpu(gpu: dict[str, Any]) -> str:
     major, minor = gpu.get("capability", (0, 0))
     workspace = format_bytes(int(gpu.get("cublas_workspace", 0)))
     return (
-        f"{gpu.get('name', '?')}, {format_bytes(int(gpu.get('total_memory', 0)))} "
-        f"(CUDA context {format_bytes(int(gpu.get('context_bytes', 0)))} assumed), "
+        f"{gpu.get('name', '?')}, {format_bytes(int(gpu.get('total_memory', 0)))} ({_outside(gpu)}), "
         f"compute capability {major}.{minor}, cuBLAS workspace {workspace}"
     )
+
+
+def _outside(gpu: dict[str, Any]) -> str:
+    """The non-PyTorch memory the simulation counted (CUDA context, cuBLAS/cuDNN handles),
+    and whether it was measured (a description written before libraries were counted
+    holds an assumed context only)."""
+    context, libraries = int(gpu.get("context_bytes", 0)), gpu.get("library_bytes", 0)
+    libraries = libraries if isinstance(libraries, int) and not isinstance(libraries, bool) else 0
+    measured = str(gpu.get("context_source", "")).startswith("measured")
+    text = f"non-PyTorch memory {format_bytes(context + libraries)} {'measured' if measured else 'assumed'}"
+    if libraries:
+        text += f": CUDA context {format_bytes(context)}, cuBLAS/cuDNN {format_bytes(libraries)}"
+    return text
 
 
 def _oom(oom: dict[str, Any], exit_code: int | None) -> str:

@@ -13,6 +13,7 @@ tracing and gets the default handlers back.
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import runpy
@@ -44,10 +45,11 @@ _SIMULATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
+def run_script(prepared: PreparedRun, engine: Any, session: Any, pad: bool = False) -> int:
     """Run the prepared script as ``__main__`` under ``engine`` and return its exit code
     (see the module docstring); ``session`` is the run's stamp listener
-    (``session.RunSession``), registered while the script runs, with its ``timeline``.
+    (``session.RunSession``), registered while the script runs, with its ``timeline``;
+    ``pad``: compile the script with ``loops.pad_loops`` (a stop rule that leaves loops).
     Everything it changes is restored before it returns."""
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     saved_cwd = os.getcwd()
@@ -69,7 +71,7 @@ def run_script(prepared: PreparedRun, engine: Any, session: Any) -> int:
             print(f"gpu_mem_track: cannot trace: {exc}", file=sys.stderr)
             return 2
         try:
-            _run_main(prepared.script, prepared.options.script, session.script_globals)
+            _run_main(prepared.script, prepared.options.script, session.script_globals, pad)
         finally:
             engine.stop()
         return 0
@@ -111,7 +113,7 @@ def _print_exception(exc: BaseException) -> None:
         pass
 
 
-def _run_main(script: Path, typed: str, keep: list[Any]) -> None:
+def _run_main(script: Path, typed: str, keep: list[Any], pad: bool = False) -> None:
     """Run ``script`` as ``__main__`` as ``python script`` does: ``__file__`` absolute,
     ``sys.argv`` left as set (``runpy.run_path`` would replace ``argv[0]`` with the path
     it was given). A zip application or a folder goes through ``runpy`` (its
@@ -128,7 +130,7 @@ def _run_main(script: Path, typed: str, keep: list[Any]) -> None:
     with io.open_code(str(script)) as handle:
         source = handle.read()
     try:
-        code = compile(source, str(script), "exec", dont_inherit=True)
+        code = _compile(source, str(script), pad)
     except (SyntaxError, ValueError) as exc:
         if isinstance(exc, SyntaxError) and exc.filename:
             raise
@@ -146,6 +148,16 @@ def _run_main(script: Path, typed: str, keep: list[Any]) -> None:
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved
+
+
+def _compile(source: bytes, filename: str, pad: bool) -> types.CodeType:
+    """The script's code; with ``pad``, with a line to land on after each loop that ends
+    a function or block (``loops.pad_loops``)."""
+    if not pad:
+        return compile(source, filename, "exec", dont_inherit=True)
+    from .loops import pad_loops
+
+    return compile(pad_loops(ast.parse(source, filename)), filename, "exec", dont_inherit=True)
 
 
 def _runs_through_runpy(script: Path) -> bool:

@@ -36,7 +36,8 @@ class RunOptions:
     name or ``SIZE:smXY``; see ``simulate``); ``max_iterations``, ``max_seconds``: stop
     the script after that many iterations of its loop or wall seconds, and
     ``run_to_end``: do not stop it once its memory is steady (the default under
-    ``simulate``); see ``steady``.
+    ``simulate``); ``end_script``: when a loop is stopped (steady, ``max_iterations``),
+    end the script there rather than leave the loop as a ``break`` would; see ``steady``.
     """
 
     script: str
@@ -58,6 +59,7 @@ class RunOptions:
     max_iterations: int | None = None
     max_seconds: float | None = None
     run_to_end: bool = False
+    end_script: bool = False
 
 
 @dataclass

@@ -149,7 +149,7 @@ def _execute(
     try:
         if snapshot is not None:
             snapshot.start()
-        code = run_script(prepared, engine, session)
+        code = run_script(prepared, engine, session, pad=watch is not None and watch.leaves_loops)
     finally:
         session.close()
         profiler.finish()

@@ -10,9 +10,10 @@ read a real GPU. What the simulation could not know (value reads that got a
 placeholder, data-dependent shapes taken at a bound, saves that wrote nothing, where the
 GPU ran out) goes into the run's description (``records.SimulationInfo``).
 
-Long scripts stop once memory is steady (``steady``): on by default under ``--simulate``
+Long loops stop once memory is steady (``steady``): on by default under ``--simulate``
 (``--run-to-end`` turns it off), with ``--max-iterations`` and ``--max-seconds`` for
-any run.
+any run. A stopped loop is left as a ``break`` would, so the script goes on after it
+(``--end-script``: the script ends there instead).
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ from .steady import StopRule
 if TYPE_CHECKING:
     from .options import RunOptions
 
-__all__ = ["check_simulate", "simulation", "simulation_info", "stop_rule"]
+__all__ = ["check_simulate", "measured_spec", "simulation", "simulation_info", "stop_rule"]
 
 
 def check_simulate(options: RunOptions, rank: Any) -> Any:
-    """The ``GpuSpec`` of ``--simulate`` (None without it); ``UsageError`` for an unknown
-    GPU (one line listing the names), a device other than CUDA or a ``--memory`` choice.
+    """The ``GpuSpec`` of ``--simulate`` (None without it), with the probe's measurement
+    of its non-PyTorch memory when one is saved (``measured_spec``); ``UsageError`` for an
+    unknown GPU (one line listing the names), a device other than CUDA or a ``--memory``
+    choice.
     Under torchrun each rank gets its own simulated GPU (:mod:`~gpu_mem_track.simgpu.ranks`)."""
     if options.simulate is None:
         return None
     from ..simgpu.catalog import parse_gpu
 
-    spec = parse_gpu(options.simulate)
+    spec = measured_spec(parse_gpu(options.simulate))
     if options.device not in ("auto", "cuda", "cuda:0"):
         raise UsageError(
             f"--simulate runs the script on a simulated cuda:0; it cannot run on --device {options.device}"
@@ -49,13 +52,37 @@ def check_simulate(options: RunOptions, rank: Any) -> Any:
     return spec
 
 
+def measured_spec(spec: Any, cache_dir: Any = None) -> Any:
+    """``spec`` (a ``GpuSpec``) with the non-PyTorch memory the context probe measured on
+    a GPU of that name, when the user ran ``gpu-mem-track probe`` on one and its result is
+    saved (``tracker.probe.saved_probe``): the CUDA context, and the cuBLAS and cuDNN
+    handles. Without a saved result, the catalog's figures."""
+    from ..tracker.probe import saved_probe
+    from ..tracker.records import STAGES
+
+    found = saved_probe(spec.device_name, cache_dir)
+    if found is None:
+        return spec
+    result, path = found
+    costs = result.costs()
+    context = max(costs.get(STAGES[1], 0), 0)
+    libraries = sum(max(cost, 0) for name, cost in costs.items() if name != STAGES[1])
+    source = (
+        f"measured by gpu-mem-track probe on this machine's {result.gpu_name} "
+        f"(torch {result.torch_version}; {path})"
+    )
+    return spec.measured(context, libraries, source)
+
+
 def stop_rule(options: RunOptions) -> StopRule | None:
     """The stop rule of the run (None when nothing can stop it early): steady memory
-    under ``--simulate`` unless ``--run-to-end``, and the budgets."""
+    under ``--simulate`` unless ``--run-to-end``, and the budgets; a stopped loop is left
+    unless ``--end-script``."""
     rule = StopRule(
         until_steady=options.simulate is not None and not options.run_to_end,
         max_iterations=options.max_iterations,
         max_seconds=options.max_seconds,
+        leave_loop=not options.end_script,
     )
     return rule if rule.active else None
 

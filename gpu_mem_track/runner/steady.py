@@ -1,11 +1,15 @@
-"""Stopping a long script early: once its loop's memory is steady, or at a budget.
+"""Ending a long loop early: once its memory is steady, or at a budget.
 
 A training loop of 100,000 steps repeats the same memory pattern after its first few
 steps; on the simulated GPU (``run --simulate``) running all of it would take hours and
 teach nothing more. ``LoopWatch`` sits between the tracing engine and the line profiler
-(it forwards every event) and ends the script by raising :class:`StopRun` from the
-tracer, a ``BaseException``: the script's ``except Exception`` does not catch it, its
-``finally`` blocks and context managers run, and the runner writes every report.
+(it forwards every event) and, when the rule says stop, **leaves the loop as a ``break``
+would**: the rest of its iterations are skipped and the script goes on after it (its
+own prints of ``max_memory_allocated()``, its snapshot dump, its summary run). With
+``StopRule(leave_loop=False)`` (``run --end-script``) it ends the whole script instead,
+by raising :class:`StopRun` from the tracer, a ``BaseException``: the script's ``except
+Exception`` does not catch it, its ``finally`` blocks and context managers run, and the
+runner writes every report.
 
 **The iteration.** A loop completes an iteration when, in one frame, execution jumps
 back from a line inside a ``for``/``while`` loop to that loop's header line (the header
@@ -18,41 +22,62 @@ the optimizer-step loop around it, a batch loop stays the iteration inside its e
 loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
 timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
 its body, or in functions it calls) are part of it. Loops in a ``forward`` method (a
-model's loop over its layers) are never the iteration. While the anchor may be an inner
-loop (a loop of its function encloses it, or the frames that called it are inside a
-loop's body) it is not stopped for being steady before its ``inner_limit``-th pass: the
-loop around it may still do what matters once per pass, such as the optimizer step.
+model's loop over its layers), and in the functions it calls, are never the iteration.
+While the anchor may be an inner loop (a loop of its function encloses it, or the frames
+that called it are inside a loop's body) it is not stopped for being steady before its
+``inner_limit``-th pass: the loop around it may still do what matters once per pass,
+such as the optimizer step.
 
 **Steady.** At the end of each iteration the watch reads the run's high marks: the peak
 of allocated memory, the peak of reserved memory, how many source lines have run and the
 sum of every line's peak (see ``profiler.LineProfiler.high_marks``). Each only grows, so
 two equal readings mean no line reached a new peak, no new line ran and neither peak
 moved. After ``warmup`` iterations (2; the first builds the optimizer's state), memory
-is steady when the reading stays the same for ``steady`` consecutive iterations (2):
-the script is stopped at the loop's header, at the start of the next iteration. A leak
-of even one byte per iteration raises a peak and keeps the run going.
+is steady when the reading stays the same for ``steady`` consecutive iterations (2).
+A leak of even one byte per iteration raises a peak and keeps the run going.
+
+**Leaving the loop.** At the loop's header, at the start of the next iteration, the
+watch moves the frame to the line a ``break`` would go on at (``loops.Loop.exit``, set
+as ``frame.f_lineno``: CPython allows that jump from a line event, under
+``sys.settrace`` and ``sys.monitoring`` alike, and pops a ``for`` loop's iterator). The
+loops around it are left too, so that a ``while True:`` whose only way out is a
+``break`` on a counter ends: a loop of the same function that encloses it, and a loop
+whose body a calling frame is running (an epoch loop around a ``train()`` call), are
+each left when execution next reaches their header, after the rest of their current
+iteration (an evaluation, a checkpoint) ran once. The watch then watches again, so a
+later long loop (an evaluation loop after training) is left once steady too. How many
+iterations were skipped is counted where ``loops.remaining`` can know it (``range``,
+a sized iterable such as a ``DataLoader``), and said where not (a ``while`` loop, a
+generator).
+
+**When a loop cannot be left** (``loops``: the last statement of a function, of a
+``with`` block, of an ``except`` or ``finally``; or the jump is refused), the watch
+ends the script there instead, as ``--end-script`` does, and the report says why.
 
 **Budgets.** ``max_iterations`` (iterations of the anchor, counted from when it became
-the anchor) and ``max_seconds`` (wall time since the script started, checked at every
-line event) stop the run wherever it is, steady or not.
+the anchor) leaves the loop as steady memory does; ``max_seconds`` (wall time since the
+script started, checked at every line event) ends the script wherever it is.
 
 **Limits.** A branch taken only every N iterations (an evaluation every 500 steps) is
 seen only if it ran before the stop; a script that catches ``BaseException`` (or uses a
-bare ``except:``) around the loop swallows the stop once, and under ``sys.settrace``
-tracing is off after the stop is raised, so the run then goes on untraced to its end.
+bare ``except:``) around the loop swallows an end of the script once, and under
+``sys.settrace`` tracing is off after the stop is raised, so the run then goes on
+untraced to its end. Leaving the enclosing loops also ends a sweep (``for batch_size
+in (16, 32, 64): train(batch_size)``) after its first pass. On Python 3.12 and later a
+jump binds ``None`` to the function's local variables that were still unbound (CPython's
+``f_lineno`` setter does so, so that no instruction reads a missing local).
 """
 
 from __future__ import annotations
 
-import ast
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from types import CodeType
+from dataclasses import dataclass, replace
+from types import CodeType, FrameType
 from typing import Any
 
 from ..runfolder.records import StopInfo
-from .statements import parse_source
+from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, unsilence
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -62,11 +87,12 @@ _STEP_FUNCTIONS = frozenset({"forward"})
 
 @dataclass(frozen=True)
 class StopRule:
-    """When to stop a script early; see the module docstring. ``until_steady``: stop once
+    """When to stop a loop early; see the module docstring. ``until_steady``: once
     memory is steady; ``warmup`` and ``steady``: iterations; ``max_iterations``: of the
     watched loop (None: no limit); ``max_seconds``: wall seconds since the script started
     (None: no limit); ``inner_limit``: passes of an inner loop per pass of its enclosing
-    loop above which the inner loop is the iteration."""
+    loop above which the inner loop is the iteration; ``leave_loop``: leave the loop as a
+    ``break`` would (True) or end the script (False)."""
 
     until_steady: bool = True
     warmup: int = 2
@@ -74,6 +100,7 @@ class StopRule:
     max_iterations: int | None = None
     max_seconds: float | None = None
     inner_limit: int = 64
+    leave_loop: bool = True
 
     @property
     def active(self) -> bool:
@@ -93,22 +120,22 @@ class StopRun(BaseException):
 def loop_spans(filename: str) -> dict[int, int]:
     """``{header line: last line}`` of every ``for``/``while`` loop (``async for`` too) in
     ``filename``'s source; empty when it cannot be read or parsed."""
-    tree = parse_source(filename)
-    if tree is None:
-        return {}
-    loops = (ast.For, ast.AsyncFor, ast.While)
-    return {n.lineno: n.end_lineno or n.lineno for n in ast.walk(tree) if isinstance(n, loops)}
+    return {header: loop.end for header, loop in loop_table(filename).items()}
 
 
 class _Frame:
-    """A traced frame on the watch's stack: its code, the last line it ran, its loops."""
+    """A traced frame on the watch's stack: its code, the last line it ran, its loops
+    (``{header: last line}`` and the ``loops.Loop`` records) and, per loop header, the
+    iterations completed since execution last entered that loop."""
 
-    __slots__ = ("code", "last", "loops")
+    __slots__ = ("code", "last", "loops", "table", "passes")
 
-    def __init__(self, code: CodeType, loops: dict[int, int]) -> None:
+    def __init__(self, code: CodeType, table: dict[int, Loop], loops: dict[int, int]) -> None:
         self.code = code
         self.last = 0
+        self.table = table
         self.loops = loops
+        self.passes: dict[int, int] = {}
 
     def in_loop_body(self) -> bool:
         """Whether the line it is running lies inside a loop's body."""
@@ -119,6 +146,11 @@ class _Frame:
         """Whether another loop of this frame's file contains the loop at ``header``."""
         end = self.loops[header]
         return any(h < header and end <= e for h, e in self.loops.items())
+
+    def around(self) -> list[int]:
+        """Headers of the loops whose body holds the line it is running."""
+        last = self.last
+        return [head for head, end in self.loops.items() if head < last <= end]
 
 
 class _Anchor:
@@ -138,11 +170,13 @@ class _Anchor:
 
 class LoopWatch:
     """A ``tracer.LineSink`` that forwards every event to ``sink`` (the profiler) and
-    raises :class:`StopRun` when ``rule`` says stop; see the module docstring.
+    leaves the watched loop, or raises :class:`StopRun`, when ``rule`` says stop; see
+    the module docstring.
 
     ``marks()``: the run's high marks, compared between iterations (equal: nothing new).
     ``clock``: monotonic seconds, read at every line event when ``max_seconds`` is set.
-    ``stopped`` holds the :class:`StopInfo` once raised.
+    ``stopped`` holds the :class:`StopInfo` of the first stop (with the loops left after
+    it), None while the run has not been stopped.
     """
 
     def __init__(
@@ -159,33 +193,64 @@ class LoopWatch:
         self._start = clock()
         self._deadline = None if rule.max_seconds is None else self._start + rule.max_seconds
         self._stack: list[_Frame] = []
-        self._loops: dict[str, dict[int, int]] = {}
+        self._tables: dict[str, tuple[dict[int, Loop], dict[int, int]]] = {}
         self._anchor: _Anchor | None = None
-        self.stopped: StopInfo | None = None
+        self._first: StopInfo | None = None
+        self._left: list[str] = []
+        self._pending: list[tuple[_Frame, int]] = []
+        self._filter: Any = None  # the warnings filter of a jump, until the next line event
+
+    @property
+    def leaves_loops(self) -> bool:
+        """Whether a stop leaves the loop (the script is best compiled with
+        ``loops.pad_loops``) rather than ending the script."""
+        return self._rule.leave_loop
+
+    @property
+    def stopped(self) -> StopInfo | None:
+        """The first stop, with every loop left after it (None: not stopped)."""
+        if self._first is None or not self._left:
+            return self._first
+        return replace(self._first, left=(*self._first.left, *self._left))
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 
     def enter(self, code: CodeType) -> None:
-        loops = self._loops.get(code.co_filename)
-        if loops is None:
-            loops = self._loops[code.co_filename] = loop_spans(code.co_filename)
-        self._stack.append(_Frame(code, loops))
+        tables = self._tables.get(code.co_filename)
+        if tables is None:
+            table = loop_table(code.co_filename)
+            tables = self._tables[code.co_filename] = (table, {h: loop.end for h, loop in table.items()})
+        self._stack.append(_Frame(code, *tables))
         self._sink.enter(code)
 
     def line(self, code: CodeType, lineno: int) -> None:
+        if self._filter is not None:
+            self._filter = unsilence(self._filter)
+        if lineno >= PAD_LINE:
+            return  # a pad of ``loops.pad_loops``, not a line of the script
         stack = self._stack
         if not stack or stack[-1].code is not code:
             self.enter(code)  # an event the engine did not send: as the profiler does
         frame = stack[-1]
         end = frame.loops.get(lineno)
-        if end is not None and lineno < frame.last <= end:
-            frame.last = lineno
-            self._iterated(frame, lineno)
+        if end is not None:
+            back = lineno < frame.last <= end
+            frame.passes[lineno] = frame.passes.get(lineno, 0) + 1 if back else 0
+            if self._pending and (frame, lineno) in self._pending:
+                self._leave_around(frame, lineno)
+                return
+            if back:
+                frame.last = lineno
+                if self._iterated(frame, lineno):
+                    return
         frame.last = lineno
         if self._deadline is not None:
             now = self._clock()
             if now >= self._deadline:
-                self._stop("max-seconds", code.co_filename, lineno, now)
+                info = self._info("max-seconds", code.co_filename, lineno, now)
+                if self._first is None:
+                    raise StopRun(self._record(info))
+                self._end(info, "--max-seconds reached", ended_at=f"{code.co_filename}:{lineno}")
         self._sink.line(code, lineno)
 
     def leave(self, code: CodeType) -> None:
@@ -196,11 +261,12 @@ class LoopWatch:
 
     # -- the rule -----------------------------------------------------------------------------
 
-    def _iterated(self, frame: _Frame, header: int) -> None:
+    def _iterated(self, frame: _Frame, header: int) -> bool:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
-        is the watched loop, or decide whether it becomes the watched loop."""
-        if frame.code.co_name in _STEP_FUNCTIONS:
-            return
+        is the watched loop, or decide whether it becomes the watched loop. True when the
+        watch left the loop (the line event was forwarded as the jump's target)."""
+        if any(f.code.co_name in _STEP_FUNCTIONS for f in self._stack):
+            return False  # a model's loop, or one of a function its forward calls
         depth = len(self._stack) - 1
         anchor = self._anchor
         if anchor is None:
@@ -210,13 +276,13 @@ class LoopWatch:
         elif self._encloses(frame, header, depth, anchor):
             if anchor.passes >= self._rule.inner_limit:
                 anchor.passes = 0  # batches inside an epoch: the inner loop stays
-                return
+                return False
             anchor = self._anchor = _Anchor(frame, header, depth)
         elif self._inside(frame, header, depth, anchor):
-            return  # part of the watched loop's iteration
+            return False  # part of the watched loop's iteration
         else:  # a loop after the watched one, at its depth or deeper
             anchor = self._anchor = _Anchor(frame, header, depth)
-        self._count(anchor)
+        return self._count(anchor)
 
     def _encloses(self, frame: _Frame, header: int, depth: int, anchor: _Anchor) -> bool:
         """Whether the loop at ``header`` (top frame, ``depth``) is outside the watched one:
@@ -242,26 +308,30 @@ class LoopWatch:
             return True
         return any(f.in_loop_body() for f in self._stack[: anchor.depth])
 
-    def _count(self, anchor: _Anchor) -> None:
+    def _count(self, anchor: _Anchor) -> bool:
+        """Count an iteration of the watched loop; True when it was left."""
         rule = self._rule
         anchor.iterations += 1
         anchor.passes += 1
         file = anchor.code.co_filename
         if rule.max_iterations is not None and anchor.iterations >= rule.max_iterations:
-            self._stop("max-iterations", file, anchor.header)
+            return self._stop(self._info("max-iterations", file, anchor.header))
         if not rule.until_steady:
-            return
+            return False
         marks = self._marks()
         if anchor.iterations > rule.warmup:
             anchor.same = anchor.same + 1 if marks == anchor.last else 0
         anchor.last = marks
         if anchor.same >= rule.steady and (anchor.passes >= rule.inner_limit or not self._nested(anchor)):
-            self._stop("steady", file, anchor.header)
+            return self._stop(self._info("steady", file, anchor.header))
+        return False
 
-    def _stop(self, reason: str, file: str, line: int, now: float | None = None) -> None:
+    # -- stopping -----------------------------------------------------------------------------
+
+    def _info(self, reason: str, file: str, line: int, now: float | None = None) -> StopInfo:
         anchor = self._anchor
         loop = f"{anchor.code.co_filename}:{anchor.header}" if anchor is not None else ""
-        self.stopped = StopInfo(
+        return StopInfo(
             reason=reason,
             file=file,
             line=line,
@@ -271,4 +341,87 @@ class LoopWatch:
             warmup=self._rule.warmup,
             steady=self._rule.steady,
         )
-        raise StopRun(self.stopped)
+
+    def _record(self, info: StopInfo) -> StopInfo:
+        """Keep ``info`` as the first stop (a later one is only listed in ``left``)."""
+        if self._first is None:
+            self._first = info
+        return info
+
+    def _stop(self, info: StopInfo) -> bool:
+        """The rule says stop at the watched loop's header (the top frame): leave the loop,
+        or end the script (``leave_loop`` off, or a loop no jump can leave)."""
+        if not self._rule.leave_loop:
+            raise StopRun(self._record(info))
+        frame = self._stack[-1]
+        loop = frame.table.get(info.line)
+        if loop is None or loop.exit is None:
+            where = f"{info.file}:{info.line}"
+            self._end(info, _ONE_LINE % where, ended_at=where)
+        real = running_frame(frame.code)
+        skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
+        self._jump(frame, real, loop, info)
+        if self._first is None:
+            padded = loop.exit >= PAD_LINE  # type: ignore[operator]
+            resumed = f"{info.file}:{loop.end if padded else loop.exit}"
+            self._first = replace(
+                info, action="left-loop", skipped=skipped, resumed=resumed, resumed_after=padded
+            )
+        else:
+            self._left.append(f"{info.file}:{loop.header}")
+        self._left += [f"{info.file}:{h}" for h in loop.through]
+        self._anchor = None  # watch again: a later long loop is left once steady too
+        pending = [(frame, h) for h in loop.enclosing if h not in loop.through]
+        pending += [(f, h) for f in self._stack[:-1] for h in f.around()]
+        self._pending += [p for p in pending if p not in self._pending]
+        return True
+
+    def _leave_around(self, frame: _Frame, header: int) -> None:
+        """Execution reached the header of a loop around a loop that was left: leave it."""
+        self._pending.remove((frame, header))
+        loop = frame.table[header]
+        where = f"{frame.code.co_filename}:{header}"
+        if loop.exit is None:
+            info = self._first or self._info("steady", frame.code.co_filename, header)
+            self._end(info, _ONE_LINE % where, ended_at=where)
+        self._jump(frame, running_frame(frame.code), loop, None)
+        self._left += [where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)]
+        self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
+
+    def _jump(self, frame: _Frame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
+        """Move the running frame to ``loop.exit`` and tell the profiler that line started
+        (the jump's target gets no line event of its own)."""
+        where = f"{frame.code.co_filename}:{loop.header}"
+        try:
+            if real is None:
+                raise ValueError("its frame was not found")
+            if self._filter is not None:
+                self._filter = unsilence(self._filter)
+            self._filter = jump(real, loop.exit)  # type: ignore[arg-type]
+        except ValueError as exc:
+            base = info or self._first or self._info("steady", frame.code.co_filename, loop.header)
+            refused = f"Python refused to leave the loop at {where} ({exc})"
+            self._end(base, _CANNOT % where if loop.exit >= PAD_LINE else refused, ended_at=where)  # type: ignore[operator]
+        frame.last = loop.exit  # type: ignore[assignment]
+        for header in (loop.header, *loop.through):
+            frame.passes.pop(header, None)
+        if loop.exit < PAD_LINE:  # type: ignore[operator]
+            self._sink.line(frame.code, loop.exit)
+
+    def _end(self, info: StopInfo, note: str, ended_at: str = "") -> None:
+        """End the script where it is, saying why the loop could not be left."""
+        if self._first is None:
+            self._first = replace(info, note=note)
+        else:
+            self._first = replace(self._first, note=note, ended_at=ended_at)
+        raise StopRun(self._first)
+
+
+_ONE_LINE = (
+    "the loop at %s is written on one line (no line event of its own to leave it at), so the script "
+    "was ended there"
+)
+_CANNOT = (
+    "the loop at %s is the last statement of its function, or of a with, except or finally block, "
+    "in a file the runner did not compile (no line to go on at), so the script was ended there"
+)

@@ -1,23 +1,38 @@
 """Named GPUs the simulated device can be: memory as torch reports it, compute capability,
-cuBLAS workspace default, and the CUDA context the simulation assumes. Torch-free.
+cuBLAS workspace default, and the memory the process holds outside PyTorch's allocator.
+Torch-free.
 
 ``total_memory`` is what ``torch.cuda.get_device_properties(0).total_memory`` reports
 (bytes), which is less than the vendor's nominal size: the driver keeps some for itself.
-Figures come from published ``get_device_properties`` printouts (torch prints
-``total_memory`` in MiB, so these are exact to the MiB, and vary by a few MiB across
-drivers) or, where none was found, from the nominal size less the usual driver reserve
-(said so in ``source``). ``context_bytes`` is the CUDA context and the kernels loaded
-lazily at first use (CUDA 11.7+ with lazy loading: typically 300-600 MiB, more on
-larger GPUs); it is an assumption, not a measurement, and the simulated allocator's
-capacity is ``total_memory - context_bytes``. The cuBLAS workspace is PyTorch's default
-per (handle, stream): 32 MiB on compute capability 9.0 and later, else ``:4096:2:16:8``
-(8,519,680 B); ``CUBLAS_WORKSPACE_CONFIG`` overrides it at run time.
+Figures come from a measurement (the H200: ``fixtures/h200``), from published
+``get_device_properties`` printouts (torch prints ``total_memory`` in MiB, so these are
+exact to the MiB, and vary by a few MiB across drivers) or, where none was found, from
+the nominal size less the usual driver reserve (said so in ``source``).
+
+**Non-PyTorch memory** is what the process holds on the GPU outside the caching
+allocator: ``context_bytes``, the CUDA context with the kernels loaded lazily at first
+use, and ``library_bytes``, the cuBLAS and cuDNN handles (their kernel modules, loaded
+at the first matrix multiply and the first convolution). On Hopper they are measured
+(``gpu-mem-track probe`` on an H200, torch 2.11+cu130, driver 580: context 518 MiB,
+first cuBLAS matmul +158 MiB, first cuDNN convolution +8 MiB; the H100 is the same
+architecture with the same CUDA); elsewhere the context is an assumption (300 MiB before
+Ampere, 400 MiB on Ampere/Ada, with lazy loading, the libraries included) and said so in
+``context_source``. When the user has run the probe on that GPU, its saved result
+replaces them (``GpuSpec.measured``; ``runner.simulate`` looks it up). The simulated
+allocator may reserve ``capacity``: ``total_memory`` less the non-PyTorch memory, as
+``cudaMalloc`` fails on the GPU once reserved plus non-PyTorch memory would pass the
+total. A training process can hold more (the nanoGPT run of ``fixtures/h200`` held 758
+MiB beyond ``max_memory_reserved`` in NVML's figure, 74 MiB over the probe's: kernels of
+other libraries loaded later), which the catalog does not count. The cuBLAS workspace is
+PyTorch's default per (handle, stream), allocated through the caching allocator: 32 MiB
+on compute capability 9.0 and later, else ``:4096:2:16:8`` (8,519,680 B);
+``CUBLAS_WORKSPACE_CONFIG`` overrides it at run time.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
@@ -35,8 +50,8 @@ def workspace_default(capability: tuple[int, int]) -> int:
 
 
 def context_default(total_memory: int, capability: tuple[int, int]) -> int:
-    """The CUDA context assumed when none is given: 300 MiB before Ampere, 400 MiB on
-    Ampere/Ada, 500 MiB on Hopper and newer (more kernels, larger modules)."""
+    """The CUDA context assumed where none was measured: 300 MiB before Ampere, 400 MiB
+    on Ampere/Ada, 500 MiB on Hopper and newer (more kernels, larger modules)."""
     if capability >= (9, 0):
         return 500 * MiB
     return 400 * MiB if capability >= (8, 0) else 300 * MiB
@@ -47,8 +62,10 @@ class GpuSpec:
     """One GPU model: ``name`` (the catalog's), ``device_name`` (what
     ``torch.cuda.get_device_name`` says), ``total_memory`` (bytes, as torch reports it),
     ``capability`` (major, minor), ``cublas_workspace`` (bytes per cuBLAS handle and
-    stream), ``context_bytes`` (CUDA context assumed), ``multiprocessors`` (SMs) and
-    ``source`` (where the memory figure comes from)."""
+    stream), ``context_bytes`` (the CUDA context, bytes), ``library_bytes`` (the cuBLAS
+    and cuDNN handles outside the allocator, bytes; 0 where the context's figure includes
+    them), ``multiprocessors`` (SMs), ``source`` (where ``total_memory`` comes from) and
+    ``context_source`` (where the non-PyTorch figures come from)."""
 
     name: str
     total_memory: int
@@ -58,11 +75,24 @@ class GpuSpec:
     multiprocessors: int = 0
     source: str = ""
     device_name: str = ""
+    library_bytes: int = 0
+    context_source: str = ""
+
+    @property
+    def non_pytorch_bytes(self) -> int:
+        """Bytes the process holds outside the caching allocator: context and libraries."""
+        return self.context_bytes + self.library_bytes
 
     @property
     def capacity(self) -> int:
-        """Bytes the caching allocator may reserve: ``total_memory - context_bytes``."""
-        return max(self.total_memory - self.context_bytes, 0)
+        """Bytes the caching allocator may reserve: ``total_memory`` less the non-PyTorch
+        memory."""
+        return max(self.total_memory - self.non_pytorch_bytes, 0)
+
+    def measured(self, context: int, libraries: int, source: str) -> GpuSpec:
+        """This GPU with the non-PyTorch memory measured on it (``context`` and
+        ``libraries`` bytes; ``source`` says by what): a saved probe result."""
+        return replace(self, context_bytes=context, library_bytes=libraries, context_source=source)
 
     @property
     def arch(self) -> str:
@@ -86,9 +116,22 @@ class GpuSpec:
             multiprocessors=int(data.get("multiprocessors", 0)),
             source=str(data.get("source", "")),
             device_name=str(data.get("device_name", "")),
+            library_bytes=int(data.get("library_bytes", 0)),
+            context_source=str(data.get("context_source", "")),
         )
 
 
+MEASURED_TOTAL = (
+    "measured: torch.cuda.get_device_properties(0).total_memory on an H200 (driver 580.159.04, CUDA 13.0; "
+    "fixtures/h200)"
+)
+_ASSUMED = "assumed: CUDA context with lazy module loading, cuBLAS/cuDNN handles included (not measured)"
+#: The H200 probe (``fixtures/h200/logs/probe.log``): context, cuBLAS and cuDNN outside the allocator.
+HOPPER_CONTEXT, HOPPER_LIBRARIES = 518 * MiB, (158 + 8) * MiB
+HOPPER_SOURCE = (
+    "measured by gpu-mem-track probe on an H200 (torch 2.11+cu130, driver 580): CUDA context 518 MiB, "
+    "first cuBLAS matmul +158 MiB and first cuDNN convolution +8 MiB outside the allocator"
+)
 _PRINTOUT = "published torch.cuda.get_device_properties printout"
 _OOM_TEXT = "published OOM messages' 'total capacity of 79.15 GiB'"
 _NOMINAL = "estimate: vendor datasheet size less the driver's usual reserve (no printout found)"
@@ -107,7 +150,15 @@ def _gpu(
         multiprocessors=sms,
         source=source,
         device_name=device_name,
+        context_source=_ASSUMED,
     )
+
+
+def _hopper(spec: GpuSpec, total: int | None = None, source: str = "") -> GpuSpec:
+    """``spec`` with the H200 probe's non-PyTorch figures (and a measured total)."""
+    where = HOPPER_SOURCE if spec.name == "H200" else f"{HOPPER_SOURCE} (same Hopper architecture and CUDA)"
+    spec = spec.measured(HOPPER_CONTEXT, HOPPER_LIBRARIES, where)
+    return replace(spec, total_memory=total, source=source) if total is not None else spec
 
 
 #: The catalog, keyed by lower-case name.
@@ -129,15 +180,21 @@ GPUS: dict[str, GpuSpec] = {
             108,
             _OOM_TEXT,
         ),
-        _gpu(
-            "H100-80GB",
-            "NVIDIA H100 80GB HBM3",
-            81090,
-            (9, 0),
-            132,
-            f"{_PRINTOUT} (81090 MiB; 81082-90)",
+        _hopper(
+            _gpu(
+                "H100-80GB",
+                "NVIDIA H100 80GB HBM3",
+                81090,
+                (9, 0),
+                132,
+                f"{_PRINTOUT} (81090 MiB; 81082-90)",
+            )
         ),
-        _gpu("H200", "NVIDIA H200", 143156, (9, 0), 132, f"{_PRINTOUT} (143156 MiB)"),
+        _hopper(
+            _gpu("H200", "NVIDIA H200", 143156, (9, 0), 132, ""),
+            150_109_880_320,
+            MEASURED_TOTAL,
+        ),
         _gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 24268, (8, 6), 82, f"{_PRINTOUT} (24268 MiB)"),
         _gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 24563, (8, 9), 128, f"{_PRINTOUT} (24563 MiB)"),
     )
@@ -179,4 +236,5 @@ def _custom(size: str, capability: tuple[int, int], text: str) -> GpuSpec:
         context_bytes=min(context_default(total, capability), total // 4),
         source="given on the command line",
         device_name=f"Simulated GPU ({text.strip()})",
+        context_source=_ASSUMED,
     )

@@ -4,8 +4,8 @@ of the caching-allocator model, sized to the GPU's capacity.
 :class:`GpuMemory` is the device memory the storage tracker
 (:class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes`) takes storages from: a
 ``malloc`` on :class:`~gpu_mem_track.allocator.Allocator` with capacity
-``total_memory - context_bytes``, whose segments the driver places top-down
-(:mod:`~gpu_mem_track.gpumodel.addresses`). When even the allocator's retry (free the cached
+``GpuSpec.capacity`` (total memory less the non-PyTorch memory), whose segments the driver
+places top-down (:mod:`~gpu_mem_track.gpumodel.addresses`). When even the allocator's retry (free the cached
 segments) cannot serve a request it raises ``torch.OutOfMemoryError`` with PyTorch's
 message (``c10/cuda/CUDACachingAllocator.cpp``; the size asked for is the segment the
 allocator needed, as there) and records it. While history is recorded
@@ -93,14 +93,15 @@ def oom_message(
     request: int, allocated: int, reserved: int, spec: GpuSpec, allowed: int | None = None
 ) -> str:
     """``torch.OutOfMemoryError``'s text for the simulated GPU (device 0; this process is
-    the only one, and holds its reserved bytes plus the CUDA context); ``allowed``: the
-    limit ``set_per_process_memory_fraction`` set, if any."""
+    the only one, and holds its reserved bytes plus its non-PyTorch memory, the CUDA
+    context and library handles: ``GpuSpec.non_pytorch_bytes``); ``allowed``: the limit
+    ``set_per_process_memory_fraction`` set, if any."""
     free = max(spec.capacity - reserved, 0)
     limit = f"{format_size(allowed)} allowed; " if allowed is not None else ""
     return (
         f"CUDA out of memory. Tried to allocate {format_size(request)}. GPU 0 has a total capacity of "
         f"{format_size(spec.total_memory)} of which {format_size(free)} is free. "
-        f"Including non-PyTorch memory, this process has {format_size(reserved + spec.context_bytes)} "
+        f"Including non-PyTorch memory, this process has {format_size(reserved + spec.non_pytorch_bytes)} "
         f"memory in use. {limit}Of the allocated memory {format_size(allocated)} is allocated by PyTorch, "
         "and "
         f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If reserved but "

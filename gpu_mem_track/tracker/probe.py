@@ -11,7 +11,8 @@ only when asked (``gpu-mem-track probe``, ``cached_probe``): ``MemTracker.track(
 reads results already measured (``load_probe``), never starting a process or a CUDA
 context. Results are cached per GPU (in memory, and on disk under
 ``$GPU_MEM_TRACK_CACHE`` or ``~/.cache/gpu_mem_track``) keyed by the GPU's UUID and the
-torch and driver versions.
+torch and driver versions. ``saved_probe`` finds the newest result saved for a GPU model
+by its name (what ``run --simulate`` of that GPU counts as its non-PyTorch memory).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "load_probe",
     "run_probe",
     "run_stages",
+    "saved_probe",
     "store_probe",
 ]
 
@@ -142,6 +144,39 @@ def store_probe(result: ProbeResult, cache_dir: Path | None = None, uuid: str | 
     except OSError:
         return None
     return path
+
+
+#: At most this many saved results are read, each at most this many bytes.
+_MOST_FILES, _MOST_BYTES = 256, 1 << 20
+
+
+def saved_probe(gpu_name: str, cache_dir: Path | None = None) -> tuple[ProbeResult, Path] | None:
+    """The newest probe result saved in the cache folder for a GPU named ``gpu_name``
+    (``torch.cuda.get_device_name``, e.g. ``"NVIDIA H200"``), with its file; None when
+    there is none. Unreadable, oversized or malformed files are skipped; at most 256
+    files are read. Starts no process and no CUDA context."""
+    folder = _cache_path("x", cache_dir).parent
+    try:
+        paths = sorted(folder.glob("probe-*.json"), key=_mtime, reverse=True)[:_MOST_FILES]
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            if path.stat().st_size > _MOST_BYTES:
+                continue
+            result = ProbeResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if result.gpu_name == gpu_name and len(result.stages) > 1:
+            return result, path
+    return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _cache_key(gpu: str) -> str:
