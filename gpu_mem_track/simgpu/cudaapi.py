@@ -12,7 +12,9 @@ tensors have no values), NVTX ranges (no-ops), memory history and snapshots from
 model (:mod:`~gpu_mem_track.simgpu.snapshot`), ``Tensor.pin_memory`` (a no-op, also in
 the DataLoader's pin-memory thread, which the torch-function mode does not reach), and
 ``torch.load`` with a CUDA ``map_location`` (loaded on the CPU, then simulated) and
-``torch.save`` of simulated tensors (nothing written; counted).
+``torch.save`` of simulated tensors (nothing written; counted). The rest of the
+``torch.cuda`` surface, and the guard that keeps every ``torch._C._cuda_*`` call away
+from the real GPU, are :mod:`~gpu_mem_track.simgpu.surface`'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import running, surface
 from .patches import Patches
 from .snapshot import make_snapshot
 
@@ -153,6 +156,8 @@ def install(gpu: SimulatedGpu, patches: Patches) -> None:
     _streams(patches)
     _seeding_and_nvtx(patches)
     _files(gpu, patches)
+    surface.install(gpu, patches)  # the rest of torch.cuda's names, and torch._C._cuda_*
+    patches.set(running, "current", gpu)  # what the memory readers ask (never the real GPU)
 
 
 def _set_both(patches: Patches, name: str, value: Any) -> None:
@@ -181,7 +186,7 @@ def _devices(gpu: SimulatedGpu, patches: Patches) -> None:
             spec.capability >= (8, 0) or including_emulation
         ),
         "is_tf32_supported": lambda: spec.capability >= (8, 0),
-        "get_arch_list": lambda: [spec.arch],
+        "get_arch_list": lambda: ["sm_{}{}".format(*spec.capability)],
         "synchronize": _none,
         "ipc_collect": _none,
         "can_device_access_peer": lambda device, peer: False,
