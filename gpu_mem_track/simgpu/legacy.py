@@ -67,10 +67,15 @@ def _legacy(name: str, dtype: torch.dtype, storage: bool) -> type:
     return _LegacyType(name, (), namespace)
 
 
+#: Storage types without a tensor type of the same name.
+_STORAGE_ONLY = {"ComplexDouble": torch.complex128, "ComplexFloat": torch.complex64}
+
+
 def legacy_types() -> dict[str, type]:
     """``{"FloatTensor": ..., "FloatStorage": ..., ...}``: the stand-ins (module doc)."""
     out = {}
     for kind, dtype in _DTYPES.items():
         out[f"{kind}Tensor"] = _legacy(f"{kind}Tensor", dtype, storage=False)
+    for kind, dtype in {**_DTYPES, **_STORAGE_ONLY}.items():
         out[f"{kind}Storage"] = _legacy(f"{kind}Storage", dtype, storage=True)
     return out

@@ -48,10 +48,13 @@ MODULES = (
     "torch.backends.cudnn",
 )
 
-_LEGACY = " ".join(
-    f"{kind}{suffix}"
-    for kind in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
-    for suffix in ("Tensor", "Storage")
+_LEGACY = (
+    " ".join(
+        f"{kind}{suffix}"
+        for kind in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
+        for suffix in ("Tensor", "Storage")
+    )
+    + " ComplexDoubleStorage ComplexFloatStorage"
 )
 _MEMORY_SIMULATED = (
     "caching_allocator_alloc caching_allocator_delete caching_allocator_enable empty_cache "
