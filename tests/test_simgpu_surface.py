@@ -337,3 +337,27 @@ def test_run_simulate_with_no_visible_cuda_device(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("peak ") and "NVIDIA H100 80GB HBM3" in done.stdout
+
+
+BESIDE_A_GPU = """
+import torch
+from gpu_mem_track.simgpu import simulated_gpu
+
+with simulated_gpu("a100-40gb") as gpu:
+    model = torch.nn.Linear(1024, 1024).cuda()
+    model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    assert torch.cuda.get_device_name() == "NVIDIA A100-SXM4-40GB" and gpu.allocator.allocated > 0
+print(torch.cuda.is_initialized(), torch._C._cuda_hasPrimaryContext(0), torch.cuda.device_count() > 0)
+"""
+
+
+@pytest.mark.cuda
+def test_simulating_another_gpu_beside_a_real_one_never_starts_it():
+    """In a fresh process with a GPU visible: after a simulated training step CUDA is not
+    initialised and device 0 has no context (nothing allocated, nothing read there)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", BESIDE_A_GPU], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]
