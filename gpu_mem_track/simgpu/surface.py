@@ -305,7 +305,12 @@ def _simulated(gpu: SimulatedGpu, patches: Patches, settings: _Settings) -> None
     }.items():
         patches.set(torch.cuda, name, value)
     patches.set(torch.cuda.nvtx, "range", _nvtx_range)
-    workspace = gpu.storages.workspace
+    _backends(gpu, patches, settings)
+
+
+def _backends(gpu: SimulatedGpu, patches: Patches, settings: _Settings) -> None:
+    """The simulated names of ``torch.backends.cuda`` and ``torch.backends.cudnn``."""
+    spec, workspace = gpu.spec, gpu.storages.workspace
 
     def cublas_workspace_size(size: int | None = None) -> int:
         if size is not None:
