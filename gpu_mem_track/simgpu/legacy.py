@@ -14,6 +14,7 @@ that many elements). ``Tensor.type(torch.cuda.HalfTensor)`` is not rewritten.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -71,8 +72,10 @@ def _legacy(name: str, dtype: torch.dtype, storage: bool) -> type:
 _STORAGE_ONLY = {"ComplexDouble": torch.complex128, "ComplexFloat": torch.complex64}
 
 
+@functools.cache
 def legacy_types() -> dict[str, type]:
-    """``{"FloatTensor": ..., "FloatStorage": ..., ...}``: the stand-ins (module doc)."""
+    """``{"FloatTensor": ..., "FloatStorage": ..., ...}``: the stand-ins (module doc),
+    made once (they hold no state)."""
     out = {}
     for kind, dtype in _DTYPES.items():
         out[f"{kind}Tensor"] = _legacy(f"{kind}Tensor", dtype, storage=False)

@@ -25,6 +25,7 @@ Python. A name the table does not know (a new torch's) is left alone, and
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -171,9 +172,10 @@ def refusal(qualname: str, why: str | None = None) -> str:
     )
 
 
+@functools.cache
 def _refuser(qualname: str, original: Any, why: str | None = None) -> Any:
     """A stand-in for ``original`` raising :class:`NotSimulated` when called (a class
-    for a class, so ``isinstance`` checks still work and answer False)."""
+    for a class, so ``isinstance`` checks still work and answer False); made once."""
     message = refusal(qualname, why)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
@@ -244,19 +246,15 @@ def install(gpu: SimulatedGpu, patches: Patches) -> None:
     _guard(gpu, patches, settings)
 
 
-def _module(name: str) -> Any:
+def _refused(patches: Patches) -> None:
     import importlib
 
-    return importlib.import_module(name)
-
-
-def _refused(patches: Patches) -> None:
-    for qualname, kind in SURFACE.items():
-        module_name, _, name = qualname.rpartition(".")
-        module = _module(module_name)
+    for module_name, kinds in _TABLE.items():
+        module = importlib.import_module(module_name)
         wrapped = module.m if isinstance(module, torch.backends.PropModule) else module
-        if kind == "refused" and name in vars(wrapped):
-            patches.set(module, name, _refuser(qualname, getattr(module, name)))
+        for name in kinds.get("refused", "").split():
+            if name in vars(wrapped):  # names an older torch lacks stay absent
+                patches.set(module, name, _refuser(f"{module_name}.{name}", getattr(module, name)))
 
 
 def _simulated(gpu: SimulatedGpu, patches: Patches, settings: _Settings) -> None:
