@@ -4,7 +4,7 @@ PYTHON ?= python3
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install install-torch install-package demo native test test-slow test-all test-gpu gpu-check bench lint format clean
+.PHONY: install install-torch install-package demo native test test-slow test-all test-gpu test-cuda-wheel gpu-check bench lint format clean
 
 # Looks packages up without importing them (importing torch alone takes seconds).
 # install-torch: torch, when none is importable. install-package: the package from this
@@ -58,6 +58,17 @@ test-gpu: install
 # GPU_CHECK_ARGS passes options (--out DIR, --fixtures DIR, --budget S, --dry, --only NAMES).
 gpu-check:
 	$(PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The quick suite again on the CUDA build of torch (no GPU needed): a Python 3.12 venv with
+# CUDA_WHEEL_TORCH, built once in the cache folder (GPU_MEM_TRACK_CACHE, else
+# XDG_CACHE_HOME/gpu_mem_track, else ~/.cache/gpu_mem_track; CUDA_WHEEL_VENV names another)
+# and reused after (scripts/cuda_wheel_venv.py). The tests import the package from here.
+CUDA_WHEEL_TORCH ?= torch==2.13.0
+
+test-cuda-wheel:
+	@venv_python="$$($(PYTHON) scripts/cuda_wheel_venv.py --torch '$(CUDA_WHEEL_TORCH)')" \
+		&& echo "test-cuda-wheel: $$venv_python" \
+		&& PYTHONPATH="$(CURDIR)" "$$venv_python" -m pytest -q -m "not slow"
 
 # The runner benchmark compares with memory_profiler, installed here if missing.
 bench: install

@@ -171,6 +171,10 @@ class CudaSampler:
     ``cuda``/``cuda:N`` is parsed here); ``self.device`` is its text ``cuda:N``, what the
     memory readers take.
 
+    Inside a simulated GPU (``run --simulate``) it reads the simulation's allocator
+    model through its live counters (``simgpu.running.live_counters``), never the real
+    GPU, and ``extras`` gives no driver figure.
+
     ``local_rank``: in a distributed launch whose device was not named, the device is
     decided when the program has started CUDA (see ``ranks.rank_device``) and ``device``
     then names it; until then ``device`` is ``cuda:<local_rank>``. ``torch_module``: the
@@ -221,6 +225,7 @@ class CudaSampler:
         self._native = native
         self._read: Any = None  # the native read, once checked
         self._look_in = 0  # samples until the next look for the native read (0: none)
+        self._simulated: Any = None
 
     def sample(self) -> tuple[int, int]:
         read = self._read
@@ -229,6 +234,13 @@ class CudaSampler:
             return allocated, peak
         if not self._started and not self._start():
             return 0, 0
+        simulated = self._simulated
+        if simulated is not None:
+            allocated, reserved = simulated.allocated_bytes, simulated.reserved_bytes
+            calls = simulated.allocations
+            self.reserved, self.reserved_peak = reserved.current, reserved.peak
+            self.events = calls.allocated + calls.freed
+            return allocated.current, allocated.peak
         stats = self._stats(self._index)
         allocated = stats["allocated_bytes"]["all"]
         reserved = stats["reserved_bytes"]["all"]
@@ -255,10 +267,16 @@ class CudaSampler:
         if not cuda.is_initialized():
             return False
         self._started = True  # CUDA never stops once started: ask once
+        from ..simgpu.running import live_counters
+
+        self._simulated = live_counters()  # a simulated GPU: its model, not the real GPU
+        if self._simulated is not None:
+            self._cuda = None  # no driver (NVML) reading of the real GPU in extras()
         if self._local_rank is not None:
             self._index = rank_device(cuda, self._local_rank)
             self.device = f"cuda:{self._index}"
-        self._find_native()
+        if self._simulated is None:
+            self._find_native()
         return True
 
     def _find_native(self) -> None:

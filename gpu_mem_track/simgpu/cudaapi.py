@@ -12,7 +12,9 @@ tensors have no values), NVTX ranges (no-ops), memory history and snapshots from
 model (:mod:`~gpu_mem_track.simgpu.snapshot`), ``Tensor.pin_memory`` (a no-op, also in
 the DataLoader's pin-memory thread, which the torch-function mode does not reach), and
 ``torch.load`` with a CUDA ``map_location`` (loaded on the CPU, then simulated) and
-``torch.save`` of simulated tensors (nothing written; counted).
+``torch.save`` of simulated tensors (nothing written; counted). The rest of the
+``torch.cuda`` surface, and the guard that keeps every ``torch._C._cuda_*`` call away
+from the real GPU, are :mod:`~gpu_mem_track.simgpu.surface`'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import running, surface
+from .cudanames import nested_stats, set_both
 from .patches import Patches
 from .snapshot import make_snapshot
 
@@ -153,13 +157,8 @@ def install(gpu: RunningGpu, patches: Patches) -> None:
     _streams(patches)
     _seeding_and_nvtx(patches)
     _files(gpu, patches)
-
-
-def _set_both(patches: Patches, name: str, value: Any) -> None:
-    """``torch.cuda.name`` and ``torch.cuda.memory.name`` (the same function, two bindings)."""
-    patches.set(torch.cuda, name, value)
-    if hasattr(torch.cuda.memory, name):
-        patches.set(torch.cuda.memory, name, value)
+    surface.install(gpu, patches)  # the rest of torch.cuda's names, and torch._C._cuda_*
+    patches.set(running, "current", gpu)  # what the memory readers ask (never the real GPU)
 
 
 def _devices(gpu: RunningGpu, patches: Patches) -> None:
@@ -181,7 +180,7 @@ def _devices(gpu: RunningGpu, patches: Patches) -> None:
             spec.capability >= (8, 0) or including_emulation
         ),
         "is_tf32_supported": lambda: spec.capability >= (8, 0),
-        "get_arch_list": lambda: [spec.arch],
+        "get_arch_list": lambda: ["sm_{}{}".format(*spec.capability)],
         "synchronize": _none,
         "ipc_collect": _none,
         "can_device_access_peer": lambda device, peer: False,
@@ -238,7 +237,7 @@ def _memory(gpu: RunningGpu, patches: Patches) -> None:
         "max_memory_allocated": lambda device=None: allocated.peak,
         "memory_reserved": lambda device=None: reserved.current,
         "max_memory_reserved": lambda device=None: reserved.peak,
-        "memory_stats_as_nested_dict": lambda device=None: _nested(allocator.stats.as_dict()),
+        "memory_stats_as_nested_dict": lambda device=None: nested_stats(allocator.stats.as_dict()),
         "memory_summary": lambda device=None, abbreviated=False: summary(0, abbreviated),
         "mem_get_info": capacity_left,
         "empty_cache": gpu.memory.empty_cache,
@@ -252,24 +251,13 @@ def _memory(gpu: RunningGpu, patches: Patches) -> None:
         "_snapshot": lambda device=None, *args, **kwargs: make_snapshot(gpu),
         "memory_snapshot": lambda *args, **kwargs: make_snapshot(gpu)["segments"],
     }.items():
-        _set_both(patches, name, value)
+        set_both(patches, name, value)
 
 
 def _record(gpu: RunningGpu, enabled: Any, kwargs: dict[str, Any]) -> None:
     """``_record_memory_history(enabled=...)``: ``None``/``False`` stops, anything else records."""
     on = enabled not in (None, False)
     gpu.memory.record(on, int(kwargs.get("max_entries", sys.maxsize)))
-
-
-def _nested(flat: dict[str, int]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        parts = key.split(".")
-        node = out
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
 
 
 def _streams(patches: Patches) -> None:

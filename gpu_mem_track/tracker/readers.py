@@ -90,7 +90,9 @@ class ProcessReader:
 class CudaReader(ProcessReader):
     """The CUDA caching allocator through ``torch.cuda.memory_stats`` and the driver
     through NVML (package nvidia-ml-py), both read only once the program initialised
-    CUDA itself."""
+    CUDA itself. Inside a simulated GPU (:mod:`~gpu_mem_track.simgpu`) the allocator is
+    the simulation's (its ``torch.cuda.memory_stats``) and the driver figure is unknown:
+    NVML would read the real GPU, not the simulated one."""
 
     def __init__(self) -> None:
         self._nvml: Any = None
@@ -113,7 +115,9 @@ class CudaReader(ProcessReader):
     def driver(self, device: str) -> DriverReading | None:
         import torch
 
-        if not torch.cuda.is_initialized():
+        from ..simgpu.running import running_gpu
+
+        if running_gpu() is not None or not torch.cuda.is_initialized():
             return None
         handle = self._handle(parse_device(device).ordinal)
         if handle is None:
