@@ -137,6 +137,14 @@ def test_with_cudnn_disabled_no_workspace_is_taken():
         assert [s for a, s in actions(gpu) if a == "alloc"] == [y.untyped_storage().nbytes()]
 
 
+def test_a_real_cpu_convolution_inside_the_simulation_takes_nothing_from_the_gpu():
+    with cudnn_flags(benchmark=True), simulated_gpu("h200") as gpu:
+        gpu.memory.record(True)
+        y = F.conv2d(torch.randn(2, 3, 16, 16), torch.randn(4, 3, 3, 3))
+        assert y.device.type == "cpu" and actions(gpu) == []
+        assert torch.cuda.max_memory_allocated() == 0
+
+
 def test_a_trial_that_does_not_fit_is_halved_and_is_not_the_runs_out_of_memory():
     with cudnn_flags(benchmark=True), simulated_gpu("1GiB:sm90") as gpu:
         x = torch.randn(64, 64, 64, 64, device="cuda", dtype=HALF)  # 32 MiB
