@@ -24,14 +24,14 @@ fp16 autocast, batch 128 at 288x288, ``cudnn.benchmark`` on, torch 2.11, cuDNN 9
    (``get_available_workspace``), halved while the allocation fails; frees it; calls
    ``emptyCache()`` (``_cudnn_get_conv_benchmark_empty_cache``, on by default), which
    releases every unused cached segment; then runs the fastest plan as in rule 1. Later
-   calls of that key run the cached plan only. Trace: in the first iteration 17 forward
-   keys and their backward keys each show a trial, then ``segment_free`` entries, then the
-   run's workspace; iterations 2 to 8 show the run's workspace only.
+   calls of that key run the cached plan only. Trace: in the first iteration 23 forward
+   keys and their backward keys each show a trial, then ``segment_free`` entries where a
+   segment was unused, then the run's workspace; iterations 2 to 8 show the run's workspace only.
 4. **Without benchmark**, cuDNN's heuristics pick the plan: no trial, no ``emptyCache``.
 
 The sizes are cuDNN's engine choices, which no rule derives; they are fitted to the
-recording (X, Y, W: the convolution's input, output and weight bytes), where they held
-across all 53 convolutions of the model, forward and backward:
+recording (X, Y, W: the convolution's input, output and weight bytes); the spread quoted
+is the recorded sizes' over the model's 53 convolutions, forward and backward:
 
 - the run's workspace is X + Y (ratio to X + Y measured 1.00 to 1.22 forward and for data
   gradients), :data:`FILTER_FACTOR` x (X + Y) for weight gradients (1.00 to 1.59), except
