@@ -10,9 +10,11 @@ Target: both within 2%. Also counts the cuDNN workspaces the simulation took, an
 same run with cuDNN's model switched off (``torch.backends.cudnn.enabled = False`` in the
 script's process: no workspaces, no trials), to show what the model adds.
 
-Writes reports/resnet_check.md (``--out``). Exit code 1 when a target is missed.
+``--sensitivity`` adds the same run with other size factors (``gpumodel.cudnn``'s
+``FILTER_FACTOR`` and ``TRIAL_FACTOR``). Writes reports/resnet_check.md (``--out``).
+Exit code 1 when a target is missed.
 
-    python scripts/check_resnet.py [--fixtures DIR] [--out reports/resnet_check.md]
+    python scripts/check_resnet.py [--fixtures DIR] [--out reports/resnet_check.md] [--sensitivity]
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ NO_CUDNN = (
     "import runpy, sys, torch; torch.backends.cudnn.enabled = False; sys.argv = [sys.argv[1]]; "
     "runpy.run_path(sys.argv[0], run_name='__main__')"
 )
+#: Runs the workload with other size factors (``--sensitivity``): FILTER, TRIAL replaced.
+FACTORS = (
+    "import runpy, sys; import gpu_mem_track.gpumodel.cudnn as c; c.FILTER_FACTOR = FILTER; "
+    "c.TRIAL_FACTOR = TRIAL; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+#: (weight-gradient factor, trial factor) pairs around the model's (1.07, 1.4).
+VARIANTS = ((1.0, 1.4), (1.15, 1.4), (1.07, 1.2), (1.07, 2.0))
 
 
 def h200_folder(given: Path | None) -> Path:
@@ -47,14 +56,15 @@ def h200_folder(given: Path | None) -> Path:
     raise SystemExit("no H200 fixture folder with real/timm-resnet50-amp.json found: give --fixtures")
 
 
-def simulate(work: Path, cudnn: bool) -> dict:
-    """One ``run --simulate h200 --run-to-end`` of the workload: its run folder's peak
-    allocated and reserved, and the seconds it took."""
-    out = work / ("runs" if cudnn else "runs-no-cudnn")
+def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs") -> dict:
+    """One ``run --simulate h200 --run-to-end`` of the workload (through a wrapper script
+    of ``wrapper_text`` when given): its run folder's peak allocated and reserved, and the
+    seconds it took."""
+    out = work / name
     target = str(SCRIPT)
-    if not cudnn:
-        wrapper = work / "no_cudnn.py"
-        wrapper.write_text(NO_CUDNN.replace("sys.argv[1]", repr(str(SCRIPT))))
+    if wrapper_text is not None:
+        wrapper = work / f"{name}.py"
+        wrapper.write_text(wrapper_text.replace("sys.argv[1]", repr(str(SCRIPT))))
         target = str(wrapper)
     command = [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200", "--run-to-end"]
     command += ["--out-dir", str(out), target]
@@ -72,14 +82,17 @@ def row(name: str, simulated: int, recorded: int) -> str:
     return f"| {name} | {simulated:,} | {recorded:,} | {simulated / recorded - 1:+.2%} |"
 
 
-def report(recorded: dict, with_model: dict, without: dict, fixtures: Path) -> tuple[str, bool]:
+def report(
+    recorded: dict, with_model: dict, without: dict, fixtures: Path, variants: dict
+) -> tuple[str, bool]:
     alloc_err = with_model["peak"] / recorded["max_allocated"] - 1
     reserved_err = with_model["reserved"] / recorded["max_reserved"] - 1
     ok = abs(alloc_err) <= TARGET and abs(reserved_err) <= TARGET
     lines = [
         "# ResNet-50 AMP on the simulated H200 against the recording",
         "",
-        f"Written by `python scripts/check_resnet.py`. Recording: `{RECORDING}` "
+        f"Written by `python scripts/check_resnet.py{' --sensitivity' if variants else ''}`. "
+        f"Recording: `{RECORDING}` "
         f"(`{os.path.relpath(fixtures, ROOT)}/real/{RECORDING}.json`; torch {recorded.get('torch')}, "
         "timm `benchmark.py --model resnet50 --bench train --amp -b 128`). Simulation: "
         "`python -m gpu_mem_track run --simulate h200 --run-to-end scripts/resnet50_train.py` "
@@ -100,6 +113,7 @@ def report(recorded: dict, with_model: dict, without: dict, fixtures: Path) -> t
         "",
         f"Result: {'both within 2%' if ok else 'a target missed'}.",
         "",
+        *sensitivity(recorded, variants),
         "## What is modelled (gpumodel/cudnn.py, gpumodel/convops.py)",
         "",
         "- Each cuDNN convolution allocates its workspace after its output and frees it before it returns: "
@@ -125,6 +139,24 @@ def report(recorded: dict, with_model: dict, without: dict, fixtures: Path) -> t
     return "\n".join(lines), ok
 
 
+def sensitivity(recorded: dict, variants: dict) -> list[str]:
+    """The table of ``--sensitivity`` runs (none when not asked for)."""
+    if not variants:
+        return []
+    lines = [
+        "How much the peaks depend on the fitted factors (`--sensitivity`: the same run with "
+        "other weight-gradient and trial factors; the model's are 1.07 and 1.4):",
+        "",
+        "| weight-gradient factor | trial factor | peak allocated | peak reserved |",
+        "|---:|---:|---:|---:|",
+    ]
+    for (filt, trial), figures in variants.items():
+        alloc = figures["peak"] / recorded["max_allocated"] - 1
+        reserved = figures["reserved"] / recorded["max_reserved"] - 1
+        lines.append(f"| {filt} | {trial} | {alloc:+.2%} | {reserved:+.2%} |")
+    return [*lines, ""]
+
+
 def torch_version() -> str:
     import torch
 
@@ -135,13 +167,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixtures", type=Path, help="the H200 fixture folder (holds real/)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports/resnet_check.md")
+    parser.add_argument(
+        "--sensitivity", action="store_true", help="also run with other size factors (4 more runs)"
+    )
     args = parser.parse_args()
     fixtures = h200_folder(args.fixtures)
     recorded = json.loads((fixtures / "real" / f"{RECORDING}.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        with_model = simulate(Path(tmp), cudnn=True)
-        without = simulate(Path(tmp), cudnn=False)
-    text, ok = report(recorded, with_model, without, fixtures)
+        with_model = simulate(Path(tmp))
+        without = simulate(Path(tmp), NO_CUDNN, "no-cudnn")
+        variants = {}
+        for index, (filt, trial) in enumerate(VARIANTS if args.sensitivity else ()):
+            text = FACTORS.replace("FILTER", str(filt)).replace("TRIAL", str(trial))
+            variants[(filt, trial)] = simulate(Path(tmp), text, f"variant{index}")
+    text, ok = report(recorded, with_model, without, fixtures, variants)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

@@ -26,6 +26,7 @@ CONFIGS = {
     "fp32": {"dtype": torch.float32, "channels_last": False},
     "fp32 channels-last": {"dtype": torch.float32, "channels_last": True},
     "fp16": {"dtype": torch.float16, "channels_last": False},
+    "fp16 channels-last": {"dtype": torch.float16, "channels_last": True},
 }
 
 
