@@ -228,3 +228,65 @@ def test_trials_follow_the_recording_and_come_once_per_key():
     assert [s.action for s in cache.steps(three, benchmark=True)] == ["workspace"]
     assert [s.action for s in cache.steps(pointwise, benchmark=True, empty_cache=False)] == ["trial"]
     assert [s.action for s in CudnnConvolutions().steps(three, benchmark=False)] == ["workspace"]
+
+
+def _h200_trace(name: str) -> list[dict] | None:
+    """A recorded H200 trace from ``shared/fixtures/h200`` beside the checkout (or one level
+    up, for a worktree), as ``scripts/check_resnet.py`` finds it; None when absent."""
+    import gzip
+    import pickle
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for up in (root.parent, root.parent.parent):
+        path = up / "shared/fixtures/h200" / name
+        if path.is_file():
+            with gzip.open(path) as f:
+                return pickle.load(f)["device_traces"][0]
+    return None
+
+
+def resnet50_forward_problems(batch: int = 128, size: int = 288) -> list[ConvProblem]:
+    """ResNet-50's 53 convolutions in forward order (timm's layout, NCHW, fp16)."""
+    problems = [problem("forward", 3, 64, 7, 2, size, batch)]
+    size, inplanes = (size // 2 + 1) // 2, 64
+    for stage, (planes, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for block in range(blocks):
+            stride = 2 if stage and not block else 1
+            problems.append(problem("forward", inplanes, planes, 1, 1, size, batch))
+            problems.append(problem("forward", planes, planes, 3, stride, size, batch))
+            out = (size - 1) // stride + 1
+            problems.append(problem("forward", planes, planes * 4, 1, 1, out, batch))
+            if not block:
+                problems.append(problem("forward", inplanes, planes * 4, 1, stride, size, batch, pad=0))
+            inplanes, size = planes * 4, out
+    return problems
+
+
+def test_the_recorded_resnet_trialled_each_forward_key_once_and_emptied_the_cache_only_then():
+    trace = _h200_trace("timm-resnet50-amp.pickle.gz")
+    if trace is None:
+        pytest.skip("the H200 recordings (shared/fixtures/h200) are not beside this checkout")
+    entries = [e for e in trace if e["action"] != "free_requested"]
+    in_conv = [bool(e["frames"]) and e["frames"][0]["name"] == "_conv_forward" for e in entries]
+    stems = [i for i, e in enumerate(entries) if in_conv[i] and e["action"] == "alloc" and e["size"] == 18816]
+    per_pass = []
+    for start, end in zip(stems, [*stems[1:], len(entries)]):
+        conv = [i for i in range(start, end) if in_conv[i]]
+        freed_at_once = sum(
+            1
+            for i in conv
+            if entries[i]["action"] == "alloc"
+            and entries[i + 1]["action"] == "free_completed"
+            and entries[i + 1]["addr"] == entries[i]["addr"]
+        )
+        released = sum(1 for i in conv if entries[i]["action"] == "segment_free")
+        per_pass.append((freed_at_once, released))
+    cache = CudnnConvolutions()
+    trials = sum(
+        step.action == "trial" for p in resnet50_forward_problems() for step in cache.steps(p, benchmark=True)
+    )
+    assert len(per_pass) == 8 and trials == 23
+    first, later = per_pass[0], per_pass[1:]
+    assert all(p == later[0] and p[1] == 0 for p in later)  # no trial, no cache release
+    assert first[0] - later[0][0] == trials and first[1] > 0  # one trial per key, then releases
