@@ -37,10 +37,10 @@ NO_CUDNN = (
     "import runpy, sys, torch; torch.backends.cudnn.enabled = False; sys.argv = [sys.argv[1]]; "
     "runpy.run_path(sys.argv[0], run_name='__main__')"
 )
-#: Runs the workload with other size factors (``--sensitivity``): FILTER, TRIAL replaced.
+#: Runs the workload with other size factors (``--sensitivity``): the values replaced.
 FACTORS = (
-    "import runpy, sys; import gpu_mem_track.gpumodel.cudnn as c; c.FILTER_FACTOR = FILTER; "
-    "c.TRIAL_FACTOR = TRIAL; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    "import runpy, sys; import gpu_mem_track.gpumodel.cudnn as c; c.FILTER_FACTOR = FILTER_VALUE; "
+    "c.TRIAL_FACTOR = TRIAL_VALUE; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 #: (weight-gradient factor, trial factor) pairs around the model's (1.07, 1.4).
 VARIANTS = ((1.0, 1.4), (1.15, 1.4), (1.07, 1.2), (1.07, 2.0))
@@ -178,7 +178,7 @@ def main() -> int:
         without = simulate(Path(tmp), NO_CUDNN, "no-cudnn")
         variants = {}
         for index, (filt, trial) in enumerate(VARIANTS if args.sensitivity else ()):
-            text = FACTORS.replace("FILTER", str(filt)).replace("TRIAL", str(trial))
+            text = FACTORS.replace("FILTER_VALUE", str(filt)).replace("TRIAL_VALUE", str(trial))
             variants[(filt, trial)] = simulate(Path(tmp), text, f"variant{index}")
     text, ok = report(recorded, with_model, without, fixtures, variants)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
-from ..estimator.lifetimes import Lifetimes, tensor_leaves
+from ..estimator.lifetimes import Lifetimes
 from ..gpumodel.convops import CONVOLUTION_OPS, convolution_plan, cudnn_settings
 from ..gpumodel.cudnn import CudnnConvolutions, Step
 from ..snapshotfile.records import Frame, TraceEntry
@@ -277,8 +277,8 @@ class Storages(Lifetimes):
                 self._note_peak(op)
             for step in self.convolutions.steps(problem, benchmark, empty_cache):
                 self._cudnn_step(step, op)
-        for leaf in tensor_leaves(out):  # the rest (bias gradient), or all without cuDNN
-            if self._register(leaf) is not None:
+        for leaf in tree_leaves(out):  # the rest (bias gradient), or all without cuDNN
+            if isinstance(leaf, torch.Tensor) and self._register(leaf) is not None:
                 self._note_peak(op)
         return out
 
