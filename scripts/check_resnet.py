@@ -130,7 +130,8 @@ def report(
         "## What is not",
         "",
         "- cuDNN's engine choice itself: sizes per convolution differ from the trace's by up to 2.95x for "
-        "trials (the 7x7 stem) and 0.6x to 1.5x for runs; the few-hundred-byte workspaces are left out "
+        "trials (the 7x7 stem) and 0.93x to 1.49x for runs (one 1x1 convolution's X + Y, forward and "
+        "data gradient, modelled as none); the few-hundred-byte workspaces are left out "
         "(so the simulation makes about 40 fewer allocations per iteration).",
         "- channels-last and depthwise convolutions, fp32/TF32 engines (sized by the same rule; "
         "no recording), fused conv-add-ReLU, the plan cache's LRU limit.",

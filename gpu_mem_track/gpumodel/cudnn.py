@@ -37,7 +37,8 @@ is the recorded sizes' over the model's 53 convolutions, forward and backward:
   gradients), :data:`FILTER_FACTOR` x (X + Y) for weight gradients (1.00 to 1.59), except
   for pointwise convolutions (1x1, stride 1, no padding, one group): with at least
   :data:`DIRECT_POSITIONS` output positions per image their forward and data gradient
-  take a few hundred bytes (272 B, 400 B: modelled as 0), and with at least
+  take a few hundred bytes (272 B, 400 B: modelled as 0; one exception recorded, the
+  1024-to-512 channel one at 18x18, took X + Y both ways), and with at least
   :data:`SPLIT_K_POSITIONS` their weight gradient takes :data:`SPLIT_K` x W (8,388,880 B
   for a 32,768 B weight);
 - the trial workspace is X + Y for pointwise convolutions (measured 1.00 to 1.40) and
