@@ -67,6 +67,7 @@ def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs") ->
         wrapper.write_text(wrapper_text.replace("sys.argv[1]", repr(str(SCRIPT))))
         target = str(wrapper)
     command = [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200", "--run-to-end"]
+    command += ["--snapshot"] if wrapper_text is None else []
     command += ["--out-dir", str(out), target]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     started = time.perf_counter()
@@ -75,7 +76,28 @@ def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs") ->
     if done.returncode != 0:
         raise SystemExit(f"the simulated run failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     meta = json.loads(next(out.glob("*/meta.json")).read_text())
-    return {"peak": meta["peak"], "reserved": meta["reserved_peak"], "seconds": seconds}
+    figures = {"peak": meta["peak"], "reserved": meta["reserved_peak"], "seconds": seconds}
+    snapshot = next(out.glob("*/snapshot.pickle"), None)
+    if snapshot is not None:
+        figures["replay"] = replayed(snapshot)
+    return figures
+
+
+def replayed(path: Path) -> dict:
+    """The simulated run's snapshot replayed through the allocator check: its counts and
+    whether every decision matched."""
+    sys.path.insert(0, str(ROOT))
+    from gpu_mem_track.allocator.replay import replay_snapshot
+    from gpu_mem_track.snapshotfile.load import load_snapshot
+
+    report = replay_snapshot(load_snapshot(path)).to_dict()
+    return {
+        "allocs": report["allocs"]["recorded"],
+        "segment_allocs": report["segment_allocs"]["recorded"],
+        "segment_frees": report["segment_frees"]["recorded"],
+        "empty_cache_calls": report["empty_cache_calls"],
+        "all_match": report["all_match"],
+    }
 
 
 def row(name: str, simulated: int, recorded: int) -> str:
@@ -106,13 +128,14 @@ def report(
         row("peak allocated, cuDNN not modelled", without["peak"], recorded["max_allocated"]),
         row("peak reserved, cuDNN not modelled", without["reserved"], recorded["max_reserved"]),
         "",
-        f"Time: {with_model['seconds']:.1f} s for the simulated run of 8 iterations "
-        f"({without['seconds']:.1f} s without cuDNN's model), wall clock on the development machine "
-        "(2 shared cores), `--run-to-end`: without it the steady-state stop ends the script in its "
+        f"Time: {with_model['seconds']:.1f} s for the simulated run of 8 iterations with its snapshot "
+        f"recorded ({without['seconds']:.1f} s without cuDNN's model and without a snapshot), wall clock "
+        "on the development machine (2 cores shared with other jobs), `--run-to-end`: without it the steady-state stop ends the script in its "
         "model's construction loop (`ResNet50.__init__`, no memory yet, so 'steady'), before any step.",
         "",
         f"Result: {'both within 2%' if ok else 'a target missed'}.",
         "",
+        *counts(recorded, with_model.get("replay")),
         *sensitivity(recorded, variants),
         "## What is modelled (gpumodel/cudnn.py, gpumodel/convops.py)",
         "",
@@ -138,6 +161,26 @@ def report(
         "",
     ]
     return "\n".join(lines), ok
+
+
+def counts(recorded: dict, replay: dict | None) -> list[str]:
+    """Allocator counts of the simulated run (its snapshot replayed) against the recording's
+    ``memory_stats()``."""
+    if replay is None:
+        return []
+    stats = recorded["stats"]
+    verdict = "every decision matched" if replay["all_match"] else "NOT every decision matched"
+    return [
+        f"The simulated run's snapshot (`--snapshot`) replays through the allocator check: {verdict}; "
+        f"{replay['empty_cache_calls']} `emptyCache()` calls after benchmark trials.",
+        "",
+        "| count over the run | simulated | recorded (`memory_stats()`) |",
+        "|---|---:|---:|",
+        f"| allocations | {replay['allocs']:,} | {stats['allocation.all.allocated']:,} |",
+        f"| segments allocated | {replay['segment_allocs']:,} | {stats['segment.all.allocated']:,} |",
+        f"| segments freed | {replay['segment_frees']:,} | {stats['segment.all.freed']:,} |",
+        "",
+    ]
 
 
 def sensitivity(recorded: dict, variants: dict) -> list[str]:
