@@ -11,8 +11,9 @@ allocated from a model of PyTorch's caching allocator (``gpu_mem_track.allocator
 rounding, a large block up to 1 MiB over the request handed out whole), as
 ``max_memory_allocated`` does, reserved bytes count the allocator's segments, and the
 cuBLAS workspaces (one per handle: forward and backward) are allocated at the first
-matmul-like op of each. Not modelled: cuDNN's and cuBLASLt's workspaces, CUDA graphs,
-other streams.
+matmul-like op of each; convolutions take cuDNN's workspaces and ``cudnn.benchmark``'s
+trials (:mod:`~gpu_mem_track.gpumodel.cudnn`). Not modelled: cuBLASLt's workspaces, CUDA
+graphs, other streams.
 """
 
 from __future__ import annotations

@@ -153,6 +153,26 @@ DIFFERENCES: tuple[Difference, ...] = (
         "float32 (vocab, d_model) block per micro-step at the embedding's backward)",
         "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu",
     ),
+    # Convolutions (gpumodel.cudnn, gpumodel.convops; evidence: the H200 ResNet-50 trace).
+    Difference(
+        "cuDNN convolution workspaces",
+        "none: meta and CPU convolutions allocate only their outputs",
+        "each forward, data-gradient and weight-gradient convolution allocates its plan's "
+        "workspace after its output and frees it inside the op (Conv_v8.cpp run_conv_plan)",
+        "approximated: sizes fitted to the H200 ResNet-50 trace (X + Y, 1.07 x (X + Y) for weight "
+        "gradients, none for large pointwise convolutions); recorded 0.93x to 1.49x of the modelled "
+        "sizes, one 1x1 recorded at X + Y where 0 is modelled",
+        "tests/test_cudnn.py::test_a_convolution_allocates_its_workspace_after_its_output_and_frees_it_inside",
+    ),
+    Difference(
+        "torch.backends.cudnn.benchmark",
+        "no effect",
+        "the first call of each key allocates a trial workspace, frees it and empties the cache "
+        "(segment_free entries), then runs; later calls run the cached plan",
+        "modelled: trial (largest that fits, halved on failure), emptyCache, per-key cache; "
+        "trial sizes approximated (X + Y or 1.4 x (X + Y); recorded 1.0x to 2.95x)",
+        "tests/test_cudnn.py::test_benchmark_trials_once_per_key_then_empties_the_cache",
+    ),
     Difference(
         "attention kernels' scratch on sm90+ (cuDNN's attention, preferred there)",
         "none on meta",

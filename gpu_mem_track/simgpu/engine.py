@@ -32,12 +32,17 @@ from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allo
 from ..dispatch.lifetimes import Lifetimes
 from ..gpumodel.addresses import TopDownDevice
 from ..gpumodel.attention import kernel_scratch
+from ..gpumodel.convops import CONVOLUTION_OPS, convolution_plan, cudnn_settings
+from ..gpumodel.cudnn import CudnnConvolutions, Step
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
 from .virtual import VirtualCpu
 
-__all__ = ["GpuMemory", "Storages", "format_size", "oom_message", "user_line"]
+__all__ = ["CUDNN_WORKSPACE", "GpuMemory", "Storages", "format_size", "oom_message", "user_line"]
+
+#: ``born_in`` phase of cuDNN's workspaces (allocated and freed inside a convolution).
+CUDNN_WORKSPACE = "cuDNN workspace"
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _OUR_DIR = str(Path(__file__).resolve().parents[1])
@@ -239,12 +244,15 @@ class Storages(Lifetimes):
     virtual CPU tensors (``virtual.making``) or computed from virtual CPU tensors only
     are virtual too and count nowhere (:mod:`~gpu_mem_track.simgpu.virtual`). Kernels'
     scratch blocks (:func:`~gpu_mem_track.gpumodel.attention.kernel_scratch`) are taken
-    and given back right after their op."""
+    and given back right after their op. Convolutions take cuDNN's workspaces and
+    benchmark trials around their outputs (:mod:`~gpu_mem_track.gpumodel.cudnn`;
+    ``convolutions`` holds the benchmark cache)."""
 
     def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
         super().__init__({"meta"}, memory, workspace, history=False)
         self.virtual = virtual
         self.capability = memory.spec.capability
+        self.convolutions = CudnnConvolutions()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunction():
@@ -255,6 +263,8 @@ class Storages(Lifetimes):
                     if isinstance(leaf, torch.Tensor) and leaf.is_meta:
                         virtual.add(leaf)
                 return out
+            if func in CONVOLUTION_OPS:
+                return self._convolution(func, args, kwargs or {})
             out = super().__torch_dispatch__(func, types, args, kwargs)
             scratch = kernel_scratch(func, args, self.capability)
             if scratch:
@@ -270,3 +280,49 @@ class Storages(Lifetimes):
     def _from_virtual(self, args: Any, kwargs: Any) -> bool:
         metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]
         return bool(metas) and all(self.virtual.holds(t) for t in metas)
+
+    # cuDNN convolutions (gpumodel.cudnn): each output counted, then its problem's steps.
+
+    def _convolution(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        op = str(func.overloadpacket.__name__)
+        in_backward = torch._C._current_graph_task_id() != -1
+        _, benchmark, empty_cache = cudnn_settings()
+        on_gpu = isinstance(args[0], torch.Tensor) and args[0].is_meta  # not a real CPU convolution
+        for tensor, problem in convolution_plan(func, args, out, in_backward) if on_gpu else ():
+            if self._register(tensor) is not None:
+                self._note_peak(op)
+            for step in self.convolutions.steps(problem, benchmark, empty_cache):
+                self._cudnn_step(step, op)
+        for leaf in tree_leaves(out):  # the rest (bias gradient), or all without cuDNN
+            if isinstance(leaf, torch.Tensor) and self._register(leaf) is not None:
+                self._note_peak(op)
+        return out
+
+    def _cudnn_step(self, step: Step, op: str) -> None:
+        """A trial (the largest size that fits, halved while it fails), the benchmark's
+        ``emptyCache()``, or the run's workspace (none when it does not fit: cuDNN falls
+        back to a plan without one); each allocated and freed at once. Failed attempts
+        are not reported as the run's out-of-memory (PyTorch catches them)."""
+        memory = self.memory
+        if step.action == "empty_cache":
+            memory.empty_cache()
+            return
+        nbytes = step.nbytes
+        if step.action == "trial":
+            capacity = memory.allocator.device.capacity
+            free = capacity - memory.reserved if capacity is not None else nbytes
+            nbytes = min(nbytes, max(free, memory.largest_free_block()))
+        on_oom, memory.on_oom = memory.on_oom, None
+        try:
+            while nbytes > 0:
+                try:
+                    key = self._new_key(nbytes, 0, CUDNN_WORKSPACE)
+                except torch.OutOfMemoryError:
+                    nbytes = nbytes // 2 if step.action == "trial" else 0
+                    continue
+                self._note_peak(op)
+                self._release(key)
+                return
+        finally:
+            memory.on_oom = on_oom

@@ -1,0 +1,186 @@
+"""cuDNN's convolution workspaces and ``torch.backends.cudnn.benchmark``'s trials, as
+PyTorch allocates them. Torch-free.
+
+The rules, from PyTorch's source (``aten/src/ATen/native/cudnn/Conv_v8.cpp``: ``run_single_conv``,
+``run_conv_plan``, ``generate_and_filter_plans``, ``get_plans_from_find``; ``ConvShared.cpp``:
+``cudnn_convolution_backward``) and the H200 recording ``timm-resnet50-amp`` (timm ResNet-50,
+fp16 autocast, batch 128 at 288x288, ``cudnn.benchmark`` on, torch 2.11, cuDNN 9;
+``../shared/fixtures/h200``), checked by ``tests/test_cudnn.py``:
+
+1. **A workspace per convolution, freed inside it.** Each cuDNN convolution (forward,
+   backward data, backward filter) allocates its plan's workspace through the caching
+   allocator after its output exists and frees it when it returns (``run_conv_plan``:
+   ``allocate(workspace_size)``, a ``DataPtr`` dropped at the end; size 0 allocates
+   nothing). Trace: under ``_conv_forward``, the output, then one allocation freed before
+   the next one (e.g. the stem's 424,698,384 B after its 339,738,624 B output).
+2. **Backward order.** Data gradient first, then its workspace, then the weight gradient
+   and its workspace (``cudnn_convolution_backward``); the trace's frameless backward
+   allocates ``grad_input``, a workspace, ``grad_weight``, a workspace, in that order.
+3. **Benchmark trials.** With ``cudnn.benchmark`` on, the first call of each key (the
+   operation, shapes, strides, dtype, padding, stride, dilation, groups, ``deterministic``,
+   ``allow_tf32``; the cache is per thread, so forward and autograd's backward thread keep
+   their own) times the candidate plans in one trial workspace of the largest candidate's
+   size among those that fit ``max(free device memory, largest cached block)``
+   (``get_available_workspace``), halved while the allocation fails; frees it; calls
+   ``emptyCache()`` (``_cudnn_get_conv_benchmark_empty_cache``, on by default), which
+   releases every unused cached segment; then runs the fastest plan as in rule 1. Later
+   calls of that key run the cached plan only. Trace: in the first iteration 23 forward
+   keys and their backward keys each show a trial, then ``segment_free`` entries where a
+   segment was unused, then the run's workspace; iterations 2 to 8 show the run's workspace only.
+4. **Without benchmark**, cuDNN's heuristics pick the plan: no trial, no ``emptyCache``.
+
+The sizes are cuDNN's engine choices, which no rule derives; they are fitted to the
+recording (X, Y, W: the convolution's input, output and weight bytes); the spread quoted
+is the recorded sizes' over the model's 53 convolutions, forward and backward:
+
+- the run's workspace is X + Y (ratio to X + Y measured 1.00 to 1.22 forward and for data
+  gradients), :data:`FILTER_FACTOR` x (X + Y) for weight gradients (1.00 to 1.59), except
+  for pointwise convolutions (1x1, stride 1, no padding, one group): with at least
+  :data:`DIRECT_POSITIONS` output positions per image their forward and data gradient
+  take a few hundred bytes (272 B, 400 B: modelled as 0; one exception recorded, the
+  1024-to-512 channel one at 18x18, took X + Y both ways), and with at least
+  :data:`SPLIT_K_POSITIONS` their weight gradient takes :data:`SPLIT_K` x W (8,388,880 B
+  for a 32,768 B weight);
+- the trial workspace is X + Y for pointwise convolutions (measured 1.00 to 1.40) and
+  :data:`TRIAL_FACTOR` x (X + Y) for the others (measured 1.03 to 2.95; the 7x7 stem 2.95).
+
+Not modelled: channels-last layouts (the recording is NCHW; they are sized the same),
+depthwise convolutions (PyTorch often runs them without cuDNN: sized the same), cuDNN's
+errata and the v8 plan cache's LRU limit, fused conv-add-ReLU, and the few-byte
+workspaces. Deterministic mode only enters the key: its engines' sizes are unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+__all__ = [
+    "DIRECT_POSITIONS",
+    "FILTER_FACTOR",
+    "KINDS",
+    "SPLIT_K",
+    "SPLIT_K_POSITIONS",
+    "TRIAL_FACTOR",
+    "ConvProblem",
+    "CudnnConvolutions",
+    "Step",
+    "run_workspace",
+    "trial_workspace",
+]
+
+#: The three cuDNN convolution operations, in ``cudnnBackendDescriptorType_t``'s terms.
+KINDS = ("forward", "backward_data", "backward_filter")
+#: Output positions per image from which a pointwise convolution runs with (almost) no
+#: workspace: the recording's 1x1 convolutions at 18x18 (324) and larger took 272-400 B,
+#: those at 9x9 (81) took X + Y.
+DIRECT_POSITIONS = 18 * 18
+#: Output positions per image from which a pointwise convolution's weight gradient sums
+#: :data:`SPLIT_K` weight-sized partial results instead: the recording's at 36x36 (1,296)
+#: and 72x72 did, those at 18x18 took X + Y (x 1.03).
+SPLIT_K_POSITIONS = 36 * 36
+#: How many weight-sized partial sums (8,388,880 B for a 32,768 B weight, 16,777,488 B
+#: for 65,536 B, 67,109,136 B for 262,144 B).
+SPLIT_K = 256
+#: The weight gradient's workspace over X + Y (recorded: 1.00 to 1.59 over 22 distinct
+#: problems, median 1.07; forward and data gradients: median 1.00).
+FILTER_FACTOR = 1.07
+#: The trial workspace of a non-pointwise convolution over X + Y (recorded: 1.03 to 2.95,
+#: median 1.4).
+TRIAL_FACTOR = 1.4
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution as cuDNN sees it: the forward problem's input, weight and output
+    shapes (batch and channels first), its geometry and the element size in bytes.
+    ``kind`` is one of :data:`KINDS`; ``flags`` are the key's other parts (strides,
+    ``deterministic``, ``allow_tf32``, the thread), compared, not interpreted."""
+
+    kind: str
+    input_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    itemsize: int
+    flags: tuple = ()
+
+    @property
+    def input_bytes(self) -> int:
+        return prod(self.input_shape) * self.itemsize
+
+    @property
+    def output_bytes(self) -> int:
+        return prod(self.output_shape) * self.itemsize
+
+    @property
+    def weight_bytes(self) -> int:
+        return prod(self.weight_shape) * self.itemsize
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1 kernel, stride 1, no padding, one group."""
+        return (
+            all(k == 1 for k in self.weight_shape[2:])
+            and all(s == 1 for s in self.stride)
+            and all(p == 0 for p in self.padding)
+            and self.groups == 1
+        )
+
+    @property
+    def positions(self) -> int:
+        """Output positions per image (the product of the output's spatial sizes)."""
+        return prod(self.output_shape[2:])
+
+
+def run_workspace(problem: ConvProblem) -> int:
+    """Bytes of the workspace the chosen plan allocates each call (see the module doc)."""
+    both = problem.input_bytes + problem.output_bytes
+    if problem.kind == "backward_filter":
+        if problem.pointwise and problem.positions >= SPLIT_K_POSITIONS:
+            return SPLIT_K * problem.weight_bytes
+        return int(both * FILTER_FACTOR)
+    if problem.pointwise and problem.positions >= DIRECT_POSITIONS:
+        return 0
+    return both
+
+
+def trial_workspace(problem: ConvProblem) -> int:
+    """Bytes of the benchmark trial's workspace (the largest candidate plan's)."""
+    both = problem.input_bytes + problem.output_bytes
+    return both if problem.pointwise else int(both * TRIAL_FACTOR)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing a convolution does to the allocator: ``"trial"`` (allocate ``nbytes``,
+    halving while it fails, then free), ``"empty_cache"`` or ``"workspace"`` (allocate
+    ``nbytes``, run, free)."""
+
+    action: str
+    nbytes: int = 0
+
+
+@dataclass
+class CudnnConvolutions:
+    """The benchmark cache of one process: which keys have a plan (see the module doc)."""
+
+    planned: set[ConvProblem] = field(default_factory=set)
+
+    def steps(self, problem: ConvProblem, benchmark: bool, empty_cache: bool = True) -> list[Step]:
+        """What ``problem``'s call does, in order: the trial and the cache release at the
+        first call of its key under ``benchmark``, then the run's workspace."""
+        steps = []
+        if problem not in self.planned:
+            self.planned.add(problem)
+            if benchmark:
+                steps.append(Step("trial", trial_workspace(problem)))
+                if empty_cache:
+                    steps.append(Step("empty_cache"))
+        workspace = run_workspace(problem)
+        if workspace:
+            steps.append(Step("workspace", workspace))
+        return steps
