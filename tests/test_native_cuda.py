@@ -316,3 +316,29 @@ def test_a_build_another_rank_holds_is_waited_for(tmp_path, monkeypatch):
     assert cudastats.building()
     lock.unlink()
     assert not cudastats.building()
+
+
+@pytest.mark.parametrize(
+    ("source", "note"),
+    [
+        (
+            f"ABI = {cudastats.ABI}\nTORCH = '2.13.0'\n",
+            "loaded from {path}, not checked yet (needs a GPU in use)",
+        ),
+        (f"ABI = {cudastats.ABI}\nTORCH = '2.0.0'\n", "{path} was built for another version"),
+        ("ABI = 0\nTORCH = '2.13.0'\n", "{path} was built for another version"),
+        (
+            "raise ImportError('undefined symbol: x')\n",
+            "cannot load {path}: ImportError: undefined symbol: x",
+        ),
+    ],
+)
+def test_a_built_module_is_used_only_when_built_for_this_abi_and_torch(tmp_path, monkeypatch, source, note):
+    monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "auto")
+    path = tmp_path / "cuda_stats.py"  # a Python file stands in for the built extension
+    path.write_text(source)
+    plan = build.BuildPlan(tmp_path, path, "2.13.0", "")
+    monkeypatch.setattr(build, "plan", lambda root=None, name=build.MODULE: plan)
+    found = cudastats.module()
+    assert cudastats.status() == note.format(path=path)
+    assert (found is not None) == note.startswith("loaded")

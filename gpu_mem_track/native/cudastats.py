@@ -19,14 +19,13 @@ reads the dict until the build has ended, and the reader from then on.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import mode, start_build
+from . import load_built, mode, start_build
 
 __all__ = ["building", "checked_read", "figures", "module", "request_build", "status"]
 
@@ -86,15 +85,9 @@ def _load() -> tuple[ModuleType | None, str]:
         if target.failed:
             return None, f"its build failed: see {target.folder / 'build.log'}"
         return None, "not built (make native, or python -m gpu_mem_track.native.build, builds it)"
-    try:
-        spec = importlib.util.spec_from_file_location(build.CUDA_MODULE, target.module)
-        assert spec is not None and spec.loader is not None
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-    except Exception as error:
-        return None, f"cannot load {target.module}: {type(error).__name__}: {error}"
-    if getattr(loaded, "ABI", None) != ABI or getattr(loaded, "TORCH", None) != target.torch_version:
-        return None, f"{target.module} was built for another version"
+    loaded, problem = load_built(build.CUDA_MODULE, target.module, ABI, target.torch_version)
+    if loaded is None:
+        return None, problem
     return loaded, f"loaded from {target.module}, not checked yet (needs a GPU in use)"
 
 
