@@ -115,6 +115,12 @@ class PhaseComparison:
     at_peak_b: int
     sizes: tuple[SizeDifference, ...] = ()
 
+    @property
+    def difference(self) -> int:
+        """The larger of the two differences (allocated, held at the peak), in bytes:
+        the order of the phases."""
+        return max(abs(self.allocated_b - self.allocated_a), abs(self.at_peak_b - self.at_peak_a))
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "sizes": [s.to_dict() for s in self.sizes]}
 
@@ -290,8 +296,7 @@ def _phases(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[PhaseComparison
         rows.append(
             PhaseComparison(name, fa.hits, fb.hits, fa.allocated, fb.allocated, fa.at_peak, fb.at_peak, sizes)
         )
-    key = lambda p: (-max(abs(p.allocated_b - p.allocated_a), abs(p.at_peak_b - p.at_peak_a)), p.name)  # noqa: E731
-    return tuple(sorted(rows, key=key))
+    return tuple(sorted(rows, key=lambda p: (-p.difference, p.name)))
 
 
 def _phase_sizes(analysis: Mapping[str, Any]) -> dict[str, Counter[int]]:
