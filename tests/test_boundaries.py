@@ -67,13 +67,18 @@ def imports(path: Path, source: str | None = None, typing: bool = False) -> set[
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([node.module] if node.module else [])])
+            base = from_module(node, package)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
+
+
+def from_module(node: ast.ImportFrom, package: str) -> str:
+    """The module of ``from ... import`` in ``package``, a relative one resolved."""
+    if not node.level:
+        return node.module or ""
+    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*parent, *([node.module] if node.module else [])])
 
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
@@ -228,10 +233,7 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*parent, *([node.module] if node.module else [])])
+                base = from_module(node, package)
                 found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names)
         graph[name] = {m for m in found if m in paths} - {name}
     return graph

@@ -200,7 +200,7 @@ def test_a_memory_snapshot_is_analysed_as_the_snapshot_command_does(tmp_path):
     from snapshotfiles import write
     from test_snapshot_report import training_data
 
-    from gpu_mem_track.snapshots.command import load_checked, report_folder
+    from gpu_mem_track.snapshots.folder import load_checked, report_folder
 
     snap = write(tmp_path / "step.pickle.gz", training_data(), compress=True)
     (run,) = collect([snap])["runs"]

@@ -130,6 +130,35 @@ def test_an_allocator_that_moves_at_every_comparison_is_not_trusted():
     assert cudastats.status().endswith(f"moved during each of {cudastats.CHECK_TRIES} comparisons")
 
 
+def test_figures_all_zero_prove_nothing_and_the_check_waits_for_an_allocation(monkeypatch):
+    monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "auto")
+    fake = FakeTorch(figures=(0, 0, 0, 0, 0))  # CUDA started, nothing allocated yet
+    wrong = FakeModule(fake)  # a reader of some other, idle allocator: zeros too
+    monkeypatch.setattr(cudastats, "_load", lambda: (wrong, "loaded"))
+    assert cudastats.checked_read(0, fake._C._cuda_memoryStats) is None
+    assert cudastats.awaiting(0)
+    assert cudastats.status() == "not checked yet: nothing allocated on cuda:0 to compare"
+    fake.figures = (512, 512, 2 << 20, 2 << 20, 1)
+    wrong.torch = FakeTorch(figures=(0, 0, 0, 0, 0))  # it still reads zeros: refused now
+    assert cudastats.checked_read(0, fake._C._cuda_memoryStats) is None
+    assert not cudastats.awaiting(0)
+    assert cudastats.status().startswith("not used: checked against torch._C._cuda_memoryStats on cuda:0")
+
+
+def test_the_sampler_checks_the_reader_again_once_the_device_has_allocated(monkeypatch):
+    monkeypatch.setattr(CudaSampler, "LOOK_EVERY", 3)
+    fake = FakeTorch(figures=(0, 0, 0, 0, 0))
+    module = FakeModule(fake)
+    sampler = CudaSampler("cuda:0", reader=object(), torch_module=fake, native=module)
+    assert sampler.sample() == (0, 0)
+    assert sampler.stats_reader == "dict"  # zeros: not checked yet
+    fake.figures = (512, 1024, 2 << 20, 2 << 20, 3)
+    for _ in range(3):
+        sampler.sample()
+    assert sampler.stats_reader == "native"
+    assert cudastats.status() == "in use: reads as torch._C._cuda_memoryStats does on cuda:0"
+
+
 def test_the_sampler_reads_natively_once_cuda_has_started_and_the_reader_agrees():
     fake = FakeTorch()
     module = FakeModule(fake)
@@ -316,3 +345,29 @@ def test_a_build_another_rank_holds_is_waited_for(tmp_path, monkeypatch):
     assert cudastats.building()
     lock.unlink()
     assert not cudastats.building()
+
+
+@pytest.mark.parametrize(
+    ("source", "note"),
+    [
+        (
+            f"ABI = {cudastats.ABI}\nTORCH = '2.13.0'\n",
+            "loaded from {path}, not checked yet (needs a GPU in use)",
+        ),
+        (f"ABI = {cudastats.ABI}\nTORCH = '2.0.0'\n", "{path} was built for another version"),
+        ("ABI = 0\nTORCH = '2.13.0'\n", "{path} was built for another version"),
+        (
+            "raise ImportError('undefined symbol: x')\n",
+            "cannot load {path}: ImportError: undefined symbol: x",
+        ),
+    ],
+)
+def test_a_built_module_is_used_only_when_built_for_this_abi_and_torch(tmp_path, monkeypatch, source, note):
+    monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "auto")
+    path = tmp_path / "cuda_stats.py"  # a Python file stands in for the built extension
+    path.write_text(source)
+    plan = build.BuildPlan(tmp_path, path, "2.13.0", "")
+    monkeypatch.setattr(build, "plan", lambda root=None, name=build.MODULE: plan)
+    found = cudastats.module()
+    assert cudastats.status() == note.format(path=path)
+    assert (found is not None) == note.startswith("loaded")

@@ -199,6 +199,18 @@ def test_the_csv_files_of_hand_built_snapshots():
     ]
 
 
+def test_a_file_both_record_at_one_path_keeps_it_whole_on_every_line():
+    # two runs on one machine: the same absolute paths; line 5 moved to line 6 in B
+    a = build([(at("/w/proj/net.py", 5, "forward"), 1000), (at("/w/proj/train.py", 3), 400)])
+    b = build([(at("/w/proj/net.py", 6, "forward"), 1000), (at("/w/proj/train.py", 3), 400)])
+    c = compare_analyses(analysed(a, "a.pickle"), analysed(b, "b.pickle"))
+    assert sorted(u.where for u in c.lines) == [
+        "/w/proj/net.py:5 forward",  # only in A
+        "/w/proj/net.py:6 forward",  # only in B: named as A names the file
+        "/w/proj/train.py:3 main",
+    ]
+
+
 def test_a_trace_without_frames_and_a_snapshot_without_a_trace_compare():
     frameless = build([([], 4096), ([], 1000)])
     no_trace = dict(frameless, device_traces=[[]])  # the same blocks, recorded with a stack each

@@ -249,7 +249,7 @@ def _snapshot(path: Path, points: int, max_bytes: int | None) -> tuple[dict[str,
     that lives only while it is read."""
     import tempfile
 
-    from ..snapshots.command import load_checked, report_folder
+    from ..snapshots.folder import load_checked, report_folder
 
     snapshot = load_checked(path, max_bytes)
     with tempfile.TemporaryDirectory(prefix="gpu_mem_track-html-") as scratch:

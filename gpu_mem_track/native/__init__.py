@@ -38,6 +38,7 @@ __all__ = [
     "AUTO_BUILD_TENSORS",
     "build_now",
     "census_scan",
+    "load_built",
     "loaded",
     "mode",
     "request_build",
@@ -105,19 +106,28 @@ def _load(path: Path | None = None) -> tuple[ModuleType | None, str]:
         if target.failed:
             return None, f"its build failed: see {target.folder / 'build.log'}"
         return None, target.missing or "not built (python -m gpu_mem_track.native.build builds it)"
-    try:
-        spec = importlib.util.spec_from_file_location(build.MODULE, module_path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except Exception as error:
-        return None, f"cannot load {module_path}: {type(error).__name__}: {error}"
-    if getattr(module, "ABI", None) != ABI or getattr(module, "TORCH", None) != target.torch_version:
-        return None, f"{module_path} was built for another version"
+    module, problem = load_built(build.MODULE, module_path, ABI, target.torch_version)
+    if module is None:
+        return None, problem
     problem = _self_check(module)
     if problem:
         return None, f"{module_path} disagrees with torch: {problem}"
     return module, f"loaded from {module_path}"
+
+
+def load_built(name: str, path: Path, abi: int, torch_version: str) -> tuple[ModuleType | None, str]:
+    """Import the built module ``name`` from ``path`` and check that it speaks ``abi`` and
+    was built for torch ``torch_version``: (the module, ``""``), or (None, why not)."""
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as error:
+        return None, f"cannot load {path}: {type(error).__name__}: {error}"
+    if getattr(module, "ABI", None) != abi or getattr(module, "TORCH", None) != torch_version:
+        return None, f"{path} was built for another version"
+    return module, ""
 
 
 def _self_check(module: ModuleType) -> str:

@@ -10,8 +10,9 @@ pool and the allocations plus frees counted (see :func:`figures`).
 When it is used (``runner.samplers.CudaSampler``): once the program has started CUDA,
 when this torch is a CUDA build, the module is built for it, ``GPU_MEM_TRACK_NATIVE`` is
 not ``off``, and :func:`checked_read` found it reading exactly what the dict says on that
-device (one comparison, with a real GPU only: without one torch has no allocator to
-read, so the module loads but is never checked nor used). Otherwise the sampler reads
+device (one comparison, with a real GPU only, made once the device has allocated
+something: without a GPU torch has no allocator to read, so the module loads but is
+never checked nor used). Otherwise the sampler reads
 the dict, as before. The module is built by ``make native``, or in the background when a
 CUDA run finds it missing (:func:`request_build`, a few seconds of one core): that run
 reads the dict until the build has ended, and the reader from then on.
@@ -19,16 +20,15 @@ reads the dict until the build has ended, and the reader from then on.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import mode, start_build
+from . import load_built, mode, start_build
 
-__all__ = ["building", "checked_read", "figures", "module", "request_build", "status"]
+__all__ = ["awaiting", "building", "checked_read", "figures", "module", "request_build", "status"]
 
 #: The ABI number of cuda_stats.cpp this Python code speaks.
 ABI = 1
@@ -38,6 +38,8 @@ CHECK_TRIES = 5
 Read = Callable[[int], tuple[int, int, int, int, int]]
 
 _lock = threading.Lock()
+#: What :func:`_compare` says when the allocator's figures are all zero: nothing to compare.
+_NOTHING_YET = "nothing allocated yet"
 
 
 def _fresh_state() -> dict[str, Any]:
@@ -86,15 +88,9 @@ def _load() -> tuple[ModuleType | None, str]:
         if target.failed:
             return None, f"its build failed: see {target.folder / 'build.log'}"
         return None, "not built (make native, or python -m gpu_mem_track.native.build, builds it)"
-    try:
-        spec = importlib.util.spec_from_file_location(build.CUDA_MODULE, target.module)
-        assert spec is not None and spec.loader is not None
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-    except Exception as error:
-        return None, f"cannot load {target.module}: {type(error).__name__}: {error}"
-    if getattr(loaded, "ABI", None) != ABI or getattr(loaded, "TORCH", None) != target.torch_version:
-        return None, f"{target.module} was built for another version"
+    loaded, problem = load_built(build.CUDA_MODULE, target.module, ABI, target.torch_version)
+    if loaded is None:
+        return None, problem
     return loaded, f"loaded from {target.module}, not checked yet (needs a GPU in use)"
 
 
@@ -152,18 +148,23 @@ def checked_read(index: int, stats: Callable[[int], dict[str, Any]], found: Any 
     on device ``index``, else None. Compared once per module, device and process: a native read,
     the dict, a native read again; equal, it agrees; the two native reads equal and the
     dict not, it disagrees (never used); the allocator moving between them (another
-    thread allocating), tried again up to :data:`CHECK_TRIES` times. Call it only once
-    the program has started CUDA. ``found``: the module to check (default :func:`module`;
-    each module is checked on its own)."""
+    thread allocating), tried again up to :data:`CHECK_TRIES` times. Figures all zero
+    (nothing allocated on the device yet) prove nothing: the check is left for a later
+    call (None until then; :func:`awaiting` says so). Call it only once the program has
+    started CUDA. ``found``: the module to check (default :func:`module`; each module is
+    checked on its own)."""
     reader = found if found is not None else module()
     if reader is None:
         return None
     checked = _state["checked"]
     key = (id(reader), index)
     if key not in checked:
-        checked[key] = (reader, _compare(reader.read, index, stats))  # keeps the reader alive
-        problem = checked[key][1]
+        problem = _compare(reader.read, index, stats)
         where = f"cuda:{index}"
+        if problem == _NOTHING_YET:
+            _state["note"] = f"not checked yet: nothing allocated on {where} to compare"
+            return None
+        checked[key] = (reader, problem)  # keeps the reader alive
         if problem:
             _state["note"] = f"not used: checked against torch._C._cuda_memoryStats on {where}: {problem}"
         else:
@@ -181,10 +182,17 @@ def _compare(read: Read, index: int, stats: Callable[[int], dict[str, Any]]) -> 
         except Exception as error:
             return f"cannot compare: {type(error).__name__}: {str(error).strip()}"
         if before == after == expected:
-            return ""
+            return _NOTHING_YET if not any(expected) else ""
         if before == after:
             return f"read {before}, the dict {expected}"
     return f"the allocator moved during each of {CHECK_TRIES} comparisons"
+
+
+def awaiting(index: int, found: Any = None) -> bool:
+    """Whether the module (``found``, default :func:`module`) is loaded and not checked yet
+    on device ``index`` (:func:`checked_read` found nothing allocated there to compare)."""
+    reader = found if found is not None else _state["module"]
+    return reader is not None and (id(reader), index) not in _state["checked"]
 
 
 def status() -> str:

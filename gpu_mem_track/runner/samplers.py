@@ -199,7 +199,8 @@ class CudaSampler:
     events = 0
     #: ``"native"`` (``cuda_stats``) or ``"dict"`` (``torch._C._cuda_memoryStats``)
     stats_reader = "dict"
-    #: samples between two looks for a native reader being built in the background
+    #: samples between two looks for a native reader being built in the background (or
+    #: not checked yet: nothing allocated to compare)
     LOOK_EVERY = 4096
 
     def __init__(
@@ -281,7 +282,8 @@ class CudaSampler:
 
     def _find_native(self) -> None:
         """Read natively from now on when the native read agrees with torch's dict here;
-        while it is being built, look again in ``LOOK_EVERY`` samples."""
+        while it is being built, or before the device has allocated anything to compare,
+        look again in ``LOOK_EVERY`` samples."""
         from ..native import cudastats
 
         torch = self._torch or sys.modules.get("torch")
@@ -301,6 +303,8 @@ class CudaSampler:
         self._read = cudastats.checked_read(self._index, real, self._native)
         if self._read is not None:
             self.stats_reader = "native"
+        elif cudastats.awaiting(self._index, self._native):  # nothing allocated yet to compare
+            self._look_in = self.LOOK_EVERY
 
     def extras(self) -> Extras:
         driver = self._reader.driver(self.device) if self._cuda is not None else None

@@ -12,25 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from ..allocator.replay import replay
-from ..errors import BadInput, TooLarge, UsageError
+from ..errors import UsageError
 from ..outputs import claim_folder, safe_name
-from ..runfolder.files import RunFolder
-from ..snapshotfile.load import load_snapshot
 from ..snapshotfile.records import Snapshot
-from .analyse import SnapshotAnalysis, analyse, pick_device
-from .attribution import Attributor
 from .compare import compare_analyses
 from .compare_folder import write_comparison
 from .compare_report import render_comparison
-from .folder import default_name, write_folder
-from .phases import read_trace
+from .folder import load_checked, report_folder
 from .report import render_summary
 
-__all__ = ["load_checked", "report_folder", "run", "run_compare"]
+__all__ = ["run", "run_compare"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,46 +39,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_checked(path: Path, max_bytes: int | None = None) -> Snapshot:
-    """The snapshot in ``path``, read up to ``max_bytes`` bytes on disk and once gunzipped
-    (None: ``snapshotfile.load.MAX_BYTES``, 4 GiB); ``UsageError`` (one line) when it is
-    missing or not one, and when it is larger, saying how to read more (``--max-bytes``)."""
-    if not path.exists():
-        raise UsageError(f"no such snapshot: {path}")
-    try:
-        return load_snapshot(path, max_bytes)
-    except TooLarge as exc:
-        raise BadInput(f"{exc}; --max-bytes SIZE (e.g. 8GiB) reads larger snapshots") from None
-
-
 def _analyse_one(snapshot: Snapshot, args: argparse.Namespace) -> None:
     folder, analysis = report_folder(snapshot, args.out_dir, args.name, args.include, args.device, args.top)
     sys.stdout.write(render_summary(analysis, folder, min(args.top, 5) or 5))
-
-
-def report_folder(
-    snapshot: Snapshot,
-    out_dir: Path,
-    name: str | None = None,
-    include: Sequence[str] = (),
-    device: int | None = None,
-    top: int = 10,
-) -> tuple[Path, SnapshotAnalysis]:
-    """Analyse ``snapshot`` (``device``: its CUDA index, default the one with the longest
-    trace; ``include``: more paths counted as user code) and write its runner-style folder
-    ``out_dir/name`` (default name: the file's, made unique); returns the folder and the
-    analysis. ``UsageError`` for a device the snapshot lacks or a folder it cannot write."""
-    chosen = pick_device(snapshot, device)
-    if device is not None and chosen not in snapshot.devices():
-        found = ", ".join(str(d) for d in snapshot.devices()) or "none"
-        raise UsageError(f"{snapshot.source}: no device {chosen} in the snapshot (devices: {found})")
-    attributor = Attributor(include)
-    replayed = replay(snapshot, chosen)
-    reading = read_trace(snapshot.device_trace(chosen), attributor)
-    analysis = analyse(snapshot, replayed, attributor, reading)
-    folder = RunFolder(claim_folder(Path(out_dir), safe_name(name or default_name(snapshot.source))))
-    write_folder(folder, analysis, replayed, attributor, top, reading)
-    return folder.path, analysis
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -12,8 +12,10 @@ matched by name: each file of A with the file of B of the same name whose path a
 with it on the most trailing folders (``models/resnet.py`` goes with ``models/resnet.py``
 before ``utils/resnet.py``), each file used once; pseudo-sites (``<no frames>``,
 ``<before recording>``) match by their text. A file is shown by the trailing part of its
-path that both agree on (its name alone where that is unique). A line whose number moved
-(the code changed between the runs) shows up twice: once on each side.
+path that both agree on, and at least as much as tells it from its side's other files
+(its name alone where the paths differ above it and the name is unique; the whole path,
+as recorded, where both record the same one). A line whose number moved (the code
+changed between the runs) shows up twice, once on each side, under the same file name.
 
 Not known here: which allocations of A correspond to which of B beyond their line,
 phase and request size; lines are matched, not allocations.
@@ -113,6 +115,12 @@ class PhaseComparison:
     at_peak_b: int
     sizes: tuple[SizeDifference, ...] = ()
 
+    @property
+    def difference(self) -> int:
+        """The larger of the two differences (allocated, held at the peak), in bytes:
+        the order of the phases."""
+        return max(abs(self.allocated_b - self.allocated_a), abs(self.at_peak_b - self.at_peak_a))
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "sizes": [s.to_dict() for s in self.sizes]}
 
@@ -172,7 +180,10 @@ def _compare(a: Mapping[str, Any], b: Mapping[str, Any], name_a: str, name_b: st
         in_a, in_b = keys_a.get(key), keys_b.get(key)
         ua, ub = lines_a.get(in_a, {}), lines_b.get(in_b, {})
         file_a, file_b = in_a[0] if in_a else "", in_b[0] if in_b else ""
-        where = shown.get(file_a) or (_shown(file_a, "", all_a) if file_a else _shown(file_b, "", all_b))
+        # a line only B has, of a file both have, is shown as that file's other lines are
+        where = shown.get(file_a or by_file_b.get(file_b, "")) or (
+            _shown(file_a, "", all_a) if file_a else _shown(file_b, "", all_b)
+        )
         function, line = key[1], key[2]
         fa, fb = _figures(ua), _figures(ub)
         rows.append(
@@ -242,8 +253,8 @@ def _shown(fa: str, fb: str, side: Iterable[str]) -> str:
         return fa
     parts = _parts(fa)
     unique = max((_common_tail(fa, other) + 1 for other in side if other != fa), default=1)
-    keep = min(max(_common_tail(fa, fb) if fb else 0, unique, 1), len(parts))
-    return "/".join(parts[len(parts) - keep :])
+    keep = max(_common_tail(fa, fb) if fb else 0, unique, 1)
+    return fa if keep >= len(parts) else "/".join(parts[len(parts) - keep :])  # whole: as recorded
 
 
 def _files(analysis: Mapping[str, Any]) -> set[str]:
@@ -285,8 +296,7 @@ def _phases(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[PhaseComparison
         rows.append(
             PhaseComparison(name, fa.hits, fb.hits, fa.allocated, fb.allocated, fa.at_peak, fb.at_peak, sizes)
         )
-    key = lambda p: (-max(abs(p.allocated_b - p.allocated_a), abs(p.at_peak_b - p.at_peak_a)), p.name)  # noqa: E731
-    return tuple(sorted(rows, key=key))
+    return tuple(sorted(rows, key=lambda p: (-p.difference, p.name)))
 
 
 def _phase_sizes(analysis: Mapping[str, Any]) -> dict[str, Counter[int]]:

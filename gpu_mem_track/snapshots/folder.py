@@ -1,4 +1,6 @@
-"""Write a snapshot's analysis as a runner folder, so ``compare`` and ``plot`` read it.
+"""Write a snapshot's analysis as a runner folder, so ``compare`` and ``plot`` read it:
+``report_folder`` analyses a snapshot (``load_checked`` reads it) and writes its folder,
+for the ``snapshot`` command and the HTML page alike.
 
 ``reports/<name>/`` holds, in the runner's formats (``runfolder.files``):
 
@@ -27,25 +29,29 @@ from __future__ import annotations
 import csv
 import json
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..allocator.replay import Replay
-from ..errors import UsageError
-from ..outputs import safe_name
+from ..allocator.replay import Replay, replay
+from ..errors import BadInput, TooLarge, UsageError
+from ..outputs import claim_folder, safe_name
 from ..runfolder.files import TIMELINE_COLUMNS, RunFolder, write_lines, write_meta
 from ..runfolder.records import LineRecord, RunInfo
-from .analyse import LineUsage, SnapshotAnalysis
+from ..snapshotfile.load import load_snapshot
+from ..snapshotfile.records import Snapshot
+from .analyse import LineUsage, SnapshotAnalysis, analyse, pick_device
 from .attribution import PRE_TRACE, Attributor
-from .phases import TraceReading
+from .phases import TraceReading, read_trace
 from .report import render_report
 
 __all__ = [
     "SNAPSHOT_LINE_COLUMNS",
     "default_name",
     "line_records",
+    "load_checked",
+    "report_folder",
     "write_folder",
     "write_snapshot_files",
 ]
@@ -62,6 +68,43 @@ def default_name(path: str | Path) -> str:
     for suffix in _SUFFIXES:
         name = name.removesuffix(suffix)
     return safe_name(name or "snapshot")
+
+
+def load_checked(path: Path, max_bytes: int | None = None) -> Snapshot:
+    """The snapshot in ``path``, read up to ``max_bytes`` bytes on disk and once gunzipped
+    (None: ``snapshotfile.load.MAX_BYTES``, 4 GiB); ``UsageError`` (one line) when it is
+    missing or not one, and when it is larger, saying how to read more (``--max-bytes``)."""
+    if not path.exists():
+        raise UsageError(f"no such snapshot: {path}")
+    try:
+        return load_snapshot(path, max_bytes)
+    except TooLarge as exc:
+        raise BadInput(f"{exc}; --max-bytes SIZE (e.g. 8GiB) reads larger snapshots") from None
+
+
+def report_folder(
+    snapshot: Snapshot,
+    out_dir: Path,
+    name: str | None = None,
+    include: Sequence[str] = (),
+    device: int | None = None,
+    top: int = 10,
+) -> tuple[Path, SnapshotAnalysis]:
+    """Analyse ``snapshot`` (``device``: its CUDA index, default the one with the longest
+    trace; ``include``: more paths counted as user code) and write its runner-style folder
+    ``out_dir/name`` (default name: the file's, made unique); returns the folder and the
+    analysis. ``UsageError`` for a device the snapshot lacks or a folder it cannot write."""
+    chosen = pick_device(snapshot, device)
+    if device is not None and chosen not in snapshot.devices():
+        found = ", ".join(str(d) for d in snapshot.devices()) or "none"
+        raise UsageError(f"{snapshot.source}: no device {chosen} in the snapshot (devices: {found})")
+    attributor = Attributor(include)
+    replayed = replay(snapshot, chosen)
+    reading = read_trace(snapshot.device_trace(chosen), attributor)
+    analysis = analyse(snapshot, replayed, attributor, reading)
+    folder = RunFolder(claim_folder(Path(out_dir), safe_name(name or default_name(snapshot.source))))
+    write_folder(folder, analysis, replayed, attributor, top, reading)
+    return folder.path, analysis
 
 
 def line_records(analysis: SnapshotAnalysis) -> list[LineRecord]:
