@@ -55,23 +55,28 @@ allocations of the second training step of ``gpu_mem_track.examples.convnet``, b
 conv1 is 3 to 32 channels at 32x32, conv2 32 to 64 at 16x16, both 3x3, and conv1's input
 needs no gradient). Its ``benchmark=True`` rows repeat the ``benchmark=False`` ones: the
 plan cache's key (``ConvolutionParams``, ``ConvShared.h``) leaves ``benchmark`` out, so
-they ran the cached heuristic plans. Each
-recorded allocation was mapped to its op by the step's order (forward conv1, conv2; the
-last linear layer's backward copies its expanded gradient twice, 1,280 B; conv2's data
-then weight gradient; conv1's weight gradient; Adam's ``_foreach_sqrt`` list, freed last
-first: 40 B), and by the exact sums below. Fitted on 5 problems x 4 configurations:
+they ran the cached heuristic plans. Each recorded allocation was mapped to its op by the
+step's order (forward conv1, conv2; the last linear layer's backward copies its expanded
+gradient twice, 1,280 B; conv2's data then weight gradient; conv1's weight gradient;
+Adam's ``_foreach_sqrt`` list, freed last first: 40 B), and by the exact sums below.
+Fitted on 5 problems x 4 configurations:
 
 - **NCHW plans transform the layout.** With T = X + Y + W + :data:`LAYOUT_PAD` (the
   three tensors in the engines' NHWC layout), conv2 took T forward in float16 (1,609,744
   B) and for its data gradient in both dtypes (1,609,744 and 3,219,472 B: exact, 3
   points); forward in float32, X + W + 16 (1,122,320 B: exact, 1 point).
 - **Channels-last plans need none** forward and for data gradients (conv1 and conv2
-  forward in both dtypes, 4 points), and their weight gradient takes the split sums S =
-  :data:`HEURISTIC_SPLIT` x (X + Y) (conv2: 3,735,696 B float32, 1,835,615 B float16; the
-  list cannot tell the data gradient's entry from the weight gradient's, and is read as
-  the weight gradient's, as NCHW below says). An NCHW weight gradient takes T + S: float16
-  conv2 3,445,359 B = 1,609,744 + 1,835,615 to 16 B; float32 conv2 7,372,800 B, where T + S
-  is 6.0% under.
+  forward in both dtypes, 4 points), and their weight gradient takes split sums, S =
+  :data:`HEURISTIC_SPLIT` x W (conv2: 3,735,696 B in float32, 1.3% over S; 1,835,615 B in
+  float16, 0.4% under; the list cannot tell the data gradient's entry from the weight
+  gradient's, and is read as the weight gradient's, as NCHW below says). An NCHW weight
+  gradient takes T + S in float16 (conv2: 3,445,359 B = 1,609,744 + 1,835,615 to 16 B) and
+  :data:`FLOAT32_SPLIT` x W in float32 (conv2: 7,372,800 B, exact; no pad, so no
+  transform). S is sized by the weight, not the batch, as split-K partial sums are: the
+  one point cannot tell, but the gpu check's batch-256 float32 run of the same model
+  (``reports/gpu_check/H200/report.md``, peak 191.35 MiB allocated) rules out sizes that
+  grow with the batch: T + 1.18 (X + Y), which fits batch 32 as well, simulates it at
+  216.74 MiB (+13.3%); these rules at 188.35 MiB (-1.6%), reserved 292 MiB (-0.7%).
 - **Image stems** (at most :data:`STEM_CHANNELS` input channels per group: conv1) ran
   forward with none (4 points) and their weight gradient with none in float32 (2 points)
   and channels-last (61,663 B recorded in float16: modelled as none); NCHW float16 took
@@ -95,6 +100,7 @@ from math import prod
 __all__ = [
     "DIRECT_POSITIONS",
     "FILTER_FACTOR",
+    "FLOAT32_SPLIT",
     "HEURISTIC_SPLIT",
     "KINDS",
     "LAYOUT_PAD",
@@ -132,9 +138,12 @@ TRIAL_FACTOR = 1.4
 #: Bytes a heuristic NCHW plan's layout transform takes beyond X + Y + W (recorded: 16 B
 #: in all 5 NCHW sizes that hold one; see the module doc).
 LAYOUT_PAD = 16
-#: A heuristic weight gradient's split sums over X + Y (recorded on channels-last: 1.188
-#: in float32, 1.167 in float16, for one problem; the mean).
-HEURISTIC_SPLIT = 1.18
+#: A heuristic weight gradient's split sums, in weights (recorded on channels-last: 50.7 x
+#: W in float32, 49.8 x W in float16, for one problem).
+HEURISTIC_SPLIT = 50
+#: The same on NCHW in float32, where no layout transform came with it (recorded:
+#: 7,372,800 B = 100 x W, one problem).
+FLOAT32_SPLIT = 100
 #: Input channels per group up to which a convolution is an image stem (recorded: 3).
 STEM_CHANNELS = 4
 
@@ -219,7 +228,9 @@ def heuristic_workspace(problem: ConvProblem) -> int:
         return transform
     if problem.stem:
         return transform if half else 0
-    return transform + int(HEURISTIC_SPLIT * (x + y))
+    if not half and not problem.channels_last:
+        return FLOAT32_SPLIT * w
+    return transform + HEURISTIC_SPLIT * w
 
 
 def trial_workspace(problem: ConvProblem) -> int:
