@@ -157,8 +157,10 @@ def report(
         "trials (the 7x7 stem) and 0.93x to 1.49x for runs (one 1x1 convolution's X + Y, forward and "
         "data gradient, modelled as none); the few-hundred-byte workspaces are left out "
         "(so the simulation makes about 40 fewer allocations per iteration).",
-        "- channels-last and depthwise convolutions, fp32/TF32 engines (sized by the same rule; "
-        "no recording), fused conv-add-ReLU, the plan cache's LRU limit.",
+        "- plans `cudnn.benchmark` chose for channels-last, depthwise, fp32/TF32 convolutions (sized by "
+        "the same rules; no recording), fused conv-add-ReLU, the plan cache's LRU limit. Plans cuDNN's "
+        "heuristics chose (benchmark off) follow other rules, from an H200 convnet "
+        "(`gpumodel/cudnn.py`, `reports/gpu_check/H200/conv_workspaces.txt`); this run has none.",
         "",
     ]
     return "\n".join(lines), ok

@@ -56,6 +56,8 @@ def conv_inputs(batch: int = 8, channels: int = 16, size: int = 32):
 
 
 X, Y = 8 * 16 * 32 * 32 * 2, 8 * 32 * 32 * 32 * 2  # the 3x3 convolution's input and output bytes
+W = 32 * 16 * 3 * 3 * 2
+T = X + Y + W + 16  # a heuristic NCHW plan's layout transform (benchmark off)
 
 
 def test_a_convolution_allocates_its_workspace_after_its_output_and_frees_it_inside():
@@ -66,10 +68,10 @@ def test_a_convolution_allocates_its_workspace_after_its_output_and_frees_it_ins
         torch.cuda.reset_peak_memory_stats()
         y = F.conv2d(x, w, padding=1)
         entries = actions(gpu)
-        assert [s for a, s in entries if a == "alloc"] == [Y, X + Y]  # the output, then the workspace
-        assert transient(entries) == [X + Y]
+        assert [s for a, s in entries if a == "alloc"] == [Y, T]  # the output, then the workspace
+        assert transient(entries) == [T]
         assert torch.cuda.memory_allocated() - before == y.untyped_storage().nbytes() == Y
-        assert torch.cuda.max_memory_allocated() - before == Y + X + Y
+        assert torch.cuda.max_memory_allocated() - before == Y + 796_160  # T in 512 B blocks
 
 
 def test_backward_takes_the_data_gradient_its_workspace_then_the_weight_gradient_its_workspace():
@@ -83,8 +85,7 @@ def test_backward_takes_the_data_gradient_its_workspace_then_the_weight_gradient
         gpu.memory.record(True)
         y.backward(grad)
         allocs = [s for a, s in actions(gpu, start) if a == "alloc"]
-        weight = w.numel() * 2
-        assert allocs[:4] == [X, X + Y, weight, int((X + Y) * 1.07)]
+        assert allocs[:4] == [X, T, W, T + 50 * W]
 
 
 def test_benchmark_trials_once_per_key_then_empties_the_cache():
@@ -115,7 +116,7 @@ def test_without_benchmark_there_are_no_trials_and_no_cache_release():
         for _ in range(2):
             F.conv2d(x, w, padding=1)
         entries = actions(gpu)
-        assert transient(entries) == [X + Y, X + Y]
+        assert transient(entries) == [T, T]
         assert not any(a == "segment_free" for a, _ in entries)
 
 

@@ -11,7 +11,8 @@ each output and then its workspace in that order.
 
 cuDNN runs a convolution when it is enabled (``torch.backends.cudnn.enabled``) and the
 dtype is a floating one it supports; the key's flags follow PyTorch's
-(``ctx.deterministicCuDNN() || ctx.deterministicAlgorithms()``, ``allowTF32CuDNN()``).
+(``ctx.deterministicCuDNN() || ctx.deterministicAlgorithms()``, ``allowTF32CuDNN()``); its
+layout is NHWC when the input or the weight is channels-last (:func:`channels_last`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from .cudnn import ConvProblem
 
-__all__ = ["CONVOLUTION_OPS", "convolution_plan", "cudnn_settings"]
+__all__ = ["CONVOLUTION_OPS", "channels_last", "convolution_plan", "cudnn_settings"]
 
 _aten = torch.ops.aten
 #: The aten ops that reach cuDNN's convolutions.
@@ -48,6 +49,18 @@ def _flags(tensor: torch.Tensor, in_backward: bool) -> tuple:
     )
 
 
+def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether cuDNN runs the convolution of ``x`` and ``w`` in the NHWC (NDHWC) layout:
+    when either is channels-last, as ``cudnn_conv_suggest_memory_format`` decides."""
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+    def last(t: torch.Tensor) -> bool:
+        fmt = formats.get(t.dim())
+        return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
+
+    return last(x) or last(w)
+
+
 def _problem(
     kind: str, x: torch.Tensor, w: torch.Tensor, y: Sequence[int], geometry: Sequence[Any], in_backward: bool
 ) -> ConvProblem:
@@ -63,6 +76,7 @@ def _problem(
         int(groups),
         x.element_size(),
         _flags(x, in_backward),
+        channels_last(x, w),
     )
 
 

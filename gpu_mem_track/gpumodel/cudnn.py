@@ -27,11 +27,13 @@ fp16 autocast, batch 128 at 288x288, ``cudnn.benchmark`` on, torch 2.11, cuDNN 9
    calls of that key run the cached plan only. Trace: in the first iteration 23 forward
    keys and their backward keys each show a trial, then ``segment_free`` entries where a
    segment was unused, then the run's workspace; iterations 2 to 8 show the run's workspace only.
-4. **Without benchmark**, cuDNN's heuristics pick the plan: no trial, no ``emptyCache``.
+4. **Without benchmark**, cuDNN's heuristics pick the plan: no trial, no ``emptyCache``;
+   the key's plan stays the one its first call chose, whatever ``benchmark`` says later.
 
-The sizes are cuDNN's engine choices, which no rule derives; they are fitted to the
-recording (X, Y, W: the convolution's input, output and weight bytes); the spread quoted
-is the recorded sizes' over the model's 53 convolutions, forward and backward:
+The sizes are cuDNN's engine choices, which no rule derives; those of benchmarked plans
+are fitted to the recording (X, Y, W: the convolution's input, output and weight bytes);
+the spread quoted is the recorded sizes' over the model's 53 convolutions, forward and
+backward:
 
 - the run's workspace is X + Y (ratio to X + Y measured 1.00 to 1.22 forward and for data
   gradients), :data:`FILTER_FACTOR` x (X + Y) for weight gradients (1.00 to 1.59), except
@@ -44,10 +46,50 @@ is the recorded sizes' over the model's 53 convolutions, forward and backward:
 - the trial workspace is X + Y for pointwise convolutions (measured 1.00 to 1.40) and
   :data:`TRIAL_FACTOR` x (X + Y) for the others (measured 1.03 to 2.95; the 7x7 stem 2.95).
 
-Not modelled: channels-last layouts (the recording is NCHW; they are sized the same),
-depthwise convolutions (PyTorch often runs them without cuDNN: sized the same), cuDNN's
-errata and the v8 plan cache's LRU limit, fused conv-add-ReLU, and the few-byte
-workspaces. Deterministic mode only enters the key: its engines' sizes are unknown.
+These sizes are those of plans ``cudnn.benchmark`` chose (:func:`run_workspace`). A plan
+chosen without it, by cuDNN's heuristics (torch's default), is another engine, sized by
+:func:`heuristic_workspace`; the evidence is ``reports/gpu_check/H200/conv_workspaces.txt``
+(``scripts/conv_workspaces.py`` on an H200, torch 2.11, cuDNN 9.19: the transient
+allocations of the second training step of ``gpu_mem_track.examples.convnet``, batch 32,
+3x32x32, in float32 (TF32 allowed, torch's default) and float16, NCHW and channels-last;
+conv1 is 3 to 32 channels at 32x32, conv2 32 to 64 at 16x16, both 3x3, and conv1's input
+needs no gradient). Its ``benchmark=True`` rows repeat the ``benchmark=False`` ones: the
+plan cache's key (``ConvolutionParams``, ``ConvShared.h``) leaves ``benchmark`` out, so
+they ran the cached heuristic plans. Each recorded allocation was mapped to its op by the
+step's order (forward conv1, conv2; the last linear layer's backward copies its expanded
+gradient twice, 1,280 B; conv2's data then weight gradient; conv1's weight gradient;
+Adam's ``_foreach_sqrt`` list, freed last first: 40 B), and by the exact sums below.
+Fitted on 5 problems x 4 configurations:
+
+- **NCHW plans transform the layout.** With T = X + Y + W + :data:`LAYOUT_PAD` (the
+  three tensors in the engines' NHWC layout), conv2 took T forward in float16 (1,609,744
+  B) and for its data gradient in both dtypes (1,609,744 and 3,219,472 B: exact, 3
+  points); forward in float32, X + W + 16 (1,122,320 B: exact, 1 point).
+- **Channels-last plans need none** forward and for data gradients (conv1 and conv2
+  forward in both dtypes, 4 points), and their weight gradient takes split sums, S =
+  :data:`HEURISTIC_SPLIT` x W (conv2: 3,735,696 B in float32, 1.3% over S; 1,835,615 B in
+  float16, 0.4% under; the list cannot tell the data gradient's entry from the weight
+  gradient's, and is read as the weight gradient's, as NCHW below says). An NCHW weight
+  gradient takes T + S in float16 (conv2: 3,445,359 B = 1,609,744 + 1,835,615 to 16 B) and
+  :data:`FLOAT32_SPLIT` x W in float32 (conv2: 7,372,800 B, exact; no pad, so no
+  transform). S is sized by the weight, not the batch, as split-K partial sums are: the
+  one point cannot tell, but the gpu check's batch-256 float32 run of the same model
+  (``reports/gpu_check/H200/report.md``, peak 191.35 MiB allocated) rules out sizes that
+  grow with the batch: T + 1.18 (X + Y), which fits batch 32 as well, simulates it at
+  216.74 MiB (+13.3%); these rules at 188.35 MiB (-1.6%), reserved 292 MiB (-0.7%).
+- **Image stems** (at most :data:`STEM_CHANNELS` input channels per group: conv1) ran
+  forward with none (4 points) and their weight gradient with none in float32 (2 points)
+  and channels-last (61,663 B recorded in float16: modelled as none); NCHW float16 took
+  3,642,283 B, modelled as T (37% under: 1 point, no rule found).
+
+Not modelled: channels-last, float32 and TF32-off plans chosen by benchmark (sized as the
+ResNet's), TF32 off under the heuristics (sized as with it: no recording), depthwise
+convolutions (PyTorch often runs them without cuDNN: sized the same), cuDNN's errata and
+the v8 plan cache's LRU limit, fused conv-add-ReLU, and the few-byte workspaces.
+Deterministic mode only enters the key: its engines' sizes are unknown. Outside cuDNN, the
+step also showed other kernels' scratch (the copies above; a channels-last max-pool
+backward's contiguous copy of its gradient, 524,288 B; a 4 B semaphore of each
+channels-last bias-gradient sum), listed in :mod:`~gpu_mem_track.gpumodel.differences`.
 """
 
 from __future__ import annotations
@@ -58,13 +100,18 @@ from math import prod
 __all__ = [
     "DIRECT_POSITIONS",
     "FILTER_FACTOR",
+    "FLOAT32_SPLIT",
+    "HEURISTIC_SPLIT",
     "KINDS",
+    "LAYOUT_PAD",
     "SPLIT_K",
     "SPLIT_K_POSITIONS",
+    "STEM_CHANNELS",
     "TRIAL_FACTOR",
     "ConvProblem",
     "CudnnConvolutions",
     "Step",
+    "heuristic_workspace",
     "run_workspace",
     "trial_workspace",
 ]
@@ -88,6 +135,17 @@ FILTER_FACTOR = 1.07
 #: The trial workspace of a non-pointwise convolution over X + Y (recorded: 1.03 to 2.95,
 #: median 1.4).
 TRIAL_FACTOR = 1.4
+#: Bytes a heuristic NCHW plan's layout transform takes beyond X + Y + W (recorded: 16 B
+#: in all 5 NCHW sizes that hold one; see the module doc).
+LAYOUT_PAD = 16
+#: A heuristic weight gradient's split sums, in weights (recorded on channels-last: 50.7 x
+#: W in float32, 49.8 x W in float16, for one problem).
+HEURISTIC_SPLIT = 50
+#: The same on NCHW in float32, where no layout transform came with it (recorded:
+#: 7,372,800 B = 100 x W, one problem).
+FLOAT32_SPLIT = 100
+#: Input channels per group up to which a convolution is an image stem (recorded: 3).
+STEM_CHANNELS = 4
 
 
 @dataclass(frozen=True)
@@ -95,7 +153,8 @@ class ConvProblem:
     """One convolution as cuDNN sees it: the forward problem's input, weight and output
     shapes (batch and channels first), its geometry and the element size in bytes.
     ``kind`` is one of :data:`KINDS`; ``flags`` are the key's other parts (strides,
-    ``deterministic``, ``allow_tf32``, the thread), compared, not interpreted."""
+    ``deterministic``, ``allow_tf32``, the thread), compared, not interpreted;
+    ``channels_last``: cuDNN runs it in the NHWC (NDHWC) layout."""
 
     kind: str
     input_shape: tuple[int, ...]
@@ -107,6 +166,7 @@ class ConvProblem:
     groups: int
     itemsize: int
     flags: tuple = ()
+    channels_last: bool = False
 
     @property
     def input_bytes(self) -> int:
@@ -135,9 +195,15 @@ class ConvProblem:
         """Output positions per image (the product of the output's spatial sizes)."""
         return prod(self.output_shape[2:])
 
+    @property
+    def stem(self) -> bool:
+        """At most :data:`STEM_CHANNELS` input channels per group (an image's)."""
+        return self.input_shape[1] // max(self.groups, 1) <= STEM_CHANNELS
+
 
 def run_workspace(problem: ConvProblem) -> int:
-    """Bytes of the workspace the chosen plan allocates each call (see the module doc)."""
+    """Bytes of the workspace a plan ``cudnn.benchmark`` chose allocates each call (the
+    ResNet-50 rules of the module doc)."""
     both = problem.input_bytes + problem.output_bytes
     if problem.kind == "backward_filter":
         if problem.pointwise and problem.positions >= SPLIT_K_POSITIONS:
@@ -146,6 +212,25 @@ def run_workspace(problem: ConvProblem) -> int:
     if problem.pointwise and problem.positions >= DIRECT_POSITIONS:
         return 0
     return both
+
+
+def heuristic_workspace(problem: ConvProblem) -> int:
+    """Bytes of the workspace a plan cuDNN's heuristics chose (``cudnn.benchmark`` off at
+    the key's first call) allocates each call: the convnet rules of the module doc."""
+    x, y, w = problem.input_bytes, problem.output_bytes, problem.weight_bytes
+    half = problem.itemsize <= 2
+    transform = 0 if problem.channels_last else x + y + w + LAYOUT_PAD
+    if problem.kind == "forward":
+        if problem.stem or problem.channels_last:
+            return 0
+        return transform if half else x + w + LAYOUT_PAD
+    if problem.kind == "backward_data":
+        return transform
+    if problem.stem:
+        return transform if half else 0
+    if not half and not problem.channels_last:
+        return FLOAT32_SPLIT * w
+    return transform + HEURISTIC_SPLIT * w
 
 
 def trial_workspace(problem: ConvProblem) -> int:
@@ -166,21 +251,24 @@ class Step:
 
 @dataclass
 class CudnnConvolutions:
-    """The benchmark cache of one process: which keys have a plan (see the module doc)."""
+    """The plan cache of one process: which keys have a plan, and whether
+    ``cudnn.benchmark`` chose it (True) or cuDNN's heuristics (False); see the module doc."""
 
-    planned: set[ConvProblem] = field(default_factory=set)
+    planned: dict[ConvProblem, bool] = field(default_factory=dict)
 
     def steps(self, problem: ConvProblem, benchmark: bool, empty_cache: bool = True) -> list[Step]:
         """What ``problem``'s call does, in order: the trial and the cache release at the
-        first call of its key under ``benchmark``, then the run's workspace."""
+        first call of its key under ``benchmark``, then the run's workspace, sized by how
+        the key's plan was chosen at its first call (the key leaves ``benchmark`` out)."""
         steps = []
         if problem not in self.planned:
-            self.planned.add(problem)
+            self.planned[problem] = benchmark
             if benchmark:
                 steps.append(Step("trial", trial_workspace(problem)))
                 if empty_cache:
                     steps.append(Step("empty_cache"))
-        workspace = run_workspace(problem)
+        benchmarked = self.planned[problem]
+        workspace = run_workspace(problem) if benchmarked else heuristic_workspace(problem)
         if workspace:
             steps.append(Step("workspace", workspace))
         return steps
