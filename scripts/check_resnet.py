@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fixtures import shown
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts/resnet50_train.py"
 RECORDING = "timm-resnet50-amp"
@@ -115,7 +117,7 @@ def report(
         "",
         f"Written by `python scripts/check_resnet.py{' --sensitivity' if variants else ''}`. "
         f"Recording: `{RECORDING}` "
-        f"(`{os.path.relpath(fixtures, ROOT)}/real/{RECORDING}.json`; torch {recorded.get('torch')}, "
+        f"(`{shown(fixtures)}/real/{RECORDING}.json`; torch {recorded.get('torch')}, "
         "timm `benchmark.py --model resnet50 --bench train --amp -b 128`). Simulation: "
         "`python -m gpu_mem_track run --simulate h200 --run-to-end scripts/resnet50_train.py` "
         f"(torch {torch_version()}, "
