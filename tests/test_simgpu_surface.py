@@ -182,6 +182,21 @@ def test_legacy_cuda_tensor_types_make_simulated_tensors():
         assert gpu.allocator.allocated == 2 * 512
 
 
+def test_tensor_type_answers_and_converts_as_on_a_gpu():
+    # older scripts: `dtype = torch.cuda.FloatTensor; x.type(dtype)`, `x.type() == "torch.cuda..."`
+    with simulated_gpu("a100-40gb") as gpu:
+        on_gpu = torch.ones(3, device="cuda")
+        assert on_gpu.type() == "torch.cuda.FloatTensor" and torch.ones(3).type() == "torch.FloatTensor"
+        assert on_gpu.type(torch.cuda.FloatTensor) is on_gpu  # already that type: itself
+        half = torch.ones(4).type(torch.cuda.HalfTensor)
+        named = torch.ones(4).type("torch.cuda.DoubleTensor")
+        assert (half.device.type, half.dtype, half.type()) == ("cuda", torch.float16, "torch.cuda.HalfTensor")
+        assert (named.device.type, named.dtype) == ("cuda", torch.float64)
+        assert gpu.allocator.allocated == 3 * 512  # each a block of the simulated GPU
+        back = on_gpu.type("torch.DoubleTensor")
+        assert back.device.type == "cpu" and back.tolist() == [1.0, 1.0, 1.0]
+
+
 def guard_real_cuda(monkeypatch) -> list[str]:
     """Make every ``torch._C._cuda_*`` function of this torch record its call and raise
     (the CUDA wheel has ~90; the CPU wheel a few): a simulation that reached one would
