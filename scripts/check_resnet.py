@@ -132,9 +132,10 @@ def report(
         "",
         f"Time: {with_model['seconds']:.1f} s for the simulated run of 8 iterations with its snapshot "
         f"recorded ({without['seconds']:.1f} s without cuDNN's model and without a snapshot), wall clock "
-        "on the development machine (2 cores shared with other jobs), `--run-to-end`: without it the "
-        "steady-state stop ends the script in its model's construction loop (`ResNet50.__init__`, "
-        "no memory yet, so 'steady'), before any step.",
+        "on the development machine (2 cores shared with other jobs), `--run-to-end`, so every step "
+        "runs as on the GPU. Without it the steady-state stop first takes the stage loop of "
+        "`ResNet50.__init__` (no GPU memory yet, so 'steady') and leaves it at its header once its "
+        "4 passes are done, then leaves the training loop once steady.",
         "",
         f"Result: {'both within 2%' if ok else 'a target missed'}.",
         "",
