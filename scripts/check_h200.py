@@ -266,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "reports/h200_check.md")
     parser.add_argument("--only", choices=CONFIGS, action="append", help="check only this configuration")
     args = parser.parse_args(argv)
-    fixtures = h200_folder(args.fixtures)
+    try:
+        fixtures = h200_folder(args.fixtures)
+    except SystemExit as error:  # a folder given or found without the recording: exit 2
+        parser.error(str(error))
     results = []
     with tempfile.TemporaryDirectory(prefix="check_h200_") as work:
         client = prepare_client(fixtures, Path(work))

@@ -50,12 +50,14 @@ VARIANTS = ((1.0, 1.4), (1.15, 1.4), (1.07, 1.2), (1.07, 2.0))
 
 def h200_folder(given: Path | None) -> Path:
     """The H200 fixture folder (see the module doc); ``SystemExit`` when none is found."""
-    candidates = [given] if given else []
-    candidates += [ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"]
-    for folder in candidates:
-        if folder and (folder / "real" / f"{RECORDING}.json").is_file():
+    if given is not None:
+        if not (given / "real" / f"{RECORDING}.json").is_file():
+            raise SystemExit(f"--fixtures {given}: no real/{RECORDING}.json there")
+        return given
+    for folder in (ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"):
+        if (folder / "real" / f"{RECORDING}.json").is_file():
             return folder
-    raise SystemExit("no H200 fixture folder with real/timm-resnet50-amp.json found: give --fixtures")
+    raise SystemExit(f"no H200 fixture folder with real/{RECORDING}.json found: give --fixtures")
 
 
 def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs") -> dict:
@@ -219,7 +221,10 @@ def main() -> int:
         "--sensitivity", action="store_true", help="also run with other size factors (4 more runs)"
     )
     args = parser.parse_args()
-    fixtures = h200_folder(args.fixtures)
+    try:
+        fixtures = h200_folder(args.fixtures)
+    except SystemExit as error:  # a folder given or found without the recording: exit 2
+        parser.error(str(error))
     recorded = json.loads((fixtures / "real" / f"{RECORDING}.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         with_model = simulate(Path(tmp))

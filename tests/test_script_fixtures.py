@@ -35,3 +35,17 @@ def test_a_folder_outside_shared_stays_relative_to_the_checkout(tmp_path, fixtur
     fixtures_module.ROOT = tmp_path / "wt" / "review"
     fixtures_module.ROOT.mkdir(parents=True)
     assert fixtures_module.shown(tmp_path / "elsewhere") == "../../elsewhere"
+
+
+def test_check_resnet_refuses_a_given_folder_without_the_recording(tmp_path, monkeypatch):
+    # a wrong --fixtures must not fall back to the shared folder and overwrite the report
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the script imports its fixtures.py
+    path = SCRIPT.parent / "check_resnet.py"
+    spec = importlib.util.spec_from_file_location("check_resnet_under_test", path)
+    check_resnet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_resnet)
+    with pytest.raises(SystemExit, match="no real/timm-resnet50-amp.json there"):
+        check_resnet.h200_folder(tmp_path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "timm-resnet50-amp.json").write_text("{}")
+    assert check_resnet.h200_folder(tmp_path) == tmp_path
