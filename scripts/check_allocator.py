@@ -60,6 +60,12 @@ def round_trip(snapshot: Snapshot) -> dict:
     }
 
 
+def replayed(report, path: Path) -> dict:
+    """``report.to_dict()`` with the snapshot named as the report names folders (``shown``),
+    not as the command line gave it."""
+    return {**report.to_dict(), "source": f"{shown(path.parent)}/{path.name}"}
+
+
 def check(path: Path) -> dict:
     started = time.perf_counter()
     snapshot = load_snapshot(path)
@@ -79,7 +85,7 @@ def check(path: Path) -> dict:
         started = time.perf_counter()
         report = replay_snapshot(snapshot)
         out["replay_seconds"] = round(time.perf_counter() - started, 3)
-        out["replay"] = report.to_dict()
+        out["replay"] = replayed(report, path)
     else:
         out["round_trip"] = round_trip(snapshot)
     return out
@@ -90,7 +96,7 @@ def controls(path: Path) -> list[dict]:
     rows = []
     for conf in CONTROLS:
         report = replay_snapshot(snapshot, settings=parse_alloc_conf(conf))
-        rows.append({"file": path.name, "settings": conf, "replay": report.to_dict()})
+        rows.append({"file": path.name, "settings": conf, "replay": replayed(report, path)})
     return rows
 
 
@@ -103,7 +109,7 @@ def cut_replays(path: Path) -> list[dict]:
     rows = []
     for cut in sorted(random.Random(0).sample(range(1, len(trace)), CUTS)):
         report = replay_snapshot(dataclasses.replace(snapshot, device_traces=(trace[cut:],)))
-        rows.append({"file": path.name, "cut": cut, "replay": report.to_dict()})
+        rows.append({"file": path.name, "cut": cut, "replay": replayed(report, path)})
     return rows
 
 

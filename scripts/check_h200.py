@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fixtures import shown  # noqa: E402
+
 from gpu_mem_track.allocator.replay import replay  # noqa: E402
 from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshotfile.records import Frame, TraceEntry  # noqa: E402
@@ -66,11 +68,6 @@ def h200_folder(given: Path | None) -> Path:
         if folder and (folder / CLIENT).is_dir():
             return folder
     raise SystemExit(f"no H200 fixture folder with {CLIENT} found: give one with --fixtures")
-
-
-def shown(path: Path) -> str:
-    """``path`` relative to the checkout, so the report holds no machine's path."""
-    return os.path.relpath(path.resolve(), ROOT)
 
 
 def prepare_client(fixtures: Path, work: Path) -> Path:
@@ -269,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "reports/h200_check.md")
     parser.add_argument("--only", choices=CONFIGS, action="append", help="check only this configuration")
     args = parser.parse_args(argv)
-    fixtures = h200_folder(args.fixtures)
+    try:
+        fixtures = h200_folder(args.fixtures)
+    except SystemExit as error:  # a folder given or found without the recording: exit 2
+        parser.error(str(error))
     results = []
     with tempfile.TemporaryDirectory(prefix="check_h200_") as work:
         client = prepare_client(fixtures, Path(work))

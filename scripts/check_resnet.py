@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fixtures import shown
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts/resnet50_train.py"
 RECORDING = "timm-resnet50-amp"
@@ -48,12 +50,14 @@ VARIANTS = ((1.0, 1.4), (1.15, 1.4), (1.07, 1.2), (1.07, 2.0))
 
 def h200_folder(given: Path | None) -> Path:
     """The H200 fixture folder (see the module doc); ``SystemExit`` when none is found."""
-    candidates = [given] if given else []
-    candidates += [ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"]
-    for folder in candidates:
-        if folder and (folder / "real" / f"{RECORDING}.json").is_file():
+    if given is not None:
+        if not (given / "real" / f"{RECORDING}.json").is_file():
+            raise SystemExit(f"--fixtures {given}: no real/{RECORDING}.json there")
+        return given
+    for folder in (ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"):
+        if (folder / "real" / f"{RECORDING}.json").is_file():
             return folder
-    raise SystemExit("no H200 fixture folder with real/timm-resnet50-amp.json found: give --fixtures")
+    raise SystemExit(f"no H200 fixture folder with real/{RECORDING}.json found: give --fixtures")
 
 
 def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs") -> dict:
@@ -115,7 +119,7 @@ def report(
         "",
         f"Written by `python scripts/check_resnet.py{' --sensitivity' if variants else ''}`. "
         f"Recording: `{RECORDING}` "
-        f"(`{os.path.relpath(fixtures, ROOT)}/real/{RECORDING}.json`; torch {recorded.get('torch')}, "
+        f"(`{shown(fixtures)}/real/{RECORDING}.json`; torch {recorded.get('torch')}, "
         "timm `benchmark.py --model resnet50 --bench train --amp -b 128`). Simulation: "
         "`python -m gpu_mem_track run --simulate h200 --run-to-end scripts/resnet50_train.py` "
         f"(torch {torch_version()}, "
@@ -130,9 +134,10 @@ def report(
         "",
         f"Time: {with_model['seconds']:.1f} s for the simulated run of 8 iterations with its snapshot "
         f"recorded ({without['seconds']:.1f} s without cuDNN's model and without a snapshot), wall clock "
-        "on the development machine (2 cores shared with other jobs), `--run-to-end`: without it the "
-        "steady-state stop ends the script in its model's construction loop (`ResNet50.__init__`, "
-        "no memory yet, so 'steady'), before any step.",
+        "on the development machine (2 cores shared with other jobs), `--run-to-end`, so every step "
+        "runs as on the GPU. Without it the steady-state stop first takes the stage loop of "
+        "`ResNet50.__init__` (no GPU memory yet, so 'steady') and leaves it at its header once its "
+        "4 passes are done, then leaves the training loop once steady.",
         "",
         f"Result: {'both within 2%' if ok else 'a target missed'}.",
         "",
@@ -218,7 +223,10 @@ def main() -> int:
         "--sensitivity", action="store_true", help="also run with other size factors (4 more runs)"
     )
     args = parser.parse_args()
-    fixtures = h200_folder(args.fixtures)
+    try:
+        fixtures = h200_folder(args.fixtures)
+    except SystemExit as error:  # a folder given or found without the recording: exit 2
+        parser.error(str(error))
     recorded = json.loads((fixtures / "real" / f"{RECORDING}.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         with_model = simulate(Path(tmp))

@@ -34,9 +34,16 @@ def fixtures_folder(given: Path | None = None) -> Path:
 
 
 def shown(folder: Path) -> str:
-    """``folder`` as a report names it: relative to the checkout when it can be, so the
-    committed report holds no path of the machine that wrote it."""
-    return os.path.relpath(folder.resolve(), ROOT)
+    """``folder`` as a report names it, so the committed report holds no path of the
+    machine that wrote it: a path in the ``shared`` folder found beside the checkout (or
+    one level further up, from a worktree) as ``../shared/...``, as a main checkout sees
+    it, whichever of the two wrote the report; any other path relative to the checkout."""
+    resolved = folder.resolve()
+    for base in (ROOT.parent, ROOT.parent.parent):
+        shared = (base / "shared").resolve()
+        if shared.is_dir() and (resolved == shared or shared in resolved.parents):
+            return (Path("..") / "shared" / resolved.relative_to(shared)).as_posix()
+    return os.path.relpath(resolved, ROOT)
 
 
 def described(folder: Path) -> str:

@@ -83,6 +83,8 @@ def test_a_memory_fraction_counts_reserved_bytes_only_and_says_what_is_allowed()
     assert f"this process has {format_size(fits + 684 * MiB)} memory in use. " in message
     assert f"in use. {format_size(allowed)} allowed; Of the allocated memory {format_size(fits)}" in message
     assert gpu.out_of_memory.request == 10 * MiB
+    # the report's "of <capacity>" is the limit that refused it, not the GPU's capacity
+    assert gpu.out_of_memory.capacity == allowed < gpu.spec.capacity
 
 
 def _save_probe(folder, name: str, gpu_name: str, context_mib: int, cublas_mib: int) -> None:

@@ -157,8 +157,15 @@ def test_simulated_extras_answer_as_a_gpu_would():
         assert torch.cuda.get_per_process_memory_fraction() == pytest.approx(0.5)
         pointer = torch.cuda.caching_allocator_alloc(3 << 20)
         assert torch.cuda.memory_allocated() == 3 << 20 and torch.cuda.memory_reserved() == 20 << 20
-        assert torch.cuda.device_memory_used() == gpu.allocator.reserved + gpu.spec.context_bytes
-        assert torch.cuda.list_gpu_processes().startswith("GPU:0\nprocess")
+        # the process holds the allocator's segments and the memory outside it (CUDA context,
+        # cuBLAS/cuDNN handles), as mem_get_info's free figure counts them
+        used = gpu.allocator.reserved + gpu.spec.context_bytes + gpu.spec.library_bytes
+        assert gpu.spec.library_bytes > 0
+        assert torch.cuda.device_memory_used() == used
+        assert torch.cuda.mem_get_info() == (gpu.spec.total_memory - used, gpu.spec.total_memory)
+        assert torch.cuda.list_gpu_processes() == (
+            f"GPU:0\nprocess {os.getpid():>10d} uses {used / (1024 * 1024):12.3f} MB GPU memory"
+        )
         torch.cuda.caching_allocator_delete(pointer)
         assert torch.cuda.memory_allocated() == 0
         assert torch.backends.cuda.cublas_workspace_size() == gpu.spec.cublas_workspace
@@ -173,6 +180,21 @@ def test_legacy_cuda_tensor_types_make_simulated_tensors():
         assert data.tolist() == [1, 2, 3] and data.dtype == torch.int64
         assert isinstance(sized, torch.cuda.FloatTensor) and not isinstance(sized, torch.cuda.HalfTensor)
         assert gpu.allocator.allocated == 2 * 512
+
+
+def test_tensor_type_answers_and_converts_as_on_a_gpu():
+    # older scripts: `dtype = torch.cuda.FloatTensor; x.type(dtype)`, `x.type() == "torch.cuda..."`
+    with simulated_gpu("a100-40gb") as gpu:
+        on_gpu = torch.ones(3, device="cuda")
+        assert on_gpu.type() == "torch.cuda.FloatTensor" and torch.ones(3).type() == "torch.FloatTensor"
+        assert on_gpu.type(torch.cuda.FloatTensor) is on_gpu  # already that type: itself
+        half = torch.ones(4).type(torch.cuda.HalfTensor)
+        named = torch.ones(4).type("torch.cuda.DoubleTensor")
+        assert (half.device.type, half.dtype, half.type()) == ("cuda", torch.float16, "torch.cuda.HalfTensor")
+        assert (named.device.type, named.dtype) == ("cuda", torch.float64)
+        assert gpu.allocator.allocated == 3 * 512  # each a block of the simulated GPU
+        back = on_gpu.type("torch.DoubleTensor")
+        assert back.device.type == "cpu" and back.tolist() == [1.0, 1.0, 1.0]
 
 
 def guard_real_cuda(monkeypatch) -> list[str]:

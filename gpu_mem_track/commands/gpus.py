@@ -30,7 +30,8 @@ COMMAND = Command(
     help="list the GPUs run --simulate knows by name",
     description="List the named GPUs of run --simulate GPU (names are case-insensitive) with the total "
     "memory torch reports, compute capability, the cuBLAS workspace PyTorch allocates per handle and "
-    "stream, the CUDA context assumed and the capacity left to the caching allocator, and where each "
+    "stream, the non-PyTorch memory (the CUDA context, and the cuBLAS/cuDNN handles where measured) and "
+    "the capacity left to the caching allocator, and where each "
     "memory figure comes from. Any other GPU: --simulate SIZE:smXY (e.g. 24GiB:sm86).",
     prepare_parser=prepare_parser,
     run=run,

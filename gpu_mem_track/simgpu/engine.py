@@ -230,9 +230,8 @@ class GpuMemory:
         request = allocation_size(exc.size)
         message = oom_message(request, exc.allocated, exc.reserved, self.spec, self.allowed)
         filename, line = user_line()
-        record = OutOfMemory(
-            filename, line, request, exc.allocated, exc.reserved, self.spec.capacity, message
-        )
+        limit = self.allocator.device.capacity  # the capacity, or less under a memory fraction
+        record = OutOfMemory(filename, line, request, exc.allocated, exc.reserved, limit, message)
         if self.on_oom is not None:
             self.on_oom(record)
         return torch.OutOfMemoryError(message)

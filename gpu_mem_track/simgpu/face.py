@@ -41,6 +41,7 @@ from ..gpumodel.attention import cuda_attention
 from ..gpumodel.autocast import CudaAutocast
 from ..gpumodel.dropout import DROPOUTS, cuda_dropout
 from ..gpumodel.einsum import as_linear
+from .legacy import cuda_type_dtype, cuda_type_name
 from .virtual import FACTORIES, VirtualCpu, default_device
 
 __all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
@@ -107,6 +108,7 @@ class CudaFace(TorchFunctionMode):
             ),
             torch.Tensor.is_pinned: lambda f, a, k: False if _meta(a[0]) else f(*a, **k),
             torch.Tensor.record_stream: lambda f, a, k: None,
+            torch.Tensor.type: self._type,
             F.scaled_dot_product_attention: self._attention,
             torch.einsum: self._einsum,
             **{check: self._finite for check in FINITE_CHECKS},
@@ -180,6 +182,20 @@ class CudaFace(TorchFunctionMode):
             )
             return _fresh(source, dtype)
         return func(source, *moved, **kwargs)
+
+    def _type(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``Tensor.type`` as on a GPU: the ``torch.cuda`` type name of a simulated tensor,
+        and a legacy CUDA type (``torch.cuda.HalfTensor``) as a move to the GPU."""
+        given = args[1] if len(args) > 1 else kwargs.get("dtype")
+        dtype = cuda_type_dtype(given)
+        if dtype is not None:
+            non_blocking = bool(args[2]) if len(args) > 2 else kwargs.get("non_blocking", False)
+            move = {"device": "cuda", "dtype": dtype, "non_blocking": non_blocking}
+            return self._to(torch.Tensor.to, args[:1], move)
+        out = func(*args, **kwargs)
+        if given is None and _meta(args[0]) and self._on_gpu(args[0]):
+            return cuda_type_name(out)
+        return out
 
     def _cuda(self, func: Any, args: tuple, kwargs: dict) -> Any:
         source = args[0]

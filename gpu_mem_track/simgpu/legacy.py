@@ -9,7 +9,10 @@ real GPU (or fail without one); on the CPU build they do not exist. Inside a sim
 dtype (``torch.empty`` for sizes or none, ``torch.tensor`` for data), ``isinstance``
 holds for a simulated tensor of that dtype, and ``.dtype``/``.is_cuda`` answer as
 torch's types do. The ``...Storage`` types make the tensor's storage (a 1-d tensor of
-that many elements). ``Tensor.type(torch.cuda.HalfTensor)`` is not rewritten.
+that many elements). ``Tensor.type`` answers as on a GPU (:func:`cuda_type_name`,
+:func:`cuda_type_dtype`, used by ``face``): ``t.type()`` of a simulated tensor is
+``"torch.cuda.FloatTensor"``, and ``t.type(torch.cuda.HalfTensor)`` (or
+``t.type("torch.cuda.HalfTensor")``) moves ``t`` to the simulated GPU in that dtype.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["legacy_types"]
+__all__ = ["cuda_type_dtype", "cuda_type_name", "legacy_types"]
 
 _DTYPES = {
     "BFloat16": torch.bfloat16,
@@ -82,3 +85,21 @@ def legacy_types() -> dict[str, type]:
     for kind, dtype in {**_DTYPES, **_STORAGE_ONLY}.items():
         out[f"{kind}Storage"] = _legacy(f"{kind}Storage", dtype, storage=True)
     return out
+
+
+def cuda_type_dtype(given: Any) -> torch.dtype | None:
+    """The dtype of a legacy CUDA tensor type given to ``Tensor.type``: a stand-in such as
+    ``torch.cuda.HalfTensor`` or its name ``"torch.cuda.HalfTensor"``; None for anything
+    else (a dtype, a CPU type), which torch's own ``Tensor.type`` handles."""
+    if isinstance(given, _LegacyType) and given.__name__.endswith("Tensor"):
+        return given.dtype
+    if isinstance(given, str) and given.startswith("torch.cuda.") and given.endswith("Tensor"):
+        return _DTYPES.get(given[len("torch.cuda.") : -len("Tensor")])
+    return None
+
+
+def cuda_type_name(meta_name: str) -> str:
+    """``Tensor.type()``'s answer for a tensor on the simulated GPU, from the meta
+    tensor's (``"torch.meta.FloatTensor"`` -> ``"torch.cuda.FloatTensor"``)."""
+    prefix = "torch.meta."
+    return "torch.cuda." + meta_name[len(prefix) :] if meta_name.startswith(prefix) else meta_name

@@ -276,7 +276,7 @@ def _simulated(gpu: RunningGpu, patches: Patches, settings: _Settings) -> None:
         memory.give_back(mem_ptr)
 
     def used(device: Any = None) -> int:
-        return memory.reserved + spec.context_bytes
+        return memory.reserved + spec.non_pytorch_bytes  # as mem_get_info and the OOM message count
 
     def processes(device: Any = None) -> str:
         return f"GPU:0\nprocess {os.getpid():>10d} uses {used() / (1024 * 1024):12.3f} MB GPU memory"
