@@ -140,7 +140,7 @@ def _execute(
         rank=None if rank is None else rank.rank,
     )
     session.profiler = profiler
-    watch = _watch(options, profiler)
+    watch = _watch(options, profiler, sampler)
     engine = best_engine(watch or profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
     _start_files(prepared, info, timeline, session, sampler)
@@ -171,11 +171,21 @@ def _execute(
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
 
 
-def _watch(options: RunOptions, profiler: LineProfiler) -> LoopWatch | None:
+def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWatch | None:
     """The stop rule between the engine and the profiler (None when nothing stops the run
-    early; see ``steady``)."""
+    early; see ``steady``). On the CUDA allocator, real or simulated, an iteration counts
+    only when it worked on the GPU (``LoopWatch``'s ``activity``: a fresh reading of the
+    bytes allocated and the allocator's event count)."""
     rule = stop_rule(options)
-    return LoopWatch(profiler, rule, profiler.high_marks) if rule is not None else None
+    if rule is None:
+        return None
+    activity = None
+    if sampler.source == "cuda allocator":
+
+        def activity() -> tuple[int, int]:
+            return sampler.sample()[0], sampler.events
+
+    return LoopWatch(profiler, rule, profiler.high_marks, activity=activity)
 
 
 def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -> RunInfo:

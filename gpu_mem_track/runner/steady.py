@@ -22,7 +22,9 @@ the optimizer-step loop around it, a batch loop stays the iteration inside its e
 loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
 timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
 its body, or in functions it calls) are part of it. Loops in a ``forward`` method (a
-model's loop over its layers), and in the functions it calls, are never the iteration.
+model's loop over its layers) or in an ``__init__`` (a model's constructor building its
+layers, a dataset's preparing its items), and in the functions they call, are never the
+iteration.
 While the anchor may be an inner loop (a loop of its function encloses it, or the frames
 that called it are inside a loop's body) it is not stopped for being steady before its
 ``inner_limit``-th pass: the loop around it may still do what matters once per pass,
@@ -32,9 +34,17 @@ such as the optimizer step.
 of allocated memory, the peak of reserved memory, how many source lines have run and the
 sum of every line's peak (see ``profiler.LineProfiler.high_marks``). Each only grows, so
 two equal readings mean no line reached a new peak, no new line ran and neither peak
-moved. After ``warmup`` iterations (2; the first builds the optimizer's state), memory
-is steady when the reading stays the same for ``steady`` consecutive iterations (2).
-A leak of even one byte per iteration raises a peak and keeps the run going.
+moved. Where the run's allocator counts its allocations and frees (``activity``: the
+CUDA sampler, real or simulated), an iteration counts only when it **worked on the GPU**
+(the count moved since the previous pass of the header, or since the loop was entered),
+and the reading also holds the memory allocated at the header, which must repeat: a
+loop whose iterations allocate nothing on the GPU (a model built on the CPU before
+``.to("cuda")``, data prepared on the CPU, a configuration sweep) is never steady and
+runs whole, as is a loop whose memory at the header grows (layers built on the GPU, a
+list of losses kept as tensors). After ``warmup`` such iterations (2; the first builds
+the optimizer's state), memory is steady when the reading stays the same for
+``steady`` consecutive ones (2). A leak of even one byte per iteration raises a peak and
+keeps the run going.
 
 **Leaving the loop.** At the loop's header, at the start of the next iteration, the
 watch moves the frame to the line a ``break`` would go on at (``loops.Loop.exit``, set
@@ -55,8 +65,9 @@ generator).
 ends the script there instead, as ``--end-script`` does, and the report says why.
 
 **Budgets.** ``max_iterations`` (iterations of the anchor, counted from when it became
-the anchor) leaves the loop as steady memory does; ``max_seconds`` (wall time since the
-script started, checked at every line event) ends the script wherever it is.
+the anchor; only those that worked on the GPU, where ``activity`` tells) leaves the loop
+as steady memory does; ``max_seconds`` (wall time since the script started, checked at
+every line event) ends the script wherever it is.
 
 **Limits.** A branch taken only every N iterations (an evaluation every 500 steps) is
 seen only if it ran before the stop; a script that catches ``BaseException`` (or uses a
@@ -81,8 +92,9 @@ from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, u
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
-#: Names of functions whose loops are never the iteration (a model's loop over layers).
-_STEP_FUNCTIONS = frozenset({"forward"})
+#: Functions whose loops, and their callees' loops, are never the iteration: a model's
+#: loop over its layers, a constructor building layers or preparing data.
+_NEVER_LEFT = frozenset({"forward", "__init__", "__post_init__"})
 
 
 @dataclass(frozen=True)
@@ -125,10 +137,11 @@ def loop_spans(filename: str) -> dict[int, int]:
 
 class _Frame:
     """A traced frame on the watch's stack: its code, the last line it ran, its loops
-    (``{header: last line}`` and the ``loops.Loop`` records) and, per loop header, the
-    iterations completed since execution last entered that loop."""
+    (``{header: last line}`` and the ``loops.Loop`` records), per loop header the
+    iterations completed since execution last entered that loop, and the allocator's
+    event count when it was entered (``entered``; kept only with an ``activity``)."""
 
-    __slots__ = ("code", "last", "loops", "table", "passes")
+    __slots__ = ("code", "last", "loops", "table", "passes", "entered")
 
     def __init__(self, code: CodeType, table: dict[int, Loop], loops: dict[int, int]) -> None:
         self.code = code
@@ -136,6 +149,7 @@ class _Frame:
         self.table = table
         self.loops = loops
         self.passes: dict[int, int] = {}
+        self.entered: dict[int, int] = {}
 
     def in_loop_body(self) -> bool:
         """Whether the line it is running lies inside a loop's body."""
@@ -155,14 +169,29 @@ class _Frame:
 
 class _Anchor:
     """The watched loop, ``(code, header)``: the frame and depth it last iterated in, its
-    iterations, its passes since an enclosing loop last iterated, and the steady count."""
+    iterations (``worked``: those that worked on the GPU), its passes since an enclosing
+    loop last iterated, the allocator's event count at its last header (``events``) and
+    the steady count."""
 
-    __slots__ = ("code", "header", "frame", "depth", "iterations", "passes", "last", "same")
+    __slots__ = (
+        "code",
+        "header",
+        "frame",
+        "depth",
+        "iterations",
+        "worked",
+        "passes",
+        "events",
+        "last",
+        "same",
+    )
 
     def __init__(self, frame: _Frame, header: int, depth: int) -> None:
         self.code, self.header = frame.code, header
         self.frame, self.depth = frame, depth
         self.iterations = 0  # since it became the anchor
+        self.worked = 0
+        self.events: int | None = None
         self.passes = 0  # since an enclosing loop last iterated
         self.last: Hashable = None
         self.same = 0
@@ -175,6 +204,9 @@ class LoopWatch:
 
     ``marks()``: the run's high marks, compared between iterations (equal: nothing new).
     ``clock``: monotonic seconds, read at every line event when ``max_seconds`` is set.
+    ``activity()``: ``(bytes allocated now, allocations plus frees so far)`` of the run's
+    allocator, read at loop headers (None where nothing counts them: every iteration then
+    counts, and the memory at the header is not compared).
     ``stopped`` holds the :class:`StopInfo` of the first stop (with the loops left after
     it), None while the run has not been stopped.
     """
@@ -185,8 +217,10 @@ class LoopWatch:
         rule: StopRule,
         marks: Callable[[], Hashable],
         clock: Callable[[], float] = time.perf_counter,
+        activity: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self._sink = sink
+        self._activity = activity
         self._rule = rule
         self._marks = marks
         self._clock = clock
@@ -236,6 +270,8 @@ class LoopWatch:
         if end is not None:
             back = lineno < frame.last <= end
             frame.passes[lineno] = frame.passes.get(lineno, 0) + 1 if back else 0
+            if not back and self._activity is not None:
+                frame.entered[lineno] = self._activity()[1]  # the loop is entered
             if self._pending and (frame, lineno) in self._pending:
                 self._leave_around(frame, lineno)
                 return
@@ -265,8 +301,8 @@ class LoopWatch:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
         is the watched loop, or decide whether it becomes the watched loop. True when the
         watch left the loop (the line event was forwarded as the jump's target)."""
-        if any(f.code.co_name in _STEP_FUNCTIONS for f in self._stack):
-            return False  # a model's loop, or one of a function its forward calls
+        if any(f.code.co_name in _NEVER_LEFT for f in self._stack):
+            return False  # a model's loop or constructor, or a function they call
         depth = len(self._stack) - 1
         anchor = self._anchor
         if anchor is None:
@@ -314,12 +350,22 @@ class LoopWatch:
         anchor.iterations += 1
         anchor.passes += 1
         file = anchor.code.co_filename
-        if rule.max_iterations is not None and anchor.iterations >= rule.max_iterations:
+        marks: Hashable = None
+        if self._activity is not None:
+            allocated, events = self._activity()
+            before = anchor.events if anchor.events is not None else anchor.frame.entered.get(anchor.header)
+            anchor.events = events
+            if before is None or events == before:
+                anchor.same, anchor.last = 0, None
+                return False  # no work on the GPU in this iteration: not a step
+            marks = allocated
+        anchor.worked += 1
+        if rule.max_iterations is not None and anchor.worked >= rule.max_iterations:
             return self._stop(self._info("max-iterations", file, anchor.header))
         if not rule.until_steady:
             return False
-        marks = self._marks()
-        if anchor.iterations > rule.warmup:
+        marks = (self._marks(), marks)
+        if anchor.worked > rule.warmup:
             anchor.same = anchor.same + 1 if marks == anchor.last else 0
         anchor.last = marks
         if anchor.same >= rule.steady and (anchor.passes >= rule.inner_limit or not self._nested(anchor)):
