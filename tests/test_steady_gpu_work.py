@@ -210,3 +210,46 @@ def test_resnet50_script_gives_the_same_peak_left_or_run_to_end(tmp_path):
     assert end["stopped"] is None
     assert (left["peak"], left["reserved_peak"]) == (end["peak"], end["reserved_peak"])
     assert left_out == end_out  # the script's own max_memory_allocated/reserved prints
+
+
+def test_a_script_that_fails_after_a_left_loop_is_told_why_it_may(tmp_path):
+    script = tmp_path / "last.py"
+    script.write_text(
+        "import torch\n"
+        "w = torch.zeros(64, device='cuda', requires_grad=True)\n"
+        "for step in range(1000):\n"
+        "    (w * 2).sum().backward()\n"
+        "    if step == 999:\n"
+        "        final = step  # set only by the last iteration, which is skipped\n"
+        "print('final', final)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200", "--out-dir", "r", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
+    assert done.returncode == 1 and "NameError: name 'final' is not defined" in done.stderr
+    assert (
+        f"the script failed after the runner left the loop at {script}:3 (4 iteration(s) run)" in done.stderr
+    )
+    assert "--run-to-end runs them all" in done.stderr
+
+
+def test_a_comprehension_is_not_a_loop_the_watch_leaves(tmp_path):
+    source = """
+    def main(gpu):
+        def layer(index):
+            gpu["events"] += 2
+            return index
+
+        gpu["layers"] = [
+            layer(index)
+            for index in range(200)
+        ]
+        gpu["after"] = True
+    """
+    gpu, watch = run_watched(tmp_path, source, StopRule())
+    assert gpu["layers"] == list(range(200)) and gpu["after"] and watch.stopped is None

@@ -150,6 +150,8 @@ def _execute(
         if snapshot is not None:
             snapshot.start()
         code = run_script(prepared, engine, session, pad=watch is not None and watch.leaves_loops)
+        if code == 1 and watch is not None:
+            _failed_after_leaving(watch.stopped)
     finally:
         session.close()
         profiler.finish()
@@ -186,6 +188,20 @@ def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWat
             return sampler.sample()[0], sampler.events
 
     return LoopWatch(profiler, rule, profiler.high_marks, activity=activity)
+
+
+def _failed_after_leaving(stopped: Any) -> None:
+    """The script raised after the stop rule left a loop: say that the skipped
+    iterations may be why (a name only they would have set, a branch only they take)."""
+    if stopped is None or stopped.action != "left-loop":
+        return
+    print(
+        f"gpu_mem_track: the script failed after the runner left the loop at {stopped.loop} "
+        f"({stopped.iterations} iteration(s) run): the code after it may need what the skipped "
+        "iterations would have done; --run-to-end runs them all, --end-script ends the script at "
+        "the loop instead",
+        file=sys.stderr,
+    )
 
 
 def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -> RunInfo:
