@@ -60,8 +60,9 @@ class Bound:
 class OutOfMemory:
     """The simulated GPU ran out at ``filename``:``line``: ``request`` bytes asked for
     (the segment the allocator needed, as torch's message says), with ``allocated`` and
-    ``reserved`` bytes held at that moment, of ``capacity`` (total memory less the CUDA
-    context); ``message`` is the ``torch.OutOfMemoryError`` text raised."""
+    ``reserved`` bytes held at that moment, of ``capacity`` (total memory less the
+    non-PyTorch memory: the CUDA context and the cuBLAS/cuDNN handles); ``message`` is
+    the ``torch.OutOfMemoryError`` text raised."""
 
     filename: str
     line: int
