@@ -83,12 +83,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import CodeType, FrameType
 from typing import Any
 
 from ..runfolder.records import StopInfo
 from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, unsilence
+from .stoprule import Anchor, StopRule, StopRun, WatchedFrame
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -97,104 +98,10 @@ __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 _NEVER_LEFT = frozenset({"forward", "__init__", "__post_init__"})
 
 
-@dataclass(frozen=True)
-class StopRule:
-    """When to stop a loop early; see the module docstring. ``until_steady``: once
-    memory is steady; ``warmup`` and ``steady``: iterations; ``max_iterations``: of the
-    watched loop (None: no limit); ``max_seconds``: wall seconds since the script started
-    (None: no limit); ``inner_limit``: passes of an inner loop per pass of its enclosing
-    loop above which the inner loop is the iteration; ``leave_loop``: leave the loop as a
-    ``break`` would (True) or end the script (False)."""
-
-    until_steady: bool = True
-    warmup: int = 2
-    steady: int = 2
-    max_iterations: int | None = None
-    max_seconds: float | None = None
-    inner_limit: int = 64
-    leave_loop: bool = True
-
-    @property
-    def active(self) -> bool:
-        """Whether the rule can ever stop a run."""
-        return self.until_steady or self.max_iterations is not None or self.max_seconds is not None
-
-
-class StopRun(BaseException):
-    """Raised from the tracer to end the script early (a ``BaseException``, so the script's
-    ``except Exception`` lets it through); ``info`` says where and why."""
-
-    def __init__(self, info: StopInfo) -> None:
-        super().__init__(info.reason)
-        self.info = info
-
-
 def loop_spans(filename: str) -> dict[int, int]:
     """``{header line: last line}`` of every ``for``/``while`` loop (``async for`` too) in
     ``filename``'s source; empty when it cannot be read or parsed."""
     return {header: loop.end for header, loop in loop_table(filename).items()}
-
-
-class _Frame:
-    """A traced frame on the watch's stack: its code, the last line it ran, its loops
-    (``{header: last line}`` and the ``loops.Loop`` records), per loop header the
-    iterations completed since execution last entered that loop, and the allocator's
-    event count when it was entered (``entered``; kept only with an ``activity``)."""
-
-    __slots__ = ("code", "last", "loops", "table", "passes", "entered")
-
-    def __init__(self, code: CodeType, table: dict[int, Loop], loops: dict[int, int]) -> None:
-        self.code = code
-        self.last = 0
-        self.table = table
-        self.loops = loops
-        self.passes: dict[int, int] = {}
-        self.entered: dict[int, int] = {}
-
-    def in_loop_body(self) -> bool:
-        """Whether the line it is running lies inside a loop's body."""
-        last = self.last
-        return any(head < last <= end for head, end in self.loops.items())
-
-    def encloses(self, header: int) -> bool:
-        """Whether another loop of this frame's file contains the loop at ``header``."""
-        end = self.loops[header]
-        return any(h < header and end <= e for h, e in self.loops.items())
-
-    def around(self) -> list[int]:
-        """Headers of the loops whose body holds the line it is running."""
-        last = self.last
-        return [head for head, end in self.loops.items() if head < last <= end]
-
-
-class _Anchor:
-    """The watched loop, ``(code, header)``: the frame and depth it last iterated in, its
-    iterations (``worked``: those that worked on the GPU), its passes since an enclosing
-    loop last iterated, the allocator's event count at its last header (``events``) and
-    the steady count."""
-
-    __slots__ = (
-        "code",
-        "header",
-        "frame",
-        "depth",
-        "iterations",
-        "worked",
-        "passes",
-        "events",
-        "last",
-        "same",
-    )
-
-    def __init__(self, frame: _Frame, header: int, depth: int) -> None:
-        self.code, self.header = frame.code, header
-        self.frame, self.depth = frame, depth
-        self.iterations = 0  # since it became the anchor
-        self.worked = 0
-        self.events: int | None = None
-        self.passes = 0  # since an enclosing loop last iterated
-        self.last: Hashable = None
-        self.same = 0
 
 
 class LoopWatch:
@@ -226,12 +133,12 @@ class LoopWatch:
         self._clock = clock
         self._start = clock()
         self._deadline = None if rule.max_seconds is None else self._start + rule.max_seconds
-        self._stack: list[_Frame] = []
+        self._stack: list[WatchedFrame] = []
         self._tables: dict[str, tuple[dict[int, Loop], dict[int, int]]] = {}
-        self._anchor: _Anchor | None = None
+        self._anchor: Anchor | None = None
         self._first: StopInfo | None = None
         self._left: list[str] = []
-        self._pending: list[tuple[_Frame, int]] = []
+        self._pending: list[tuple[WatchedFrame, int]] = []
         self._filter: Any = None  # the warnings filter of a jump, until the next line event
 
     @property
@@ -254,7 +161,7 @@ class LoopWatch:
         if tables is None:
             table = loop_table(code.co_filename)
             tables = self._tables[code.co_filename] = (table, {h: loop.end for h, loop in table.items()})
-        self._stack.append(_Frame(code, *tables))
+        self._stack.append(WatchedFrame(code, *tables))
         self._sink.enter(code)
 
     def line(self, code: CodeType, lineno: int) -> None:
@@ -297,7 +204,7 @@ class LoopWatch:
 
     # -- the rule -----------------------------------------------------------------------------
 
-    def _iterated(self, frame: _Frame, header: int) -> bool:
+    def _iterated(self, frame: WatchedFrame, header: int) -> bool:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
         is the watched loop, or decide whether it becomes the watched loop. True when the
         watch left the loop (the line event was forwarded as the jump's target)."""
@@ -306,21 +213,21 @@ class LoopWatch:
         depth = len(self._stack) - 1
         anchor = self._anchor
         if anchor is None:
-            anchor = self._anchor = _Anchor(frame, header, depth)
+            anchor = self._anchor = Anchor(frame, header, depth)
         elif anchor.code is frame.code and anchor.header == header:
             anchor.frame, anchor.depth = frame, depth
         elif self._encloses(frame, header, depth, anchor):
             if anchor.passes >= self._rule.inner_limit:
                 anchor.passes = 0  # batches inside an epoch: the inner loop stays
                 return False
-            anchor = self._anchor = _Anchor(frame, header, depth)
+            anchor = self._anchor = Anchor(frame, header, depth)
         elif self._inside(frame, header, depth, anchor):
             return False  # part of the watched loop's iteration
         else:  # a loop after the watched one, at its depth or deeper
-            anchor = self._anchor = _Anchor(frame, header, depth)
+            anchor = self._anchor = Anchor(frame, header, depth)
         return self._count(anchor)
 
-    def _encloses(self, frame: _Frame, header: int, depth: int, anchor: _Anchor) -> bool:
+    def _encloses(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
         """Whether the loop at ``header`` (top frame, ``depth``) is outside the watched one:
         in a shallower frame, or around it in the same function."""
         if depth < anchor.depth:
@@ -329,7 +236,7 @@ class LoopWatch:
             return False
         return header < anchor.header and frame.loops[anchor.header] <= frame.loops[header]
 
-    def _inside(self, frame: _Frame, header: int, depth: int, anchor: _Anchor) -> bool:
+    def _inside(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
         """Whether the loop at ``header`` runs within an iteration of the watched one: in
         its body, or in a frame called while the watched loop's frame is running."""
         if anchor.frame is frame:
@@ -337,14 +244,14 @@ class LoopWatch:
         stack = self._stack
         return depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is anchor.frame
 
-    def _nested(self, anchor: _Anchor) -> bool:
+    def _nested(self, anchor: Anchor) -> bool:
         """Whether the watched loop may be an inner loop: a loop of its function encloses
         it, or the frames that called it are inside a loop's body."""
         if anchor.frame.encloses(anchor.header):
             return True
         return any(f.in_loop_body() for f in self._stack[: anchor.depth])
 
-    def _count(self, anchor: _Anchor) -> bool:
+    def _count(self, anchor: Anchor) -> bool:
         """Count an iteration of the watched loop; True when it was left."""
         rule = self._rule
         anchor.iterations += 1
@@ -422,7 +329,7 @@ class LoopWatch:
         self._pending += [p for p in pending if p not in self._pending]
         return True
 
-    def _leave_around(self, frame: _Frame, header: int) -> None:
+    def _leave_around(self, frame: WatchedFrame, header: int) -> None:
         """Execution reached the header of a loop around a loop that was left: leave it."""
         self._pending.remove((frame, header))
         loop = frame.table[header]
@@ -434,7 +341,7 @@ class LoopWatch:
         self._left += [where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)]
         self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
 
-    def _jump(self, frame: _Frame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
+    def _jump(self, frame: WatchedFrame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
         """Move the running frame to ``loop.exit`` and tell the profiler that line started
         (the jump's target gets no line event of its own)."""
         where = f"{frame.code.co_filename}:{loop.header}"
