@@ -253,3 +253,94 @@ def test_a_comprehension_is_not_a_loop_the_watch_leaves(tmp_path):
     """
     gpu, watch = run_watched(tmp_path, source, StopRule())
     assert gpu["layers"] == list(range(200)) and gpu["after"] and watch.stopped is None
+
+
+EVALUATING = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).to("cuda")
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(16, 64, device="cuda")
+
+
+@torch.no_grad()
+def estimate_loss():  # nanoGPT's, with its default eval_iters
+    out = {}
+    for split in ("train", "val"):
+        losses = torch.zeros(200)
+        for k in range(200):  # line 14: the evaluation loop
+            losses[k] = model(x).pow(2).mean().item()
+        out[split] = losses.mean()
+    return out
+
+
+iter_num = 0
+while True:  # line 21: the training loop
+    if iter_num % 50 == 0:
+        print(iter_num, sorted(estimate_loss()))
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    iter_num += 1
+    if iter_num > 100:
+        break
+print("trained", iter_num)
+"""
+
+
+def test_an_evaluation_loop_is_left_alone_and_the_training_goes_on(tmp_path):
+    # nanoGPT's estimate_loss() at step 0: its batch loop (under no_grad) is left once
+    # steady; its split loop and the training loop around the call go on
+    script = tmp_path / "evaluating.py"
+    script.write_text(EVALUATING.lstrip())
+    left_out, left = simulate(tmp_path, script)
+    end_out, end = simulate(tmp_path, script, flags=("--run-to-end",))
+    lines = left_out.splitlines()
+    assert lines[0] == "0 ['train', 'val']" and lines[-1].startswith("trained ")
+    assert 4 <= int(lines[-1].split()[1]) < 50  # the training loop was left once steady, later
+    stop = left["stopped"]
+    assert stop["loop"].endswith("evaluating.py:14") and stop["iterations"] == 64
+    assert [where.rsplit(":", 1)[1] for where in stop["left"]] == ["21"]
+    assert end_out.splitlines()[-1] == "trained 101"
+    assert (left["peak"], left["reserved_peak"]) == (end["peak"], end["reserved_peak"])
+
+
+def test_without_autograd_a_left_loop_leaves_no_loop_around_it(tmp_path):
+    source = """
+    def evaluate(gpu):
+        gpu["grad"] = False
+        for batch in range(200):
+            gpu["events"] += 2
+            gpu["evaluated"] += 1
+        gpu["grad"] = True
+
+    def main(gpu):
+        gpu["evaluated"] = 0
+        for epoch in range(3):
+            evaluate(gpu)
+        gpu["after"] = True
+    """
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(source))
+    namespace: dict = {"__name__": "script"}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    gpu = {"allocated": 0, "events": 0, "peak": 0, "grad": True}
+    watch = LoopWatch(
+        Sink(),
+        StopRule(),
+        lambda: gpu["peak"],
+        activity=lambda: (gpu["allocated"], gpu["events"]),
+        grad_enabled=lambda: gpu["grad"],
+    )
+    engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
+    engine.start()
+    try:
+        namespace["main"](gpu)
+    finally:
+        engine.stop()
+    # the first evaluation is left after its 64th pass (an inner loop), the epoch loop
+    # around it is not: every epoch ran (the later evaluations ran whole, as part of the
+    # epoch loop's iterations, which then was the watched loop)
+    assert gpu["evaluated"] == 64 + 2 * 200 and gpu["after"]
+    assert watch.stopped.loop == f"{path}:4" and watch.stopped.left == ()

@@ -177,7 +177,8 @@ def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWat
     """The stop rule between the engine and the profiler (None when nothing stops the run
     early; see ``steady``). On the CUDA allocator, real or simulated, an iteration counts
     only when it worked on the GPU (``LoopWatch``'s ``activity``: a fresh reading of the
-    bytes allocated and the allocator's event count)."""
+    bytes allocated and the allocator's event count); a loop left while autograd records
+    nothing leaves no loop around it (``grad_enabled``)."""
     rule = stop_rule(options)
     if rule is None:
         return None
@@ -187,7 +188,13 @@ def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWat
         def activity() -> tuple[int, int]:
             return sampler.sample()[0], sampler.events
 
-    return LoopWatch(profiler, rule, profiler.high_marks, activity=activity)
+    return LoopWatch(profiler, rule, profiler.high_marks, activity=activity, grad_enabled=_grad_enabled)
+
+
+def _grad_enabled() -> bool:
+    """Whether autograd records now (True before the script imported torch)."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.is_grad_enabled())
 
 
 def _failed_after_leaving(stopped: Any) -> None:

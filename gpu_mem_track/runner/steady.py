@@ -54,7 +54,11 @@ loops around it are left too, so that a ``while True:`` whose only way out is a
 ``break`` on a counter ends: a loop of the same function that encloses it, and a loop
 whose body a calling frame is running (an epoch loop around a ``train()`` call), are
 each left when execution next reaches their header, after the rest of their current
-iteration (an evaluation, a checkpoint) ran once. The watch then watches again, so a
+iteration (an evaluation, a checkpoint) ran once. **An evaluation loop** (one left
+while autograd records nothing: under ``torch.no_grad()`` or ``inference_mode``, as
+``grad_enabled`` reads it) is left alone: the loops around it, a split loop and the
+training loop that called nanoGPT's ``estimate_loss()``, go on; one that only ending the
+script or leaving an outer loop could leave runs on. The watch then watches again, so a
 later long loop (an evaluation loop after training) is left once steady too. How many
 iterations were skipped is counted where ``loops.remaining`` can know it (``range``,
 a sized iterable such as a ``DataLoader``), and said where not (a ``while`` loop, a
@@ -111,6 +115,8 @@ class LoopWatch:
 
     ``marks()``: the run's high marks, compared between iterations (equal: nothing new).
     ``clock``: monotonic seconds, read at every line event when ``max_seconds`` is set.
+    ``grad_enabled()``: whether autograd records at the moment (``torch.is_grad_enabled``;
+    None: always); a loop left while it does not is an evaluation, left alone.
     ``activity()``: ``(bytes allocated now, allocations plus frees so far)`` of the run's
     allocator, read at loop headers (None where nothing counts them: every iteration then
     counts, and the memory at the header is not compared).
@@ -125,9 +131,11 @@ class LoopWatch:
         marks: Callable[[], Hashable],
         clock: Callable[[], float] = time.perf_counter,
         activity: Callable[[], tuple[int, int]] | None = None,
+        grad_enabled: Callable[[], bool] | None = None,
     ) -> None:
         self._sink = sink
         self._activity = activity
+        self._grad_enabled = grad_enabled
         self._rule = rule
         self._marks = marks
         self._clock = clock
@@ -308,6 +316,9 @@ class LoopWatch:
             raise StopRun(self._record(info))
         frame = self._stack[-1]
         loop = frame.table.get(info.line)
+        alone = self._grad_enabled is not None and not self._grad_enabled()
+        if alone and (loop is None or loop.exit is None or loop.through):
+            return False  # evaluation that only ending the script or an outer loop would leave
         if loop is None or loop.exit is None:
             where = f"{info.file}:{info.line}"
             self._end(info, _ONE_LINE % where, ended_at=where)
@@ -324,6 +335,8 @@ class LoopWatch:
             self._left.append(f"{info.file}:{loop.header}")
         self._left += [f"{info.file}:{h}" for h in loop.through]
         self._anchor = None  # watch again: a later long loop is left once steady too
+        if alone:
+            return True  # evaluation: the loops around it (training) go on
         pending = [(frame, h) for h in loop.enclosing if h not in loop.through]
         pending += [(f, h) for f in self._stack[:-1] for h in f.around()]
         self._pending += [p for p in pending if p not in self._pending]
