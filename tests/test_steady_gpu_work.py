@@ -1,6 +1,6 @@
 """Which loops the stop rule may leave (runner/steady.py): only a loop whose iterations
-work on the GPU (the allocator's event count moves in each), whose memory at the header
-repeats and whose peaks stopped rising; never a loop in a constructor or a ``forward``.
+work on the GPU (the allocator's event count moves in each), whose highest memory at the
+header stopped rising and whose peaks stopped rising; never a loop in a constructor or a ``forward``.
 Model-building, data-preparation and configuration loops run whole, so the script after
 them sees the model and the data it built (the bug: ResNet-50's ``__init__`` loop was
 judged steady under ``run --simulate`` and the model was built with its loop cut short)."""
@@ -99,6 +99,22 @@ def test_memory_growing_at_the_header_is_not_steady(tmp_path):
     """
     gpu, watch = run_watched(tmp_path, source, StopRule())
     assert gpu["built"] == 100 and watch.stopped is None
+
+
+def test_batches_of_varying_sizes_are_steady_once_the_largest_was_seen(tmp_path):
+    # the memory at the header goes up and down with the batch; its high stops rising
+    source = """
+    def main(gpu):
+        gpu["steps"] = 0
+        for step in range(1000):
+            gpu["events"] += 2
+            gpu["allocated"] = 4096 * (1 + step % 3)
+            gpu["steps"] += 1
+        gpu["after"] = True
+    """
+    gpu, watch = run_watched(tmp_path, source, StopRule())
+    assert gpu["after"] and gpu["steps"] == 5  # highs at 1-3 (sizes 1, 2, 3), then 2 unchanged
+    assert watch.stopped.action == "left-loop"
 
 
 def test_a_constructors_loop_is_never_the_iteration(tmp_path):

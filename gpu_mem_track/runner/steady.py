@@ -37,11 +37,12 @@ two equal readings mean no line reached a new peak, no new line ran and neither 
 moved. Where the run's allocator counts its allocations and frees (``activity``: the
 CUDA sampler, real or simulated), an iteration counts only when it **worked on the GPU**
 (the count moved since the previous pass of the header, or since the loop was entered),
-and the reading also holds the memory allocated at the header, which must repeat: a
-loop whose iterations allocate nothing on the GPU (a model built on the CPU before
-``.to("cuda")``, data prepared on the CPU, a configuration sweep) is never steady and
-runs whole, as is a loop whose memory at the header grows (layers built on the GPU, a
-list of losses kept as tensors). After ``warmup`` such iterations (2; the first builds
+and the reading also holds the highest memory allocated at the header, which must stop
+rising: a loop whose iterations allocate nothing on the GPU (a model built on the CPU
+before ``.to("cuda")``, data prepared on the CPU, a configuration sweep) is never steady
+and runs whole, as is a loop whose memory at the header keeps growing (layers built on
+the GPU, a list of losses kept as tensors); batches of varying sizes only delay it until
+the largest has been seen. After ``warmup`` such iterations (2; the first builds
 the optimizer's state), memory is steady when the reading stays the same for
 ``steady`` consecutive ones (2). A leak of even one byte per iteration raises a peak and
 keeps the run going.
@@ -273,7 +274,7 @@ class LoopWatch:
             if before is None or events == before:
                 anchor.same, anchor.last = 0, None
                 return False  # no work on the GPU in this iteration: not a step
-            marks = allocated
+            anchor.high = marks = max(anchor.high, allocated)
         anchor.worked += 1
         if rule.max_iterations is not None and anchor.worked >= rule.max_iterations:
             return self._stop(self._info("max-iterations", file, anchor.header))

@@ -85,8 +85,8 @@ class WatchedFrame:
 class Anchor:
     """The watched loop, ``(code, header)``: the frame and depth it last iterated in, its
     iterations (``worked``: those that worked on the GPU), its passes since an enclosing
-    loop last iterated, the allocator's event count at its last header (``events``) and
-    the steady count."""
+    loop last iterated, the allocator's event count at its last header (``events``), the
+    most memory allocated at its header (``high``) and the steady count."""
 
     __slots__ = (
         "code",
@@ -97,6 +97,7 @@ class Anchor:
         "worked",
         "passes",
         "events",
+        "high",
         "last",
         "same",
     )
@@ -107,6 +108,7 @@ class Anchor:
         self.iterations = 0  # since it became the anchor
         self.worked = 0
         self.events: int | None = None
+        self.high = 0  # the most memory allocated at its header
         self.passes = 0  # since an enclosing loop last iterated
         self.last: Hashable = None
         self.same = 0
