@@ -117,6 +117,27 @@ def test_batches_of_varying_sizes_are_steady_once_the_largest_was_seen(tmp_path)
     assert watch.stopped.action == "left-loop"
 
 
+def test_a_loop_called_after_a_finished_loop_is_watched(tmp_path):
+    # nanoGPT: the loop over the optimizer's param groups (no GPU work) ends, then the
+    # same frame calls a function whose loop works on the GPU: that loop is not part of
+    # the finished loop's iteration, it is the iteration
+    source = """
+    def train(gpu):
+        for step in range(200):
+            gpu["events"] += 2
+            gpu["steps"] += 1
+        gpu["after"] = True
+
+    def main(gpu):
+        gpu["steps"] = 0
+        for group in range(2):
+            gpu["lr"] = group
+        train(gpu)
+    """
+    gpu, watch = run_watched(tmp_path, source, StopRule())
+    assert gpu["steps"] == 4 and gpu["after"] and watch.stopped.loop.endswith("script.py:3")
+
+
 def test_a_constructors_loop_is_never_the_iteration(tmp_path):
     # even when its iterations work on the GPU and repeat (a layer made and freed)
     source = """

@@ -247,11 +247,15 @@ class LoopWatch:
 
     def _inside(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
         """Whether the loop at ``header`` runs within an iteration of the watched one: in
-        its body, or in a frame called while the watched loop's frame is running."""
+        its body or header (a generator it iterates), or in a frame called from there (not
+        from after it: nanoGPT's ``estimate_loss()`` is called after the loop over the
+        optimizer's param groups)."""
         if anchor.frame is frame:
             return anchor.header < header <= frame.loops[anchor.header]
-        stack = self._stack
-        return depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is anchor.frame
+        stack, caller = self._stack, anchor.frame
+        if not (depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is caller):
+            return False
+        return anchor.header <= caller.last <= caller.loops[anchor.header]  # the header: a generator
 
     def _nested(self, anchor: Anchor) -> bool:
         """Whether the watched loop may be an inner loop: a loop of its function encloses
