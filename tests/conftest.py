@@ -14,6 +14,9 @@ import torch
 # into the user's cache): tests/test_native_census.py builds it in a temporary folder and
 # runs the census tests again with it.
 os.environ.setdefault("GPU_MEM_TRACK_NATIVE", "off")
+# The simulated GPU counts the catalog's non-PyTorch memory, not a probe result the
+# machine's user saved (tests/test_simgpu_capacity.py turns it on in a temporary folder).
+os.environ.setdefault("GPU_MEM_TRACK_SAVED_PROBE", "off")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

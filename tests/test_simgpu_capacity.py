@@ -1,7 +1,7 @@
 """Capacity from measurements (simgpu/catalog.py): the H200's and H100's total memory and
-non-PyTorch memory as measured, a saved probe result taking precedence
-(runner/simulate.py, tracker/probe.py), and out of memory where the GPU's would be: the
-reserved bytes plus the non-PyTorch memory past the total, or past
+non-PyTorch memory as measured, a saved probe result taking precedence at every entry
+point of the simulated GPU (catalog.parse_gpu, probecache.py, tracker/probe.py), and
+out of memory where the GPU's would be: the reserved bytes plus the non-PyTorch memory past the total, or past
 ``set_per_process_memory_fraction``, with PyTorch's message
 (c10/cuda/CUDACachingAllocator.cpp: "Including non-PyTorch memory, this process has ...
 memory in use. ... allowed; Of the allocated memory ...")."""
@@ -15,8 +15,8 @@ import torch
 
 from gpu_mem_track.runfolder.records import RunInfo, SimulationInfo
 from gpu_mem_track.runfolder.simtext import simulation_lines
-from gpu_mem_track.runner.simulate import measured_spec
-from gpu_mem_track.simgpu import GPUS, simulated_gpu
+from gpu_mem_track.simgpu import GPUS, parse_gpu, simulated_gpu
+from gpu_mem_track.simgpu.catalog import with_saved_probe
 from gpu_mem_track.simgpu.engine import format_size
 from gpu_mem_track.simgpu.table import gpus_dict, render_gpus
 from gpu_mem_track.tracker.probe import saved_probe
@@ -104,14 +104,71 @@ def test_a_saved_probe_result_takes_precedence_for_its_gpu(tmp_path):
     (tmp_path / "probe-broken.json").write_text("{not json")
     result, path = saved_probe("NVIDIA H200", tmp_path)
     assert result.context == 530 * MiB and path.name == "probe-a.json"
-    h200 = measured_spec(GPUS["h200"], tmp_path)
+    h200 = with_saved_probe(GPUS["h200"], tmp_path)
     assert (h200.context_bytes, h200.library_bytes) == (530 * MiB, 156 * MiB)  # cuBLAS 150 + cuDNN 6
     assert h200.capacity == H200_TOTAL - 686 * MiB
     assert h200.context_source.startswith("measured by gpu-mem-track probe on this machine's NVIDIA H200")
-    a100 = measured_spec(GPUS["a100-40gb"], tmp_path)
+    a100 = with_saved_probe(GPUS["a100-40gb"], tmp_path)
     assert (a100.context_bytes, a100.library_bytes) == (420 * MiB, 66 * MiB)
-    assert measured_spec(GPUS["t4"], tmp_path) == GPUS["t4"]  # no result for it: the catalog's
+    assert with_saved_probe(GPUS["t4"], tmp_path) == GPUS["t4"]  # no result for it: the catalog's
     assert saved_probe("NVIDIA H200", tmp_path / "missing") is None
+
+
+@pytest.fixture
+def saved_h200(tmp_path, monkeypatch):
+    """A probe result for the H200 (context 530 MiB, cuBLAS/cuDNN 156 MiB) saved in a
+    temporary cache folder, with saved results turned on (the suite turns them off)."""
+    _save_probe(tmp_path, "a", "NVIDIA H200", 530, 150)
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path))
+    monkeypatch.setenv("GPU_MEM_TRACK_SAVED_PROBE", "on")
+    return H200_TOTAL - 686 * MiB
+
+
+def test_every_entry_point_of_the_simulated_gpu_counts_the_saved_probe(saved_h200):
+    from gpu_mem_track.estimator.batchsize import _budget
+    from gpu_mem_track.estimator.options import StepOptions
+    from gpu_mem_track.estimator.target import target_spec
+    from gpu_mem_track.notebook.magics import parse_cell_options
+    from gpu_mem_track.runner.options import RunOptions
+    from gpu_mem_track.runner.simulate import check_simulate
+
+    assert parse_gpu("h200").capacity == saved_h200
+    assert parse_gpu("H200").context_source.endswith("probe-a.json)")
+    with simulated_gpu("h200") as gpu:  # the API
+        assert gpu.spec.capacity == saved_h200
+        assert torch.cuda.mem_get_info()[0] == saved_h200
+    assert check_simulate(RunOptions(script="t.py", simulate="h200"), None).capacity == saved_h200
+    assert parse_cell_options("--simulate h200").simulate.capacity == saved_h200  # %%memtrack
+    assert target_spec("h200").capacity == saved_h200  # estimate --gpu
+    budget, source = _budget(None, StepOptions(gpu="h200"), measured=False)  # batch-size --gpu
+    assert budget == saved_h200
+    assert source.startswith(
+        "simulated: H200's capacity: total memory 139.80 GiB less 686.00 MiB of non-PyTorch"
+    )
+    assert "measured by gpu-mem-track probe on this machine's NVIDIA H200 (torch 2.13.0+cu130;" in source
+    # a GpuSpec given is used as is; the custom SIZE:smXY names no GPU a probe ran on
+    assert parse_gpu(GPUS["h200"]) is GPUS["h200"]
+    assert parse_gpu("24GiB:sm90").context_source.startswith("assumed")
+
+
+def test_the_saved_probe_can_be_turned_off(saved_h200, monkeypatch):
+    assert parse_gpu("h200", saved_probe=False) is GPUS["h200"]
+    monkeypatch.setenv("GPU_MEM_TRACK_SAVED_PROBE", "off")
+    assert parse_gpu("h200") is GPUS["h200"]
+    assert parse_gpu("h200", saved_probe=True).capacity == saved_h200
+    with simulated_gpu("h200") as gpu:
+        assert gpu.spec.capacity == H200_TOTAL - 684 * MiB
+
+
+def test_a_step_that_does_not_fit_says_which_capacity(saved_h200):
+    from gpu_mem_track.estimator.target import _does_not_fit
+    from gpu_mem_track.simgpu.records import OutOfMemory
+
+    spec = parse_gpu("h200")
+    record = OutOfMemory("t.py", 3, 2 * MiB, MiB, MiB, spec.capacity, "out of memory")
+    text = str(_does_not_fit(spec, record, True))
+    assert "(H200's capacity: total memory 139.80 GiB less 686.00 MiB of non-PyTorch memory" in text
+    assert "measured by gpu-mem-track probe on this machine's NVIDIA H200" in text
 
 
 def test_the_report_and_the_gpus_table_say_what_is_counted_outside_pytorch():
@@ -154,7 +211,12 @@ def test_run_simulate_counts_the_probe_saved_for_that_gpu(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(root), "GPU_MEM_TRACK_CACHE": str(cache)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(root),
+            "GPU_MEM_TRACK_CACHE": str(cache),
+            "GPU_MEM_TRACK_SAVED_PROBE": "on",  # the suite turns saved results off
+        },
         timeout=600,
     )
     assert done.returncode == 0, done.stderr

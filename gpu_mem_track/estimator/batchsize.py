@@ -36,7 +36,7 @@ from .step import (
     run_user_steps,
     split_named,
 )
-from .target import UNBOUNDED, DoesNotFit, target_spec
+from .target import UNBOUNDED, DoesNotFit, capacity_text, target_spec
 
 __all__ = ["BUDGET_ON", "PeakMeter", "find_max_batch_size", "search_batch_size"]
 
@@ -262,7 +262,8 @@ def find_max_batch_size(
     ``meter(run, device)`` replaces the CUDA allocator reading (it runs ``run()`` and
     returns the peak bytes, None when out of memory), for example to measure on the CPU.
     ``budget`` defaults to the capacity of the GPU ``gpu`` names (a catalog GPU, with
-    estimated peaks; a probe that runs out of it does not fit), else the CUDA device's
+    estimated peaks; its total memory less its non-PyTorch memory, a saved probe result's
+    where there is one; a probe that runs out of it does not fit), else the CUDA device's
     free memory (``torch.cuda.mem_get_info``); without either it must be given. With
     measured peaks the batch above the answer is not run (it would exceed the budget):
     the fitted slope must predict it does not fit.
@@ -369,7 +370,7 @@ def _budget(budget: int | None, options: StepOptions, measured: bool) -> tuple[i
     device = options.device
     spec = target_spec(options.gpu) if options.target == "cuda" and not measured else None
     if spec is not None and spec.total_memory != UNBOUNDED:
-        return spec.capacity, f"{spec.name}'s memory less the CUDA context (simulated)"
+        return spec.capacity, f"simulated: {capacity_text(spec)}"
     if device.is_cuda and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(str(device))
         return int(free), f"free memory of {device} (torch.cuda.mem_get_info)"

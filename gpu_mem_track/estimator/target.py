@@ -13,7 +13,10 @@ device's. Which GPU (:func:`target_spec`): ``gpu=None`` or an architecture name
 (``"hopper"``, see ``GPU_ARCHITECTURES``) is a GPU of that compute capability
 (``None``: 8.0) with unbounded memory (:data:`UNBOUNDED`, no context), so the estimate
 is the step's whole peak; a catalog name (``"a100-40gb"``) or ``SIZE:smXY`` is that GPU,
-whose capacity the step may run out of (``torch.OutOfMemoryError``, as on the GPU).
+whose capacity the step may run out of (``torch.OutOfMemoryError``, as on the GPU): its
+total memory less its non-PyTorch memory (the CUDA context and the cuBLAS/cuDNN
+handles; a saved probe result for that GPU takes precedence over the catalog's figure,
+see ``simgpu.catalog``).
 
 On the CPU target storages count their exact bytes (no allocator, no autocast) on the
 plain meta device (or real CPU tensors when validating).
@@ -38,7 +41,7 @@ from ..simgpu.catalog import GPUS, GpuSpec, parse_gpu, workspace_default
 from ..units import format_bytes
 from .options import StepOptions
 
-__all__ = ["UNBOUNDED", "DoesNotFit", "Target", "open_target", "target_spec"]
+__all__ = ["UNBOUNDED", "DoesNotFit", "Target", "capacity_text", "open_target", "target_spec"]
 
 #: Memory (bytes) of the GPU an estimate runs on when no catalog GPU is named: 1 PiB, so
 #: nothing runs out and the peak is the step's own.
@@ -84,6 +87,16 @@ def workspace_size(spec: GpuSpec, cublas_workspace: int | str | None) -> int:
     return workspace_bytes(None, config) if config else spec.cublas_workspace
 
 
+def capacity_text(spec: GpuSpec) -> str:
+    """What the capacity of ``spec`` is, with the figures and where the non-PyTorch one
+    comes from (the catalog's, or a saved probe result: ``catalog.parse_gpu``)."""
+    return (
+        f"{spec.name}'s capacity: total memory {format_bytes(spec.total_memory)} less "
+        f"{format_bytes(spec.non_pytorch_bytes)} of non-PyTorch memory, the CUDA context and "
+        f"cuBLAS/cuDNN handles; {spec.context_source or 'not measured'}"
+    )
+
+
 class DoesNotFit(UsageError):
     """The step ran out of the named GPU's memory (``torch.OutOfMemoryError`` on the
     simulated GPU); ``record`` is the simulated GPU's
@@ -100,7 +113,7 @@ def _does_not_fit(spec: GpuSpec, record: Any, user_code: bool) -> DoesNotFit:
         f"the step does not fit on {spec.name}: it would run out of memory{where} asking "
         f"{format_bytes(record.request)} with {format_bytes(record.allocated)} allocated and "
         f"{format_bytes(record.reserved)} reserved of {format_bytes(record.capacity)} "
-        "(the GPU's memory less the CUDA context)",
+        f"({capacity_text(spec)})",
         record,
     )
 

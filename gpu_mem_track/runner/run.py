@@ -140,7 +140,7 @@ def _execute(
         rank=None if rank is None else rank.rank,
     )
     session.profiler = profiler
-    watch = _watch(options, profiler)
+    watch = _watch(options, profiler, sampler)
     engine = best_engine(watch or profiler, _wants(prepared), options.engine)
     info = _info(prepared, sampler.source, engine.name)
     _start_files(prepared, info, timeline, session, sampler)
@@ -150,6 +150,8 @@ def _execute(
         if snapshot is not None:
             snapshot.start()
         code = run_script(prepared, engine, session, pad=watch is not None and watch.leaves_loops)
+        if code == 1 and watch is not None:
+            _failed_after_leaving(watch.stopped)
     finally:
         session.close()
         profiler.finish()
@@ -171,11 +173,42 @@ def _execute(
     return RunResult(code, folder.path, info, tuple(records), tuple(session.censuses), merge)
 
 
-def _watch(options: RunOptions, profiler: LineProfiler) -> LoopWatch | None:
+def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWatch | None:
     """The stop rule between the engine and the profiler (None when nothing stops the run
-    early; see ``steady``)."""
+    early; see ``steady``). On the CUDA allocator, real or simulated, an iteration counts
+    only when it worked on the GPU (``LoopWatch``'s ``activity``: a fresh reading of the
+    bytes allocated and the allocator's event count); a loop left while autograd records
+    nothing leaves no loop around it (``grad_enabled``)."""
     rule = stop_rule(options)
-    return LoopWatch(profiler, rule, profiler.high_marks) if rule is not None else None
+    if rule is None:
+        return None
+    activity = None
+    if sampler.source == "cuda allocator":
+
+        def activity() -> tuple[int, int]:
+            return sampler.sample()[0], sampler.events
+
+    return LoopWatch(profiler, rule, profiler.high_marks, activity=activity, grad_enabled=_grad_enabled)
+
+
+def _grad_enabled() -> bool:
+    """Whether autograd records now (True before the script imported torch)."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.is_grad_enabled())
+
+
+def _failed_after_leaving(stopped: Any) -> None:
+    """The script raised after the stop rule left a loop: say that the skipped
+    iterations may be why (a name only they would have set, a branch only they take)."""
+    if stopped is None or stopped.action != "left-loop":
+        return
+    print(
+        f"gpu_mem_track: the script failed after the runner left the loop at {stopped.loop} "
+        f"({stopped.iterations} iteration(s) run): the code after it may need what the skipped "
+        "iterations would have done; --run-to-end runs them all, --end-script ends the script at "
+        "the loop instead",
+        file=sys.stderr,
+    )
 
 
 def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -> RunInfo:

@@ -29,12 +29,12 @@ from .steady import StopRule
 if TYPE_CHECKING:
     from .options import RunOptions
 
-__all__ = ["check_simulate", "measured_spec", "simulation", "simulation_info", "stop_rule"]
+__all__ = ["check_simulate", "simulation", "simulation_info", "stop_rule"]
 
 
 def check_simulate(options: RunOptions, rank: Any) -> Any:
     """The ``GpuSpec`` of ``--simulate`` (None without it), with the probe's measurement
-    of its non-PyTorch memory when one is saved (``measured_spec``); ``UsageError`` for an
+    of its non-PyTorch memory when one is saved (``catalog.parse_gpu``); ``UsageError`` for an
     unknown GPU (one line listing the names), a device other than CUDA or a ``--memory``
     choice.
     Under torchrun each rank gets its own simulated GPU (:mod:`~gpu_mem_track.simgpu.ranks`)."""
@@ -42,7 +42,7 @@ def check_simulate(options: RunOptions, rank: Any) -> Any:
         return None
     from ..simgpu.catalog import parse_gpu
 
-    spec = measured_spec(parse_gpu(options.simulate))
+    spec = parse_gpu(options.simulate)
     if options.device not in ("auto", "cuda", "cuda:0"):
         raise UsageError(
             f"--simulate runs the script on a simulated cuda:0; it cannot run on --device {options.device}"
@@ -50,28 +50,6 @@ def check_simulate(options: RunOptions, rank: Any) -> Any:
     if options.memory != "auto":
         raise UsageError(f"--memory {options.memory} measures the CPU; --simulate reads the simulated GPU")
     return spec
-
-
-def measured_spec(spec: Any, cache_dir: Any = None) -> Any:
-    """``spec`` (a ``GpuSpec``) with the non-PyTorch memory the context probe measured on
-    a GPU of that name, when the user ran ``gpu-mem-track probe`` on one and its result is
-    saved (``tracker.probe.saved_probe``): the CUDA context, and the cuBLAS and cuDNN
-    handles. Without a saved result, the catalog's figures."""
-    from ..tracker.probe import saved_probe
-    from ..tracker.records import STAGES
-
-    found = saved_probe(spec.device_name, cache_dir)
-    if found is None:
-        return spec
-    result, path = found
-    costs = result.costs()
-    context = max(costs.get(STAGES[1], 0), 0)
-    libraries = sum(max(cost, 0) for name, cost in costs.items() if name != STAGES[1])
-    source = (
-        f"measured by gpu-mem-track probe on this machine's {result.gpu_name} "
-        f"(torch {result.torch_version}; {path})"
-    )
-    return spec.measured(context, libraries, source)
 
 
 def stop_rule(options: RunOptions) -> StopRule | None:

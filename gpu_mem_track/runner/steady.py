@@ -22,7 +22,9 @@ the optimizer-step loop around it, a batch loop stays the iteration inside its e
 loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
 timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
 its body, or in functions it calls) are part of it. Loops in a ``forward`` method (a
-model's loop over its layers), and in the functions it calls, are never the iteration.
+model's loop over its layers) or in an ``__init__`` (a model's constructor building its
+layers, a dataset's preparing its items), and in the functions they call, are never the
+iteration.
 While the anchor may be an inner loop (a loop of its function encloses it, or the frames
 that called it are inside a loop's body) it is not stopped for being steady before its
 ``inner_limit``-th pass: the loop around it may still do what matters once per pass,
@@ -32,9 +34,18 @@ such as the optimizer step.
 of allocated memory, the peak of reserved memory, how many source lines have run and the
 sum of every line's peak (see ``profiler.LineProfiler.high_marks``). Each only grows, so
 two equal readings mean no line reached a new peak, no new line ran and neither peak
-moved. After ``warmup`` iterations (2; the first builds the optimizer's state), memory
-is steady when the reading stays the same for ``steady`` consecutive iterations (2).
-A leak of even one byte per iteration raises a peak and keeps the run going.
+moved. Where the run's allocator counts its allocations and frees (``activity``: the
+CUDA sampler, real or simulated), an iteration counts only when it **worked on the GPU**
+(the count moved since the previous pass of the header, or since the loop was entered),
+and the reading also holds the highest memory allocated at the header, which must stop
+rising: a loop whose iterations allocate nothing on the GPU (a model built on the CPU
+before ``.to("cuda")``, data prepared on the CPU, a configuration sweep) is never steady
+and runs whole, as is a loop whose memory at the header keeps growing (layers built on
+the GPU, a list of losses kept as tensors); batches of varying sizes only delay it until
+the largest has been seen. After ``warmup`` such iterations (2; the first builds
+the optimizer's state), memory is steady when the reading stays the same for
+``steady`` consecutive ones (2). A leak of even one byte per iteration raises a peak and
+keeps the run going.
 
 **Leaving the loop.** At the loop's header, at the start of the next iteration, the
 watch moves the frame to the line a ``break`` would go on at (``loops.Loop.exit``, set
@@ -44,7 +55,11 @@ loops around it are left too, so that a ``while True:`` whose only way out is a
 ``break`` on a counter ends: a loop of the same function that encloses it, and a loop
 whose body a calling frame is running (an epoch loop around a ``train()`` call), are
 each left when execution next reaches their header, after the rest of their current
-iteration (an evaluation, a checkpoint) ran once. The watch then watches again, so a
+iteration (an evaluation, a checkpoint) ran once. **An evaluation loop** (one left
+while autograd records nothing: under ``torch.no_grad()`` or ``inference_mode``, as
+``grad_enabled`` reads it) is left alone: the loops around it, a split loop and the
+training loop that called nanoGPT's ``estimate_loss()``, go on; one that only ending the
+script or leaving an outer loop could leave runs on. The watch then watches again, so a
 later long loop (an evaluation loop after training) is left once steady too. How many
 iterations were skipped is counted where ``loops.remaining`` can know it (``range``,
 a sized iterable such as a ``DataLoader``), and said where not (a ``while`` loop, a
@@ -55,8 +70,9 @@ generator).
 ends the script there instead, as ``--end-script`` does, and the report says why.
 
 **Budgets.** ``max_iterations`` (iterations of the anchor, counted from when it became
-the anchor) leaves the loop as steady memory does; ``max_seconds`` (wall time since the
-script started, checked at every line event) ends the script wherever it is.
+the anchor; only those that worked on the GPU, where ``activity`` tells) leaves the loop
+as steady memory does; ``max_seconds`` (wall time since the script started, checked at
+every line event) ends the script wherever it is.
 
 **Limits.** A branch taken only every N iterations (an evaluation every 500 steps) is
 seen only if it ran before the stop; a script that catches ``BaseException`` (or uses a
@@ -72,100 +88,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import CodeType, FrameType
 from typing import Any
 
 from ..runfolder.records import StopInfo
 from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, unsilence
+from .stoprule import Anchor, StopRule, StopRun, WatchedFrame
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
-#: Names of functions whose loops are never the iteration (a model's loop over layers).
-_STEP_FUNCTIONS = frozenset({"forward"})
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """When to stop a loop early; see the module docstring. ``until_steady``: once
-    memory is steady; ``warmup`` and ``steady``: iterations; ``max_iterations``: of the
-    watched loop (None: no limit); ``max_seconds``: wall seconds since the script started
-    (None: no limit); ``inner_limit``: passes of an inner loop per pass of its enclosing
-    loop above which the inner loop is the iteration; ``leave_loop``: leave the loop as a
-    ``break`` would (True) or end the script (False)."""
-
-    until_steady: bool = True
-    warmup: int = 2
-    steady: int = 2
-    max_iterations: int | None = None
-    max_seconds: float | None = None
-    inner_limit: int = 64
-    leave_loop: bool = True
-
-    @property
-    def active(self) -> bool:
-        """Whether the rule can ever stop a run."""
-        return self.until_steady or self.max_iterations is not None or self.max_seconds is not None
-
-
-class StopRun(BaseException):
-    """Raised from the tracer to end the script early (a ``BaseException``, so the script's
-    ``except Exception`` lets it through); ``info`` says where and why."""
-
-    def __init__(self, info: StopInfo) -> None:
-        super().__init__(info.reason)
-        self.info = info
+#: Functions whose loops, and their callees' loops, are never the iteration: a model's
+#: loop over its layers, a constructor building layers or preparing data.
+_NEVER_LEFT = frozenset({"forward", "__init__", "__post_init__"})
 
 
 def loop_spans(filename: str) -> dict[int, int]:
     """``{header line: last line}`` of every ``for``/``while`` loop (``async for`` too) in
     ``filename``'s source; empty when it cannot be read or parsed."""
     return {header: loop.end for header, loop in loop_table(filename).items()}
-
-
-class _Frame:
-    """A traced frame on the watch's stack: its code, the last line it ran, its loops
-    (``{header: last line}`` and the ``loops.Loop`` records) and, per loop header, the
-    iterations completed since execution last entered that loop."""
-
-    __slots__ = ("code", "last", "loops", "table", "passes")
-
-    def __init__(self, code: CodeType, table: dict[int, Loop], loops: dict[int, int]) -> None:
-        self.code = code
-        self.last = 0
-        self.table = table
-        self.loops = loops
-        self.passes: dict[int, int] = {}
-
-    def in_loop_body(self) -> bool:
-        """Whether the line it is running lies inside a loop's body."""
-        last = self.last
-        return any(head < last <= end for head, end in self.loops.items())
-
-    def encloses(self, header: int) -> bool:
-        """Whether another loop of this frame's file contains the loop at ``header``."""
-        end = self.loops[header]
-        return any(h < header and end <= e for h, e in self.loops.items())
-
-    def around(self) -> list[int]:
-        """Headers of the loops whose body holds the line it is running."""
-        last = self.last
-        return [head for head, end in self.loops.items() if head < last <= end]
-
-
-class _Anchor:
-    """The watched loop, ``(code, header)``: the frame and depth it last iterated in, its
-    iterations, its passes since an enclosing loop last iterated, and the steady count."""
-
-    __slots__ = ("code", "header", "frame", "depth", "iterations", "passes", "last", "same")
-
-    def __init__(self, frame: _Frame, header: int, depth: int) -> None:
-        self.code, self.header = frame.code, header
-        self.frame, self.depth = frame, depth
-        self.iterations = 0  # since it became the anchor
-        self.passes = 0  # since an enclosing loop last iterated
-        self.last: Hashable = None
-        self.same = 0
 
 
 class LoopWatch:
@@ -175,6 +116,11 @@ class LoopWatch:
 
     ``marks()``: the run's high marks, compared between iterations (equal: nothing new).
     ``clock``: monotonic seconds, read at every line event when ``max_seconds`` is set.
+    ``grad_enabled()``: whether autograd records at the moment (``torch.is_grad_enabled``;
+    None: always); a loop left while it does not is an evaluation, left alone.
+    ``activity()``: ``(bytes allocated now, allocations plus frees so far)`` of the run's
+    allocator, read at loop headers (None where nothing counts them: every iteration then
+    counts, and the memory at the header is not compared).
     ``stopped`` holds the :class:`StopInfo` of the first stop (with the loops left after
     it), None while the run has not been stopped.
     """
@@ -185,19 +131,23 @@ class LoopWatch:
         rule: StopRule,
         marks: Callable[[], Hashable],
         clock: Callable[[], float] = time.perf_counter,
+        activity: Callable[[], tuple[int, int]] | None = None,
+        grad_enabled: Callable[[], bool] | None = None,
     ) -> None:
         self._sink = sink
+        self._activity = activity
+        self._grad_enabled = grad_enabled
         self._rule = rule
         self._marks = marks
         self._clock = clock
         self._start = clock()
         self._deadline = None if rule.max_seconds is None else self._start + rule.max_seconds
-        self._stack: list[_Frame] = []
+        self._stack: list[WatchedFrame] = []
         self._tables: dict[str, tuple[dict[int, Loop], dict[int, int]]] = {}
-        self._anchor: _Anchor | None = None
+        self._anchor: Anchor | None = None
         self._first: StopInfo | None = None
         self._left: list[str] = []
-        self._pending: list[tuple[_Frame, int]] = []
+        self._pending: list[tuple[WatchedFrame, int]] = []
         self._filter: Any = None  # the warnings filter of a jump, until the next line event
 
     @property
@@ -220,7 +170,7 @@ class LoopWatch:
         if tables is None:
             table = loop_table(code.co_filename)
             tables = self._tables[code.co_filename] = (table, {h: loop.end for h, loop in table.items()})
-        self._stack.append(_Frame(code, *tables))
+        self._stack.append(WatchedFrame(code, *tables))
         self._sink.enter(code)
 
     def line(self, code: CodeType, lineno: int) -> None:
@@ -236,6 +186,8 @@ class LoopWatch:
         if end is not None:
             back = lineno < frame.last <= end
             frame.passes[lineno] = frame.passes.get(lineno, 0) + 1 if back else 0
+            if not back and self._activity is not None:
+                frame.entered[lineno] = self._activity()[1]  # the loop is entered
             if self._pending and (frame, lineno) in self._pending:
                 self._leave_around(frame, lineno)
                 return
@@ -261,30 +213,30 @@ class LoopWatch:
 
     # -- the rule -----------------------------------------------------------------------------
 
-    def _iterated(self, frame: _Frame, header: int) -> bool:
+    def _iterated(self, frame: WatchedFrame, header: int) -> bool:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
         is the watched loop, or decide whether it becomes the watched loop. True when the
         watch left the loop (the line event was forwarded as the jump's target)."""
-        if any(f.code.co_name in _STEP_FUNCTIONS for f in self._stack):
-            return False  # a model's loop, or one of a function its forward calls
+        if any(f.code.co_name in _NEVER_LEFT for f in self._stack):
+            return False  # a model's loop or constructor, or a function they call
         depth = len(self._stack) - 1
         anchor = self._anchor
         if anchor is None:
-            anchor = self._anchor = _Anchor(frame, header, depth)
+            anchor = self._anchor = Anchor(frame, header, depth)
         elif anchor.code is frame.code and anchor.header == header:
             anchor.frame, anchor.depth = frame, depth
         elif self._encloses(frame, header, depth, anchor):
             if anchor.passes >= self._rule.inner_limit:
                 anchor.passes = 0  # batches inside an epoch: the inner loop stays
                 return False
-            anchor = self._anchor = _Anchor(frame, header, depth)
+            anchor = self._anchor = Anchor(frame, header, depth)
         elif self._inside(frame, header, depth, anchor):
             return False  # part of the watched loop's iteration
         else:  # a loop after the watched one, at its depth or deeper
-            anchor = self._anchor = _Anchor(frame, header, depth)
+            anchor = self._anchor = Anchor(frame, header, depth)
         return self._count(anchor)
 
-    def _encloses(self, frame: _Frame, header: int, depth: int, anchor: _Anchor) -> bool:
+    def _encloses(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
         """Whether the loop at ``header`` (top frame, ``depth``) is outside the watched one:
         in a shallower frame, or around it in the same function."""
         if depth < anchor.depth:
@@ -293,33 +245,47 @@ class LoopWatch:
             return False
         return header < anchor.header and frame.loops[anchor.header] <= frame.loops[header]
 
-    def _inside(self, frame: _Frame, header: int, depth: int, anchor: _Anchor) -> bool:
+    def _inside(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
         """Whether the loop at ``header`` runs within an iteration of the watched one: in
-        its body, or in a frame called while the watched loop's frame is running."""
+        its body or header (a generator it iterates), or in a frame called from there (not
+        from after it: nanoGPT's ``estimate_loss()`` is called after the loop over the
+        optimizer's param groups)."""
         if anchor.frame is frame:
             return anchor.header < header <= frame.loops[anchor.header]
-        stack = self._stack
-        return depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is anchor.frame
+        stack, caller = self._stack, anchor.frame
+        if not (depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is caller):
+            return False
+        return anchor.header <= caller.last <= caller.loops[anchor.header]  # the header: a generator
 
-    def _nested(self, anchor: _Anchor) -> bool:
+    def _nested(self, anchor: Anchor) -> bool:
         """Whether the watched loop may be an inner loop: a loop of its function encloses
         it, or the frames that called it are inside a loop's body."""
         if anchor.frame.encloses(anchor.header):
             return True
         return any(f.in_loop_body() for f in self._stack[: anchor.depth])
 
-    def _count(self, anchor: _Anchor) -> bool:
+    def _count(self, anchor: Anchor) -> bool:
         """Count an iteration of the watched loop; True when it was left."""
         rule = self._rule
         anchor.iterations += 1
         anchor.passes += 1
         file = anchor.code.co_filename
-        if rule.max_iterations is not None and anchor.iterations >= rule.max_iterations:
+        marks: Hashable = None
+        if self._activity is not None:
+            allocated, events = self._activity()
+            before = anchor.events if anchor.events is not None else anchor.frame.entered.get(anchor.header)
+            anchor.events = events
+            if before is None or events == before:
+                anchor.same, anchor.last = 0, None
+                return False  # no work on the GPU in this iteration: not a step
+            anchor.high = marks = max(anchor.high, allocated)
+        anchor.worked += 1
+        if rule.max_iterations is not None and anchor.worked >= rule.max_iterations:
             return self._stop(self._info("max-iterations", file, anchor.header))
         if not rule.until_steady:
             return False
-        marks = self._marks()
-        if anchor.iterations > rule.warmup:
+        marks = (self._marks(), marks)
+        if anchor.worked > rule.warmup:
             anchor.same = anchor.same + 1 if marks == anchor.last else 0
         anchor.last = marks
         if anchor.same >= rule.steady and (anchor.passes >= rule.inner_limit or not self._nested(anchor)):
@@ -355,6 +321,9 @@ class LoopWatch:
             raise StopRun(self._record(info))
         frame = self._stack[-1]
         loop = frame.table.get(info.line)
+        alone = self._grad_enabled is not None and not self._grad_enabled()
+        if alone and (loop is None or loop.exit is None or loop.through):
+            return False  # evaluation that only ending the script or an outer loop would leave
         if loop is None or loop.exit is None:
             where = f"{info.file}:{info.line}"
             self._end(info, _ONE_LINE % where, ended_at=where)
@@ -371,12 +340,14 @@ class LoopWatch:
             self._left.append(f"{info.file}:{loop.header}")
         self._left += [f"{info.file}:{h}" for h in loop.through]
         self._anchor = None  # watch again: a later long loop is left once steady too
+        if alone:
+            return True  # evaluation: the loops around it (training) go on
         pending = [(frame, h) for h in loop.enclosing if h not in loop.through]
         pending += [(f, h) for f in self._stack[:-1] for h in f.around()]
         self._pending += [p for p in pending if p not in self._pending]
         return True
 
-    def _leave_around(self, frame: _Frame, header: int) -> None:
+    def _leave_around(self, frame: WatchedFrame, header: int) -> None:
         """Execution reached the header of a loop around a loop that was left: leave it."""
         self._pending.remove((frame, header))
         loop = frame.table[header]
@@ -388,7 +359,7 @@ class LoopWatch:
         self._left += [where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)]
         self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
 
-    def _jump(self, frame: _Frame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
+    def _jump(self, frame: WatchedFrame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
         """Move the running frame to ``loop.exit`` and tell the profiler that line started
         (the jump's target gets no line event of its own)."""
         where = f"{frame.code.co_filename}:{loop.header}"

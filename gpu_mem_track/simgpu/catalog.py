@@ -18,7 +18,13 @@ first cuBLAS matmul +158 MiB, first cuDNN convolution +8 MiB; the H100 is the sa
 architecture with the same CUDA); elsewhere the context is an assumption (300 MiB before
 Ampere, 400 MiB on Ampere/Ada, with lazy loading, the libraries included) and said so in
 ``context_source``. When the user has run the probe on that GPU, its saved result
-replaces them (``GpuSpec.measured``; ``runner.simulate`` looks it up). The simulated
+replaces them (``GpuSpec.measured``, ``with_saved_probe``; the newest ``probe-*.json``
+of ``probecache``): ``parse_gpu`` applies it to every catalog name it reads, so every
+entry point of the simulated GPU (``run --simulate``, ``simulated_gpu("h200")``,
+``%%memtrack --simulate``, ``estimate --gpu``, ``batch-size --gpu``) counts the same
+figure, and ``context_source`` says which (``GPU_MEM_TRACK_SAVED_PROBE=off``, or
+``parse_gpu(name, saved_probe=False)``, keeps the catalog's; a ``GpuSpec`` passed as is
+is used as is). The simulated
 allocator may reserve ``capacity``: ``total_memory`` less the non-PyTorch memory, as
 ``cudaMalloc`` fails on the GPU once reserved plus non-PyTorch memory would pass the
 total. A training process can hold more (the nanoGPT run of ``fixtures/h200`` held 758
@@ -37,8 +43,9 @@ from typing import Any
 
 from ..errors import UsageError
 from ..gpumodel.workspace import DEFAULT_WORKSPACE, HOPPER_WORKSPACE
+from ..probecache import saved_costs, use_saved
 
-__all__ = ["GPUS", "GpuSpec", "parse_gpu", "workspace_default"]
+__all__ = ["GPUS", "GpuSpec", "parse_gpu", "with_saved_probe", "workspace_default"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -203,20 +210,32 @@ GPUS: dict[str, GpuSpec] = {
 _CUSTOM = re.compile(r"^\s*([0-9.]+\s*[a-zA-Z]*)\s*:\s*sm_?([0-9])([0-9])\s*$")
 
 
-def parse_gpu(text: str | GpuSpec) -> GpuSpec:
+def parse_gpu(text: str | GpuSpec, saved_probe: bool | None = None) -> GpuSpec:
     """A catalog name (case-insensitive; ``_`` and spaces read as ``-``) or
     ``SIZE:smXY`` (``"24GiB:sm86"``: that much memory as torch reports it, compute
-    capability X.Y); a ``GpuSpec`` is returned as is. ``UsageError`` lists the names."""
+    capability X.Y); a ``GpuSpec`` is returned as is. A catalog GPU takes the
+    non-PyTorch memory of the probe's newest saved result for it (``with_saved_probe``)
+    unless ``saved_probe`` is False (None: unless ``GPU_MEM_TRACK_SAVED_PROBE=off``).
+    ``UsageError`` lists the names."""
     if isinstance(text, GpuSpec):
         return text
     key = re.sub(r"[\s_]+", "-", str(text).strip().lower())
     if key in GPUS:
-        return GPUS[key]
+        use = use_saved() if saved_probe is None else saved_probe
+        return with_saved_probe(GPUS[key]) if use else GPUS[key]
     custom = _CUSTOM.match(str(text))
     if custom:
         return _custom(custom.group(1), (int(custom.group(2)), int(custom.group(3))), str(text))
     names = ", ".join(spec.name for spec in GPUS.values())
     raise UsageError(f"unknown GPU {text!r}: choose one of {names}, or give SIZE:smXY such as 24GiB:sm86")
+
+
+def with_saved_probe(spec: GpuSpec, cache_dir: Any = None) -> GpuSpec:
+    """``spec`` with the non-PyTorch memory (CUDA context; cuBLAS and cuDNN handles) that
+    ``gpu-mem-track probe`` measured on a GPU of its ``device_name``, when a result is
+    saved in the cache folder (``probecache.saved_costs``); ``spec`` itself without one."""
+    found = saved_costs(spec.device_name, cache_dir)
+    return spec if found is None else spec.measured(*found)
 
 
 def _custom(size: str, capability: tuple[int, int], text: str) -> GpuSpec:

@@ -61,9 +61,9 @@ class OutOfMemory:
     """The simulated GPU ran out at ``filename``:``line``: ``request`` bytes asked for
     (the segment the allocator needed, as torch's message says), with ``allocated`` and
     ``reserved`` bytes held at that moment, of ``capacity`` (what the allocator may
-    reserve: total memory less the non-PyTorch memory, or the lower limit
-    ``set_per_process_memory_fraction`` set); ``message`` is the ``torch.OutOfMemoryError``
-    text raised."""
+    reserve: total memory less the non-PyTorch memory, the CUDA context and the cuBLAS/cuDNN
+    handles, or the lower limit ``set_per_process_memory_fraction`` set); ``message`` is the
+    ``torch.OutOfMemoryError`` text raised."""
 
     filename: str
     line: int

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..outputs import safe_name
+from ..probecache import cache_folder, saved_results
 from .readers import nvml_uuid
 from .records import STAGES, ProbeResult, ProbeStage
 
@@ -146,37 +147,19 @@ def store_probe(result: ProbeResult, cache_dir: Path | None = None, uuid: str | 
     return path
 
 
-#: At most this many saved results are read, each at most this many bytes.
-_MOST_FILES, _MOST_BYTES = 256, 1 << 20
-
-
 def saved_probe(gpu_name: str, cache_dir: Path | None = None) -> tuple[ProbeResult, Path] | None:
     """The newest probe result saved in the cache folder for a GPU named ``gpu_name``
     (``torch.cuda.get_device_name``, e.g. ``"NVIDIA H200"``), with its file; None when
     there is none. Unreadable, oversized or malformed files are skipped; at most 256
-    files are read. Starts no process and no CUDA context."""
-    folder = _cache_path("x", cache_dir).parent
-    try:
-        paths = sorted(folder.glob("probe-*.json"), key=_mtime, reverse=True)[:_MOST_FILES]
-    except OSError:
-        return None
-    for path in paths:
+    files are read (``probecache.saved_results``). Starts no process and no CUDA context."""
+    for data, path in saved_results(cache_dir):
         try:
-            if path.stat().st_size > _MOST_BYTES:
-                continue
-            result = ProbeResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
+            result = ProbeResult.from_dict(data)
+        except (ValueError, KeyError, TypeError):
             continue
         if result.gpu_name == gpu_name and len(result.stages) > 1:
             return result, path
     return None
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _cache_key(gpu: str) -> str:
@@ -184,10 +167,7 @@ def _cache_key(gpu: str) -> str:
 
 
 def _cache_path(key: str, cache_dir: Path | None) -> Path:
-    folder = cache_dir or Path(
-        os.environ.get("GPU_MEM_TRACK_CACHE", Path.home() / ".cache" / "gpu_mem_track")
-    )
-    return folder / f"probe-{safe_name(key)}.json"
+    return cache_folder(cache_dir) / f"probe-{safe_name(key)}.json"
 
 
 def _torch_version() -> str:
