@@ -11,7 +11,10 @@ started the engine:
 Which code objects are wanted is asked once per code object (``wants(code)``); code that
 is not wanted costs one callback the first time it runs (``sys.monitoring``: the callback
 then disables itself at that location) or one dictionary lookup per call (``settrace``).
-Other threads are not traced.
+Other threads are not traced. A sink may offer native callbacks for ``sys.monitoring``
+(``monitoring_callbacks(wanted, start, main)`` returning ``(start, leave, line)`` that
+do what this engine's own do, or None): the profiler does where its native line sink is
+built.
 """
 
 from __future__ import annotations
@@ -151,6 +154,10 @@ class MonitoringEngine:
                 sink.line(code, lineno)
             return None
 
+        native = getattr(sink, "monitoring_callbacks", None)
+        fast = native(wanted, on_start, main) if native is not None else None
+        if fast is not None:  # the sink's own native callbacks, doing what the ones above do
+            on_start, on_leave, on_line = fast  # type: ignore[assignment]
         mon.register_callback(tool, events.PY_START, on_start)
         mon.register_callback(tool, events.PY_RESUME, on_start)
         mon.register_callback(tool, events.PY_THROW, on_throw)
