@@ -23,6 +23,9 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
+#include <new>
+#include <unordered_map>
 
 #ifndef GPU_MEM_TRACK_TORCH
 #error "build with -DGPU_MEM_TRACK_TORCH=\"<torch.__version__>\" (gpu_mem_track/native/build.py does)"
@@ -48,6 +51,22 @@ PyObject* s_reserved_peak;
 PyObject* s_events;
 PyObject* s_extras;
 PyObject* s_add;
+
+// (code object, line) -> its aggregate list in the profiler's _stats (a strong reference):
+// found without building the (id(code), line) key tuple at every line.
+struct LineKey {
+  const void* code;
+  long long line;
+  bool operator==(const LineKey& other) const { return code == other.code && line == other.line; }
+};
+
+struct LineKeyHash {
+  size_t operator()(const LineKey& key) const {
+    return std::hash<const void*>()(key.code) ^ (std::hash<long long>()(key.line) * 0x9E3779B97F4A7C15ULL);
+  }
+};
+
+using StatsCache = std::unordered_map<LineKey, PyObject*, LineKeyHash>;
 
 struct Core {
   PyObject_HEAD
@@ -77,6 +96,7 @@ struct Core {
   PyObject* flush;       // its flush()
   double flush_seconds;
   double flushed;        // monotonic seconds of this core's last flush
+  StatsCache* cache;     // see LineKey
   int reserved_flag;
   int on_cuda;
   int native_reads;      // the sampler may read natively (a CudaSampler)
@@ -427,14 +447,24 @@ int close_line(Core* self, PyObject* frame, long long current, long long high, d
   }
   long long rise = peak - before;
   do {
-    PyObject* code_id = PyLong_FromVoidPtr(code);
-    if (code_id == nullptr) break;
-    key = PyTuple_Pack(2, code_id, lineno_obj);
-    Py_DECREF(code_id);
-    if (key == nullptr) break;
-    stats = PyDict_GetItemWithError(self->stats, key);
-    if (stats != nullptr) {
+    const LineKey line_key{code, lineno};
+    auto cached = self->cache->find(line_key);
+    if (cached != self->cache->end()) {
+      stats = cached->second;
       Py_INCREF(stats);
+    }
+    PyObject* code_id = stats ? nullptr : PyLong_FromVoidPtr(code);
+    if (stats == nullptr && code_id == nullptr) break;
+    key = stats ? nullptr : PyTuple_Pack(2, code_id, lineno_obj);
+    Py_XDECREF(code_id);
+    if (stats == nullptr && key == nullptr) break;
+    if (stats == nullptr) stats = PyDict_GetItemWithError(self->stats, key);
+    if (stats != nullptr) {
+      if (cached == self->cache->end()) {
+        Py_INCREF(stats);  // the cache's reference
+        self->cache->emplace(line_key, stats);
+        Py_INCREF(stats);
+      }
     } else {
       if (PyErr_Occurred()) break;
       PyObject* where = PyObject_CallOneArg(self->py_where, code);
@@ -448,6 +478,12 @@ int close_line(Core* self, PyObject* frame, long long current, long long high, d
       Py_XDECREF(zero_seconds);
       Py_DECREF(where);
       if (stats == nullptr || PyDict_SetItem(self->stats, key, stats) < 0) break;
+      Py_INCREF(stats);  // the cache's reference
+      self->cache->emplace(line_key, stats);
+    }
+    if (!PyList_CheckExact(stats) || PyList_GET_SIZE(stats) != 9) {
+      PyErr_SetString(PyExc_TypeError, "not an aggregate list of LineProfiler");
+      break;
     }
     long long hits, increments, stat_peak, stat_rise;
     if (as_ll(PyList_GET_ITEM(stats, S_HITS), &hits) < 0 ||
@@ -717,6 +753,11 @@ PyObject* core_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     return nullptr;
   Core* self = reinterpret_cast<Core*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
+  self->cache = new (std::nothrow) StatsCache();
+  if (self->cache == nullptr) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
   self->native_reads = native_reads;
   self->main_thread = main_thread;
   Py_INCREF(profiler);
@@ -833,6 +874,9 @@ int core_traverse(Core* self, visitproc visit, void* arg) {
   Py_VISIT(self->cached_read);
   Py_VISIT(self->cached_index);
   Py_VISIT(self->attrs);
+  if (self->cache != nullptr) {
+    for (auto& entry : *self->cache) Py_VISIT(entry.second);
+  }
   Py_VISIT(self->pending);
   Py_VISIT(self->flush);
   return 0;
@@ -861,6 +905,12 @@ int core_clear(Core* self) {
   Py_CLEAR(self->cached_read);
   Py_CLEAR(self->cached_index);
   Py_CLEAR(self->attrs);
+  if (self->cache != nullptr) {
+    StatsCache* cache = self->cache;
+    self->cache = nullptr;
+    for (auto& entry : *cache) Py_DECREF(entry.second);
+    delete cache;
+  }
   Py_CLEAR(self->pending);
   Py_CLEAR(self->flush);
   return 0;
