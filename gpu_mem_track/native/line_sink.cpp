@@ -97,6 +97,10 @@ struct Core {
   double flush_seconds;
   double flushed;        // monotonic seconds of this core's last flush
   StatsCache* cache;     // see LineKey
+  // reserved, reserved_peak, events of the last native read (owned; valid while
+  // read_valid: set by a native read, cleared by a sample() in Python)
+  PyObject* last[3];
+  int read_valid;
   int reserved_flag;
   int on_cuda;
   int native_reads;      // the sampler may read natively (a CudaSampler)
@@ -223,11 +227,14 @@ int take_sample(Core* self, Reading* out) {
         Py_DECREF(figures);
         return -1;
       }
+      for (int k = 0; k < 3; ++k) Py_XSETREF(self->last[k], Py_NewRef(PyTuple_GET_ITEM(figures, 2 + k)));
+      self->read_valid = 1;
       Py_DECREF(figures);
       return 0;
     }
     Py_DECREF(read);
   }
+  self->read_valid = 0;
   PyObject* pair = PyObject_CallNoArgs(self->sample);
   if (pair == nullptr) return -1;
   PyObject* seq = PySequence_Fast(pair, "sample() must return (current, high)");
@@ -241,6 +248,24 @@ int take_sample(Core* self, Reading* out) {
     rc = 0;
   }
   Py_DECREF(seq);
+  return rc;
+}
+
+enum { LAST_RESERVED, LAST_RESERVED_PEAK, LAST_EVENTS };
+PyObject* const* last_names[3] = {&s_reserved, &s_reserved_peak, &s_events};
+
+// The sampler's reserved / reserved_peak / events (new reference): as the last native read
+// set them, else read from the sampler (what LineProfiler reads).
+PyObject* sampler_value(Core* self, int which) {
+  if (self->read_valid && self->last[which] != nullptr) return Py_NewRef(self->last[which]);
+  return PyObject_GetAttr(self->sampler, *last_names[which]);
+}
+
+int sampler_ll(Core* self, int which, long long* out) {
+  PyObject* value = sampler_value(self, which);
+  if (value == nullptr) return -1;
+  int rc = as_ll(value, out);
+  Py_DECREF(value);
   return rc;
 }
 
@@ -397,7 +422,7 @@ int line_row(Core* self, PyObject* where, long long lineno, long long current, l
   int rc = -1;
   Row row;
   if (get_own_ll(self, s_seq, &seq) == 0 && set_own_ll(self, s_seq, seq + 1) == 0 &&
-      (reserved = PyObject_GetAttr(self->sampler, s_reserved)) != nullptr) {
+      (reserved = sampler_value(self, LAST_RESERVED)) != nullptr) {
     // f"{seq},{elapsed:.6f},{where},{lineno},,{memory},{increment},{peak},{allocated},"
     // f"{reserved},{driver},{rss},{rank}\n"
     bool ok = row.integer(seq + 1) && row.chr(',') && row.seconds(elapsed) && row.chr(',') && row.str(where) &&
@@ -499,13 +524,13 @@ int close_line(Core* self, PyObject* frame, long long current, long long high, d
     if (rise > stat_rise && set_ll(stats, S_RISE, rise) < 0) break;
     if (self->reserved_flag && PyList_GET_ITEM(frame, F_RES) != Py_None) {
       long long reserved_peak, frame_res_peak, frame_res, reserved, stat_reserved;
-      if (get_attr_ll(self->sampler, s_reserved_peak, &reserved_peak) < 0 ||
+      if (sampler_ll(self, LAST_RESERVED_PEAK, &reserved_peak) < 0 ||
           as_ll(PyList_GET_ITEM(frame, F_RES_PEAK), &frame_res_peak) < 0 ||
           as_ll(PyList_GET_ITEM(stats, S_RESERVED), &stat_reserved) < 0)
         break;
       if (reserved_peak <= frame_res_peak) {
         if (as_ll(PyList_GET_ITEM(frame, F_RES), &frame_res) < 0 ||
-            get_attr_ll(self->sampler, s_reserved, &reserved) < 0)
+            sampler_ll(self, LAST_RESERVED, &reserved) < 0)
           break;
         reserved_peak = reserved > frame_res ? reserved : frame_res;
       }
@@ -517,7 +542,7 @@ int close_line(Core* self, PyObject* frame, long long current, long long high, d
     PyObject* total = PyFloat_FromDouble(seconds + (now - started));
     if (total == nullptr || PyList_SetItem(stats, S_SECONDS, total) < 0) break;
     if (self->windows != Py_None) {
-      PyObject* events = PyObject_GetAttr(self->sampler, s_events);
+      PyObject* events = sampler_value(self, LAST_EVENTS);
       if (events == nullptr) break;
       PyObject* frame_events = PyList_GET_ITEM(frame, F_EVENTS);
       int differ = PyObject_RichCompareBool(events, frame_events, Py_NE);
@@ -636,13 +661,13 @@ PyObject* do_line(Core* self, PyObject* code, PyObject* lineno_obj) {
         set_item(frame, F_LAST, lineno_obj) < 0)
       break;
     if (self->reserved_flag) {
-      PyObject* reserved = PyObject_GetAttr(self->sampler, s_reserved);
+      PyObject* reserved = sampler_value(self, LAST_RESERVED);
       if (reserved == nullptr || PyList_SetItem(frame, F_RES, reserved) < 0) break;
-      PyObject* reserved_peak = PyObject_GetAttr(self->sampler, s_reserved_peak);
+      PyObject* reserved_peak = sampler_value(self, LAST_RESERVED_PEAK);
       if (reserved_peak == nullptr || PyList_SetItem(frame, F_RES_PEAK, reserved_peak) < 0) break;
     }
     if (self->windows != Py_None) {
-      PyObject* events = PyObject_GetAttr(self->sampler, s_events);
+      PyObject* events = sampler_value(self, LAST_EVENTS);
       if (events == nullptr || PyList_SetItem(frame, F_EVENTS, events) < 0) break;
     }
     result = Py_None;
@@ -874,6 +899,7 @@ int core_traverse(Core* self, visitproc visit, void* arg) {
   Py_VISIT(self->cached_read);
   Py_VISIT(self->cached_index);
   Py_VISIT(self->attrs);
+  for (auto* value : self->last) Py_VISIT(value);
   if (self->cache != nullptr) {
     for (auto& entry : *self->cache) Py_VISIT(entry.second);
   }
@@ -905,6 +931,7 @@ int core_clear(Core* self) {
   Py_CLEAR(self->cached_read);
   Py_CLEAR(self->cached_index);
   Py_CLEAR(self->attrs);
+  for (auto& value : self->last) Py_CLEAR(value);
   if (self->cache != nullptr) {
     StatsCache* cache = self->cache;
     self->cache = nullptr;
