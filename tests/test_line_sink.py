@@ -284,3 +284,53 @@ def test_elapsed_seconds_are_written_as_python_writes_them(line_sink):
     assert mismatches == []
     assert line_sink.format_seconds(0.0078125) == "0.007812"
     assert line_sink.format_seconds(0.0234375) == "0.023438"
+
+
+def worker_only(n):
+    return n + 1
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_code_a_thread_runs_is_switched_off_there_too(line_sink, native):
+    """Code that is not wanted costs one callback in any thread, not one per call: a
+    data loader's thread keeps running Python the whole run."""
+    if "monitoring" not in ENGINE_NAMES:
+        pytest.skip("sys.monitoring needs Python 3.12+")
+    asked: list[str] = []
+
+    def wants(code):
+        asked.append(code.co_name)
+        return code in WANTED
+
+    sampler = FakeSampler()
+    profiler = LineProfiler(sampler, line_sink=line_sink if native else None)
+    engine = ENGINES["monitoring"](profiler, wants)
+    engine.start()
+    try:
+        worker = threading.Thread(target=lambda: [worker_only(i) for i in range(50)])
+        worker.start()
+        worker.join()
+        grow(sampler, 7)
+    finally:
+        engine.stop()
+    profiler.finish()
+    assert asked.count("worker_only") == 1
+    assert [(r.function, r.increment) for r in profiler.records()] == [("grow", 7), ("grow", 0)]
+
+
+def test_an_engine_sees_code_an_earlier_engine_switched_off(line_sink):
+    if "monitoring" not in ENGINE_NAMES:
+        pytest.skip("sys.monitoring needs Python 3.12+")
+    results = []
+    for wanted in (set(), {grow.__code__}):
+        sampler = FakeSampler()
+        profiler = LineProfiler(sampler, line_sink=line_sink)
+        engine = ENGINES["monitoring"](profiler, lambda code, wanted=wanted: code in wanted)
+        engine.start()
+        try:
+            grow(sampler, 3)
+        finally:
+            engine.stop()
+        profiler.finish()
+        results.append([(r.function, r.increment) for r in profiler.records()])
+    assert results == [[], [("grow", 3), ("grow", 0)]]

@@ -749,13 +749,16 @@ PyObject* core_monitor_line(Core* self, PyObject* const* args, Py_ssize_t nargs)
 }
 
 // sys.monitoring's PY_START/PY_RESUME callback: (code, offset). Code not known to be
-// wanted goes to the engine's Python callback (which decides, and may DISABLE).
+// wanted goes to the engine's Python callback (which decides, and may DISABLE), from any
+// thread; known code enters the sink from the main thread only.
 PyObject* core_monitor_start(Core* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_args(nargs, 2, "monitor_start") < 0) return nullptr;
-  if (!on_main(self)) Py_RETURN_NONE;
   int known = PySet_Contains(self->wanted, args[0]);
   if (known < 0) return nullptr;
-  if (known) return do_enter(self, args[0]);
+  if (known) {
+    if (!on_main(self)) Py_RETURN_NONE;
+    return do_enter(self, args[0]);
+  }
   return PyObject_Vectorcall(self->py_start, args, 2, nullptr);
 }
 

@@ -118,6 +118,9 @@ class MonitoringEngine:
             raise RuntimeError("every sys.monitoring tool slot is in use (another profiler?)")
         mon.use_tool_id(tool, "gpu_mem_track")
         self._tool = tool
+        # what an earlier engine in this process switched off (DISABLE) stays off until
+        # this: code it did not want may be wanted now
+        mon.restart_events()
         events = mon.events
         sink = self._sink
         wanted = self._wanted
@@ -127,15 +130,18 @@ class MonitoringEngine:
         get_ident = threading.get_ident
 
         def on_start(code: CodeType, offset: int) -> Any:
-            if get_ident() != main:
-                return None
+            # Code that is not wanted is switched off whichever thread runs it first (a
+            # data loader's thread would otherwise call back at every call it makes); only
+            # the main thread's frames reach the sink.
             if code in wanted:
-                sink.enter(code)
+                if get_ident() == main:
+                    sink.enter(code)
                 return None
             if self._wants(code):
                 wanted.add(code)
                 mon.set_local_events(tool, code, events.LINE | events.PY_RETURN | events.PY_YIELD)
-                sink.enter(code)
+                if get_ident() == main:
+                    sink.enter(code)
                 return None
             return disable
 
