@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--iterations",
         type=int,
-        default=20_000,
+        default=10_000,
         help="workload loop iterations, ten lines each (%(default)s)",
     )
     parser.add_argument("--gpu", default="h100-80gb", help="the simulated GPU (default: %(default)s)")
