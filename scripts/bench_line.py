@@ -3,10 +3,11 @@
 In this process, a workload of short pure-Python lines (ten a loop iteration, no torch)
 runs untraced and then traced the way ``python -m gpu_mem_track run`` traces a script:
 the runner's engine (``sys.monitoring`` on Python 3.12+, else ``sys.settrace``) driving a
-``LineProfiler`` that writes the timeline to a file. The cost of a line is (traced -
+``LineProfiler`` that writes the timeline to a file, through its Python path and through
+its native line sink (``line_sink``, built first if it can be). The cost of a line is (traced -
 untraced) / lines, in this thread's CPU time (``time.thread_time``: what other processes
 on a busy machine take is not counted), median and min of ``--repeats`` rounds. One row
-per sampler:
+per sampler and line sink:
 
 - ``none (FakeSampler)``: a sampler that reads nothing: the tracer and profiler alone;
 - ``CudaSampler, dict read (stub dict)``: the fallback read, ``torch._C._cuda_memoryStats``,
@@ -30,6 +31,7 @@ asserted: on a real GPU, ``make gpu-check`` times whole training loops.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -44,7 +46,7 @@ from typing import Any
 import torch
 from bench_census import environment, markdown_table
 
-from gpu_mem_track.native import build, cudastats
+from gpu_mem_track.native import build, cudastats, linesink
 from gpu_mem_track.runfolder.files import TimelineWriter
 from gpu_mem_track.runner.profiler import LineProfiler
 from gpu_mem_track.runner.samplers import CudaSampler, FakeSampler
@@ -66,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--iterations",
         type=int,
-        default=20_000,
+        default=10_000,
         help="workload loop iterations, ten lines each (%(default)s)",
     )
     parser.add_argument("--gpu", default="h100-80gb", help="the simulated GPU (default: %(default)s)")
@@ -189,10 +191,11 @@ class simulated:
         self._context.__exit__(*exc)
 
 
-def time_lines(sampler: Any, iterations: int, folder: Path) -> float:
-    """Seconds for the workload traced with ``sampler`` (timeline written to ``folder``)."""
+def time_lines(sampler: Any, iterations: int, folder: Path, sink: Any = None) -> float:
+    """Seconds for the workload traced with ``sampler`` (timeline written to ``folder``),
+    through the native line sink module ``sink`` (None: the Python path)."""
     timeline = TimelineWriter(folder / "timeline.csv")
-    profiler = LineProfiler(sampler, timeline=timeline)
+    profiler = LineProfiler(sampler, timeline=timeline, line_sink=sink)
     engine = best_engine(profiler, wants)
     started = time.thread_time()
     engine.start()
@@ -221,16 +224,22 @@ def time_sample(sampler: Any, calls: int) -> float:
     return (time.thread_time() - started) / calls * 1e9
 
 
+def sinks() -> list[tuple[str, Any]]:
+    """(name, module) of the line sinks to time: Python, and the native one where built."""
+    module = linesink.module()
+    return [("python", None)] + ([("native", module)] if module is not None else [])
+
+
 def measure(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     rows = []
-    for name, make in samplers(args):
+    for (name, make), (sink_name, sink) in itertools.product(samplers(args), sinks()):
         per_line, per_sample, reader, error = [], [], "", ""
         iterations = args.iterations // SLOW_SHARE if "simulated" in name else args.iterations
         try:
             for _ in range(args.repeats):
                 with make() as sampler:
                     plain = time_plain(iterations)
-                    traced = time_lines(sampler, iterations, folder)
+                    traced = time_lines(sampler, iterations, folder, sink)
                     per_line.append((traced - plain) / (iterations * LINES_PER_ITERATION) * 1e6)
                     per_sample.append(time_sample(sampler, 2 * iterations))
                     reader = getattr(sampler, "stats_reader", "")
@@ -239,6 +248,7 @@ def measure(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
         rows.append(
             {
                 "sampler": name,
+                "sink": sink_name,
                 "stats_reader": reader,
                 "lines_per_round": iterations * LINES_PER_ITERATION,
                 "us_per_line": statistics.median(per_line) if per_line else None,
@@ -265,6 +275,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], env: dict[str, 
     table = [
         [
             row["sampler"],
+            row["sink"],
             row["stats_reader"] or "-",
             "-" if row["us_per_line"] is None else f"{row['us_per_line']:.2f}",
             "-" if row["us_per_line_min"] is None else f"{row['us_per_line_min']:.2f}",
@@ -282,7 +293,9 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], env: dict[str, 
         f"{args.iterations * LINES_PER_ITERATION // SLOW_SHARE:,}), {args.repeats} rounds.",
         "",
         *markdown_table(
-            ["sampler", "read", "us per line (median)", "(min)", "ns per sample() (median)", "not run"], table
+            ["sampler", "line sink", "read", "us per line (median)", "(min)", "ns per sample() (median)"]
+            + ["not run"],
+            table,
         ),
         "",
         "The line's cost is the whole runner's (engine callback, profiler, timeline row, memory read) "
@@ -291,6 +304,10 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], env: dict[str, 
         f"torch building its statistics dict costs {H200_DICT_US} us a call on an H200 on top of the "
         "dict row, where the native read returns the five figures from one C++ call.",
         "",
+        "The line sink: `python`, the profiler's Python path; `native`, its C++ line sink "
+        "(`gpu_mem_track/native/line_sink.cpp`), which gives the same records and timeline.",
+        "",
+        f"The native line sink here: {linesink.status().replace(str(Path.home()), '~')}",
         f"The native CUDA reader here, before the rows ran: {status}",
         *(f"After the row {row['sampler']}: {row['native_status']}" for row in rows if row["native_status"]),
     ]
@@ -301,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if torch.cuda.is_available() and build.plan(name=build.CUDA_MODULE).missing == "":
         build.build(quiet=False, name=build.CUDA_MODULE)
+    if build.plan(name=build.LINE_MODULE).missing == "":
+        build.build(quiet=False, name=build.LINE_MODULE)
     status = native_status()
     with tempfile.TemporaryDirectory() as folder:
         rows = measure(args, Path(folder))

@@ -1,13 +1,15 @@
 """Native code, built on the user's machine against the torch they have.
 
-Two modules. ``census_scan`` (``census_scan.cpp``), the census's native reader (this
+Three modules. ``census_scan`` (``census_scan.cpp``), the census's native reader (this
 module loads it), reads each plain tensor's storage, shape, dtype, device and flags in one C++ pass, where
 the same reads through torch's Python bindings cost 85-190 ns each: with it a census of
 100,000 small tensors costs about what a bare ``gc.get_objects()`` does, without it
 several times more (``reports/bench_census_tensors.md``). The census gives the same
 result either way (``tests/test_native_census.py`` compares them). ``cuda_stats``
 (``cuda_stats.cpp``, CUDA builds of torch only), the runner's read of the CUDA allocator's
-statistics without torch's dict, is loaded and checked by :mod:`.cudastats`.
+statistics without torch's dict, is loaded and checked by :mod:`.cudastats`. ``line_sink``
+(``line_sink.cpp``, Python's C API only), the runner's per-line path, is loaded by
+:mod:`.linesink` and used by ``runner.profiler`` wherever it is built.
 
 Nothing is compiled at install time. The module is built (``build.py``, about 20 s of one
 core) into the user's cache folder:

@@ -1,8 +1,9 @@
 """Compile the native modules against the torch in use.
 
-Two modules (:data:`MODULES`): ``census_scan`` (``census_scan.cpp``), the census's native
-reader, and ``cuda_stats`` (``cuda_stats.cpp``), the runner's read of the CUDA
-allocator's statistics, built for CUDA builds of torch only.
+Three modules (:data:`MODULES`): ``census_scan`` (``census_scan.cpp``), the census's native
+reader; ``cuda_stats`` (``cuda_stats.cpp``), the runner's read of the CUDA allocator's
+statistics, built for CUDA builds of torch only; ``line_sink`` (``line_sink.cpp``), the
+runner's per-line path, which links no torch library (Python's API only).
 
 Each is built once per torch build, Python and source, into the cache folder
 (``$GPU_MEM_TRACK_CACHE``, else ``$XDG_CACHE_HOME/gpu_mem_track``, else
@@ -16,9 +17,9 @@ an automatic build is not tried again for that key (``python -m gpu_mem_track.na
 always tries). A lock file keeps concurrent processes (the ranks of one launch) from
 building the same key twice.
 
-    python -m gpu_mem_track.native.build [--quiet] [--module census_scan|cuda_stats]
+    python -m gpu_mem_track.native.build [--quiet] [--module census_scan|cuda_stats|line_sink]
 
-builds both modules (the CUDA one where torch is a CUDA build), or the one named; exits 0
+builds the modules (the CUDA one where torch is a CUDA build), or the one named; exits 0
 when what could be built is built (or was), 1 when a build failed, 2 when the census's
 module (or the one named) cannot be tried here (no compiler, no torch headers, not a
 CUDA build).
@@ -44,13 +45,20 @@ SOURCE = Path(__file__).with_name("census_scan.cpp")
 MODULE = "census_scan"
 #: The CUDA allocator's statistics reader (``cuda_stats.cpp``), for CUDA builds of torch.
 CUDA_MODULE = "cuda_stats"
+#: The runner's line sink (``line_sink.cpp``): Python's C API only.
+LINE_MODULE = "line_sink"
 #: Each module's name -> the torch libraries it links (besides Python's).
 MODULES = {
     MODULE: ("c10", "torch", "torch_cpu", "torch_python"),
     CUDA_MODULE: ("c10", "c10_cuda"),
+    LINE_MODULE: (),
 }
 #: What each module is, in messages.
-TITLES = {MODULE: "the census's native reader", CUDA_MODULE: "the CUDA statistics reader"}
+TITLES = {
+    MODULE: "the census's native reader",
+    CUDA_MODULE: "the CUDA statistics reader",
+    LINE_MODULE: "the runner's native line sink",
+}
 #: A lock older than this belongs to a build that died: it is taken over.
 STALE_LOCK_SECONDS = 900
 #: Longest a compile may take before it is stopped and counted as failed.
@@ -239,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gpu_mem_track.native.build",
         description="Build the native modules for the torch imported here: the census's reader, "
-        "and the CUDA statistics reader where torch is a CUDA build.",
+        "the runner's line sink, and the CUDA statistics reader where torch is a CUDA build.",
     )
     parser.add_argument("--quiet", action="store_true", help="print nothing; the exit code says how it went")
     parser.add_argument("--module", choices=sorted(MODULES), help="build only this module")

@@ -23,7 +23,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
@@ -128,8 +128,16 @@ class TimelineWriter:
         if time.monotonic() - self._flushed >= self._flush_seconds:
             self.flush()
 
+    def appender(self) -> tuple[list[str], Callable[[], None], float]:
+        """For a native writer of rows (the runner's line sink, ``native/line_sink.cpp``):
+        the list rows wait in (append each row, formatted as for ``write_text``; the list is
+        never replaced), ``flush``, and the seconds within which to call ``flush`` after a
+        row is appended (``flush_seconds``)."""
+        return self._pending, self.flush, self._flush_seconds
+
     def flush(self) -> None:
-        data, self._pending = "".join(self._pending), []
+        data = "".join(self._pending)
+        self._pending.clear()
         self._flushed = time.monotonic()
         if self._fd is not None and data:
             view = memoryview(data.encode("utf-8"))
@@ -152,7 +160,7 @@ class TimelineWriter:
 
     def discard(self) -> None:
         """Forget the pending rows and write nothing more (in a forked child)."""
-        self._pending = []
+        self._pending.clear()
         self._fd = None
 
 

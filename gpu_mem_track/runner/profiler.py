@@ -17,6 +17,12 @@ above its own start) larger than that tolerance. A line that merely touched one 
 at the high-water mark does not qualify, and a callee's line that allocated ends before
 the call that ran it, so the innermost traced line is named. When no execution qualifies,
 the first to reach the peak is named (or none, when the peak was read outside any line).
+
+Where the native line sink is built (``native.linesink``), ``line``, ``enter`` and
+``leave`` are its C++ versions (``line_sink.cpp``): the same work on this object's own
+lists and attributes, which hands every rare case (a code object's first line, a line's
+first execution, a run's new peak, the extras, a snapshot window, a census) back to the
+methods below, so records and timeline are the same either way (``native`` says which).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
+from ..native import linesink
 from ..runfolder.files import TimelineWriter, csv_line
 from ..runfolder.records import LineRecord, TimelineRow
 from .samplers import Sampler
@@ -67,6 +74,8 @@ class LineProfiler:
             memory read when it started and ended; or None.
         rank: the rank of the distributed launch, written in every row and record (None
             outside one).
+        line_sink: the native ``line_sink`` module to run the common path with, None for
+            Python only; default: ``native.linesink.module()`` (built, not turned off).
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class LineProfiler:
         clock: Callable[[], float] = time.perf_counter,
         windows: Any = None,
         rank: int | None = None,
+        line_sink: Any = "auto",
     ) -> None:
         self.rank = rank
         self._rank_cell = "" if rank is None else str(rank)
@@ -116,6 +126,33 @@ class LineProfiler:
         self._candidates: list[tuple[int, int, tuple[str, int] | None]] = []
         self._peak_where: tuple[str, int] | None = None  # the first to reach the peak
         self.first_reading = self._sample()[0]
+        self._line_sink = linesink.module() if line_sink == "auto" else line_sink
+        #: whether ``line``/``enter``/``leave`` run natively (see the module docstring)
+        self.native = False
+        if self._line_sink is not None:
+            core = self._line_sink.Core(self, self._python_line, self._native_reads())
+            self.line, self.enter, self.leave = core.line, core.enter, core.leave  # type: ignore[method-assign]
+            self.native = True
+
+    def _python_line(self, code: CodeType, lineno: int) -> None:
+        LineProfiler.line(self, code, lineno)
+
+    def _native_reads(self) -> bool:
+        """Whether the native sink may call the sampler's native CUDA read (its ``_read``)
+        itself rather than ``sample()``."""
+        return self._on_cuda and hasattr(self._sampler, "_read")
+
+    def monitoring_callbacks(
+        self, wanted: set[CodeType], start: Callable[[CodeType, int], Any], main: int
+    ) -> Any:
+        """``(start, leave, line)``: native ``sys.monitoring`` callbacks for the engine
+        (``tracer.MonitoringEngine``): ``wanted`` its set of wanted code objects, ``start``
+        its Python start callback for code not in it, ``main`` the traced thread's ident.
+        None without the native sink."""
+        if self._line_sink is None:
+            return None
+        core = self._line_sink.Core(self, self._python_line, self._native_reads(), wanted, start, main)
+        return core.monitor_start, core.monitor_leave, core.monitor_line
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 

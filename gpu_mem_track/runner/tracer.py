@@ -11,7 +11,10 @@ started the engine:
 Which code objects are wanted is asked once per code object (``wants(code)``); code that
 is not wanted costs one callback the first time it runs (``sys.monitoring``: the callback
 then disables itself at that location) or one dictionary lookup per call (``settrace``).
-Other threads are not traced.
+Other threads are not traced. A sink may offer native callbacks for ``sys.monitoring``
+(``monitoring_callbacks(wanted, start, main)`` returning ``(start, leave, line)`` that
+do what this engine's own do, or None): the profiler does where its native line sink is
+built.
 """
 
 from __future__ import annotations
@@ -115,6 +118,9 @@ class MonitoringEngine:
             raise RuntimeError("every sys.monitoring tool slot is in use (another profiler?)")
         mon.use_tool_id(tool, "gpu_mem_track")
         self._tool = tool
+        # what an earlier engine in this process switched off (DISABLE) stays off until
+        # this: code it did not want may be wanted now
+        mon.restart_events()
         events = mon.events
         sink = self._sink
         wanted = self._wanted
@@ -124,15 +130,18 @@ class MonitoringEngine:
         get_ident = threading.get_ident
 
         def on_start(code: CodeType, offset: int) -> Any:
-            if get_ident() != main:
-                return None
+            # Code that is not wanted is switched off whichever thread runs it first (a
+            # data loader's thread would otherwise call back at every call it makes); only
+            # the main thread's frames reach the sink.
             if code in wanted:
-                sink.enter(code)
+                if get_ident() == main:
+                    sink.enter(code)
                 return None
             if self._wants(code):
                 wanted.add(code)
                 mon.set_local_events(tool, code, events.LINE | events.PY_RETURN | events.PY_YIELD)
-                sink.enter(code)
+                if get_ident() == main:
+                    sink.enter(code)
                 return None
             return disable
 
@@ -151,6 +160,10 @@ class MonitoringEngine:
                 sink.line(code, lineno)
             return None
 
+        native = getattr(sink, "monitoring_callbacks", None)
+        fast = native(wanted, on_start, main) if native is not None else None
+        if fast is not None:  # the sink's own native callbacks, doing what the ones above do
+            on_start, on_leave, on_line = fast  # type: ignore[assignment]
         mon.register_callback(tool, events.PY_START, on_start)
         mon.register_callback(tool, events.PY_RESUME, on_start)
         mon.register_callback(tool, events.PY_THROW, on_throw)
