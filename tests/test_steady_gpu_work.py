@@ -33,13 +33,13 @@ class Sink:
 
 def run_watched(tmp_path: Path, source: str, rule: StopRule, activity: bool = True) -> tuple[dict, LoopWatch]:
     """Run ``source``'s ``main(gpu)`` under a watch; ``gpu`` is a dict the code sets:
-    ``allocated`` and ``events`` (what ``activity`` reads), ``peak`` (the high mark)."""
+    ``allocated``, ``events`` and ``ooms`` (what ``activity`` reads), ``peak`` (the high mark)."""
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(source))
     namespace: dict = {"__name__": "script"}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
-    gpu = {"allocated": 0, "events": 0, "peak": 0}
-    reading = (lambda: (gpu["allocated"], gpu["events"])) if activity else None
+    gpu = {"allocated": 0, "events": 0, "peak": 0, "ooms": 0}
+    reading = (lambda: (gpu["allocated"], gpu["events"], gpu["ooms"])) if activity else None
     watch = LoopWatch(Sink(), rule, lambda: gpu["peak"], activity=reading)
     engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
     engine.start()
@@ -362,12 +362,12 @@ def test_without_autograd_a_left_loop_leaves_no_loop_around_it(tmp_path):
     path.write_text(textwrap.dedent(source))
     namespace: dict = {"__name__": "script"}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
-    gpu = {"allocated": 0, "events": 0, "peak": 0, "grad": True}
+    gpu = {"allocated": 0, "events": 0, "peak": 0, "grad": True, "ooms": 0}
     watch = LoopWatch(
         Sink(),
         StopRule(),
         lambda: gpu["peak"],
-        activity=lambda: (gpu["allocated"], gpu["events"]),
+        activity=lambda: (gpu["allocated"], gpu["events"], gpu["ooms"]),
         grad_enabled=lambda: gpu["grad"],
     )
     engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
@@ -381,3 +381,27 @@ def test_without_autograd_a_left_loop_leaves_no_loop_around_it(tmp_path):
     # epoch loop's iterations, which then was the watched loop)
     assert gpu["evaluated"] == 64 + 2 * 200 and gpu["after"]
     assert watch.stopped.loop == f"{path}:4" and watch.stopped.left == ()
+
+
+OOM_RETRIES = """
+def main(gpu):
+    batch = 1024
+    fits = 40
+    while True:
+        gpu["events"] += 2
+        if batch > fits:  # ran out of memory: the script halves its batch and tries again
+            gpu["ooms"] += 1
+            batch //= 2
+            continue
+        gpu["result"] = batch
+        break
+"""
+
+
+def test_an_iteration_that_ran_out_of_memory_is_never_steady(tmp_path):
+    """A loop that catches out-of-memory and halves its batch (the same memory at its header
+    each time) goes on until the batch fits; before, it was left as steady after a few
+    failures, with a batch the GPU would not have needed to halve to."""
+    gpu, watch = run_watched(tmp_path, OOM_RETRIES, StopRule())
+    assert gpu["result"] == 32 and gpu["ooms"] == 5
+    assert watch.stopped is None

@@ -177,7 +177,7 @@ def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWat
     """The stop rule between the engine and the profiler (None when nothing stops the run
     early; see ``steady``). On the CUDA allocator, real or simulated, an iteration counts
     only when it worked on the GPU (``LoopWatch``'s ``activity``: a fresh reading of the
-    bytes allocated and the allocator's event count); a loop left while autograd records
+    bytes allocated, the allocator's event count and its out-of-memory count); a loop left while autograd records
     nothing leaves no loop around it (``grad_enabled``)."""
     rule = stop_rule(options)
     if rule is None:
@@ -185,8 +185,8 @@ def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWat
     activity = None
     if sampler.source == "cuda allocator":
 
-        def activity() -> tuple[int, int]:
-            return sampler.sample()[0], sampler.events
+        def activity() -> tuple[int, int, int]:
+            return sampler.sample()[0], sampler.events, sampler.ooms()
 
     return LoopWatch(profiler, rule, profiler.high_marks, activity=activity, grad_enabled=_grad_enabled)
 

@@ -306,6 +306,19 @@ class CudaSampler:
         elif cudastats.awaiting(self._index, self._native):  # nothing allocated yet to compare
             self._look_in = self.LOOK_EVERY
 
+    def ooms(self) -> int:
+        """The out-of-memory errors the allocator has raised so far (``num_ooms``): the
+        simulated GPU's model, else torch's statistics dict (read at loop headers by the
+        stop rule, not at every line); 0 before the program has started CUDA."""
+        if not self._started and not self._start():
+            return 0
+        from ..simgpu.running import running_gpu
+
+        gpu = running_gpu()
+        if gpu is not None:
+            return int(gpu.allocator.stats.num_ooms)
+        return int(self._stats(self._index).get("num_ooms", 0))
+
     def extras(self) -> Extras:
         driver = self._reader.driver(self.device) if self._cuda is not None else None
         return driver.nbytes if driver else None, self._reader.rss()

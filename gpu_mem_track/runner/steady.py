@@ -118,9 +118,11 @@ class LoopWatch:
     ``clock``: monotonic seconds, read at every line event when ``max_seconds`` is set.
     ``grad_enabled()``: whether autograd records at the moment (``torch.is_grad_enabled``;
     None: always); a loop left while it does not is an evaluation, left alone.
-    ``activity()``: ``(bytes allocated now, allocations plus frees so far)`` of the run's
-    allocator, read at loop headers (None where nothing counts them: every iteration then
-    counts, and the memory at the header is not compared).
+    ``activity()``: ``(bytes allocated now, allocations plus frees so far, out-of-memory
+    errors so far)`` of the run's allocator, read at loop headers (None where nothing counts
+    them: every iteration then counts, and the memory at the header is not compared). An
+    iteration that ran out of memory is never steady: a loop that catches the error and
+    retries with a smaller batch goes on until it fits.
     ``stopped`` holds the :class:`StopInfo` of the first stop (with the loops left after
     it), None while the run has not been stopped.
     """
@@ -131,7 +133,7 @@ class LoopWatch:
         rule: StopRule,
         marks: Callable[[], Hashable],
         clock: Callable[[], float] = time.perf_counter,
-        activity: Callable[[], tuple[int, int]] | None = None,
+        activity: Callable[[], tuple[int, int, int]] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
     ) -> None:
         self._sink = sink
@@ -272,13 +274,14 @@ class LoopWatch:
         file = anchor.code.co_filename
         marks: Hashable = None
         if self._activity is not None:
-            allocated, events = self._activity()
+            allocated, events, ooms = self._activity()
             before = anchor.events if anchor.events is not None else anchor.frame.entered.get(anchor.header)
             anchor.events = events
             if before is None or events == before:
                 anchor.same, anchor.last = 0, None
                 return False  # no work on the GPU in this iteration: not a step
-            anchor.high = marks = max(anchor.high, allocated)
+            anchor.high = max(anchor.high, allocated)
+            marks = (anchor.high, ooms)  # a new out-of-memory error: not steady
         anchor.worked += 1
         if rule.max_iterations is not None and anchor.worked >= rule.max_iterations:
             return self._stop(self._info("max-iterations", file, anchor.header))
