@@ -39,6 +39,9 @@ def launch(tmp_path: Path, rank: int, world: int = 2, n: int = 4, wait: float = 
     script = tmp_path / "train.py"
     if not script.exists():
         script.write_text(textwrap.dedent(SCRIPT.format(n=n)))
+    # The script allocates host memory: measure the CPU on any machine (on one with a GPU the
+    # automatic device is each rank's cuda:<local rank>, whose allocator the script leaves idle).
+    options.setdefault("device", "cpu")
     run_options = RunOptions(str(script), out_dir=str(tmp_path / "reports"), rank_wait=wait, **options)
     out = io.StringIO()
     result = execute(prepare(run_options, env(rank, world)), out)

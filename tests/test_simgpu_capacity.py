@@ -128,7 +128,6 @@ def test_every_entry_point_of_the_simulated_gpu_counts_the_saved_probe(saved_h20
     from gpu_mem_track.estimator.batchsize import _budget
     from gpu_mem_track.estimator.options import StepOptions
     from gpu_mem_track.estimator.target import target_spec
-    from gpu_mem_track.notebook.magics import parse_cell_options
     from gpu_mem_track.runner.options import RunOptions
     from gpu_mem_track.runner.simulate import check_simulate
 
@@ -138,7 +137,6 @@ def test_every_entry_point_of_the_simulated_gpu_counts_the_saved_probe(saved_h20
         assert gpu.spec.capacity == saved_h200
         assert torch.cuda.mem_get_info()[0] == saved_h200
     assert check_simulate(RunOptions(script="t.py", simulate="h200"), None).capacity == saved_h200
-    assert parse_cell_options("--simulate h200").simulate.capacity == saved_h200  # %%memtrack
     assert target_spec("h200").capacity == saved_h200  # estimate --gpu
     budget, source = _budget(None, StepOptions(gpu="h200"), measured=False)  # batch-size --gpu
     assert budget == saved_h200
@@ -149,6 +147,13 @@ def test_every_entry_point_of_the_simulated_gpu_counts_the_saved_probe(saved_h20
     # a GpuSpec given is used as is; the custom SIZE:smXY names no GPU a probe ran on
     assert parse_gpu(GPUS["h200"]) is GPUS["h200"]
     assert parse_gpu("24GiB:sm90").context_source.startswith("assumed")
+
+
+def test_the_notebook_magic_counts_the_saved_probe(saved_h200):
+    pytest.importorskip("IPython")
+    from gpu_mem_track.notebook.magics import parse_cell_options
+
+    assert parse_cell_options("--simulate h200").simulate.capacity == saved_h200  # %%memtrack
 
 
 def test_the_saved_probe_can_be_turned_off(saved_h200, monkeypatch):
