@@ -177,8 +177,8 @@ def _watch(options: RunOptions, profiler: LineProfiler, sampler: Any) -> LoopWat
     """The stop rule between the engine and the profiler (None when nothing stops the run
     early; see ``steady``). On the CUDA allocator, real or simulated, an iteration counts
     only when it worked on the GPU (``LoopWatch``'s ``activity``: a fresh reading of the
-    bytes allocated, the allocator's event count and its out-of-memory count); a loop left while autograd records
-    nothing leaves no loop around it (``grad_enabled``)."""
+    bytes allocated, the allocator's event count and its out-of-memory count); a loop left
+    while autograd records nothing leaves no loop around it (``grad_enabled``)."""
     rule = stop_rule(options)
     if rule is None:
         return None
