@@ -36,7 +36,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -44,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fixtures import shown  # noqa: E402
+from simulated import run_simulated  # noqa: E402
 
 from gpu_mem_track.allocator.replay import replay  # noqa: E402
 from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
@@ -82,15 +82,9 @@ def prepare_client(fixtures: Path, work: Path) -> Path:
 
 def simulate(client: Path, argv: list[str], name: str, to_end: bool) -> dict:
     """One ``run --simulate h200 --snapshot`` of the recorded command; its figures."""
-    command = [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200", "--snapshot"]
-    command += ["--snapshot-entries", "10000000", "--out-dir", "runs", "--run-name", name]
-    command += (["--run-to-end"] if to_end else []) + argv
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=client, env=env, capture_output=True, text=True, timeout=3600)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{name}: the simulated run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    args = ["--simulate", "h200", "--snapshot", "--snapshot-entries", "10000000"]
+    args += ["--out-dir", "runs", "--run-name", name, *(["--run-to-end"] if to_end else []), *argv]
+    _, seconds = run_simulated(args, client, 3600, f"{name}: the simulated run", tail=4000)
     folder = client / "runs" / name
     meta = json.loads((folder / "meta.json").read_text())
     return {

@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from fixtures import shown
+from simulated import run_simulated
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts/resnet50_train.py"
@@ -75,16 +73,10 @@ def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs", to
         wrapper = work / f"{name}.py"
         wrapper.write_text(wrapper_text.replace("sys.argv[1]", repr(str(SCRIPT))))
         target = str(wrapper)
-    command = [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200"]
-    command += ["--run-to-end"] if to_end else []
-    command += ["--snapshot"] if wrapper_text is None and not to_end else []
-    command += ["--out-dir", str(out), target]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=work, env=env, timeout=1800)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"the simulated run failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    args = ["--simulate", "h200"]
+    args += ["--run-to-end"] if to_end else []
+    args += ["--snapshot"] if wrapper_text is None and not to_end else []
+    _, seconds = run_simulated([*args, "--out-dir", str(out), target], work, 1800)
     meta = json.loads(next(out.glob("*/meta.json")).read_text())
     figures = {"peak": meta["peak"], "reserved": meta["reserved_peak"], "seconds": seconds}
     figures["stopped"] = meta.get("stopped")

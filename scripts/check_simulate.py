@@ -31,10 +31,8 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -47,6 +45,7 @@ from gpu_mem_track.units import format_bytes  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from fixtures import fixtures_folder  # noqa: E402
+from simulated import run_simulated  # noqa: E402
 
 FIXTURE = "transformer-2.7b-ctx128-train-step.pickle.gz"
 GPU = "H100-80GB"
@@ -56,11 +55,7 @@ TARGETS = {"allocated": 0.005, "reserved": 0.01}
 
 def simulate(work: Path) -> dict:
     """Run the fixture script under ``run --simulate``; what it printed and the run folder."""
-    command = [
-        sys.executable,
-        "-m",
-        "gpu_mem_track",
-        "run",
+    args = [
         "--simulate",
         GPU,
         "--out-dir",
@@ -71,12 +66,7 @@ def simulate(work: Path) -> dict:
         "--snapshots",
         str(work / "snapshots"),
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=work, env=env, timeout=1800)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"the simulated run failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    done, seconds = run_simulated(args, work, 1800)
     printed = [int(n) for n in re.findall(r"full step: max_memory_allocated (\d+) B", done.stdout)]
     folder = work / "runs" / "fixture"
     meta = json.loads((folder / "meta.json").read_text())

@@ -225,22 +225,30 @@ def test_python_runs_only_the_rare_lines(tmp_path, line_sink, engine_name, monke
     assert sorted(calls) == sorted(f.__code__.co_name for f in functions)
 
 
-def test_other_threads_are_not_traced_by_the_native_callbacks(tmp_path, line_sink):
-    if "monitoring" not in ENGINE_NAMES:
-        pytest.skip("sys.monitoring needs Python 3.12+")
-    sampler = FakeSampler()
-    profiler = LineProfiler(sampler, line_sink=line_sink)
-    engine = ENGINES["monitoring"](profiler, lambda code: code in WANTED)
+def thread_then_grow(profiler, sampler, wants, work) -> list[tuple[str, int]]:
+    """Under the monitoring engine feeding ``profiler`` (tracing the code ``wants``
+    accepts): ``work`` in a thread of its own, then ``grow(sampler, 7)`` in this one.
+    Returns each record's (function, increment)."""
+    engine = ENGINES["monitoring"](profiler, wants)
     engine.start()
     try:
-        worker = threading.Thread(target=grow, args=(sampler, 5))
+        worker = threading.Thread(target=work)
         worker.start()
         worker.join()
         grow(sampler, 7)
     finally:
         engine.stop()
     profiler.finish()
-    assert [(r.function, r.increment) for r in profiler.records()] == [("grow", 7), ("grow", 0)]
+    return [(r.function, r.increment) for r in profiler.records()]
+
+
+def test_other_threads_are_not_traced_by_the_native_callbacks(tmp_path, line_sink):
+    if "monitoring" not in ENGINE_NAMES:
+        pytest.skip("sys.monitoring needs Python 3.12+")
+    sampler = FakeSampler()
+    profiler = LineProfiler(sampler, line_sink=line_sink)
+    records = thread_then_grow(profiler, sampler, lambda code: code in WANTED, lambda: grow(sampler, 5))
+    assert records == [("grow", 7), ("grow", 0)]
 
 
 def test_native_off_keeps_the_python_path(monkeypatch):
@@ -304,18 +312,9 @@ def test_code_a_thread_runs_is_switched_off_there_too(line_sink, native):
 
     sampler = FakeSampler()
     profiler = LineProfiler(sampler, line_sink=line_sink if native else None)
-    engine = ENGINES["monitoring"](profiler, wants)
-    engine.start()
-    try:
-        worker = threading.Thread(target=lambda: [worker_only(i) for i in range(50)])
-        worker.start()
-        worker.join()
-        grow(sampler, 7)
-    finally:
-        engine.stop()
-    profiler.finish()
+    records = thread_then_grow(profiler, sampler, wants, lambda: [worker_only(i) for i in range(50)])
     assert asked.count("worker_only") == 1
-    assert [(r.function, r.increment) for r in profiler.records()] == [("grow", 7), ("grow", 0)]
+    assert records == [("grow", 7), ("grow", 0)]
 
 
 def test_an_engine_sees_code_an_earlier_engine_switched_off(line_sink):

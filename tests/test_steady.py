@@ -5,52 +5,22 @@ catch with ``except Exception``. The loops run for real under the settrace engin
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
+from watched import Sink, run_main
 
 from gpu_mem_track.runner.steady import LoopWatch, StopInfo, StopRule, StopRun, loop_spans
-from gpu_mem_track.runner.tracer import SettraceEngine
-
-
-class Sink:
-    """Counts what the watch forwards."""
-
-    def __init__(self) -> None:
-        self.lines: list[int] = []
-        self.depth = 0
-
-    def enter(self, code):
-        self.depth += 1
-
-    def line(self, code, lineno):
-        self.lines.append(lineno)
-
-    def leave(self, code):
-        self.depth -= 1
 
 
 def run_watched(tmp_path: Path, source: str, rule: StopRule, clock=None) -> tuple[dict, LoopWatch, Sink]:
     """Run ``source`` (its ``main(memory)``) under a watch; ``memory`` (a list) is the high
     mark: its length. Returns the module's namespace, the watch and the sink."""
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(source))
-    code = compile(path.read_text(), str(path), "exec")
-    namespace: dict = {"__name__": "script"}
-    exec(code, namespace)
     memory: list = []
     sink = Sink()
     extra = {} if clock is None else {"clock": clock}
     watch = LoopWatch(sink, rule, lambda: len(memory), **extra)
-    engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
-    engine.start()
-    try:
-        namespace["main"](memory)
-    except StopRun:
-        pass
-    finally:
-        engine.stop()
+    namespace, _ = run_main(tmp_path, source, watch, memory)
     namespace["memory"] = memory
     return namespace, watch, sink
 

@@ -8,47 +8,27 @@ judged steady under ``run --simulate`` and the model was built with its loop cut
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-from gpu_mem_track.runner.steady import LoopWatch, StopRule, StopRun
-from gpu_mem_track.runner.tracer import SettraceEngine
+from watched import ROOT, Sink, cli, run_main
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class Sink:
-    def enter(self, code):
-        pass
-
-    def line(self, code, lineno):
-        pass
-
-    def leave(self, code):
-        pass
+from gpu_mem_track.runner.steady import LoopWatch, StopRule
 
 
-def run_watched(tmp_path: Path, source: str, rule: StopRule, activity: bool = True) -> tuple[dict, LoopWatch]:
+def run_watched(
+    tmp_path: Path, source: str, rule: StopRule, activity: bool = True, grad: bool = False
+) -> tuple[dict, LoopWatch]:
     """Run ``source``'s ``main(gpu)`` under a watch; ``gpu`` is a dict the code sets:
-    ``allocated``, ``events`` and ``ooms`` (what ``activity`` reads), ``peak`` (the high mark)."""
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(source))
-    namespace: dict = {"__name__": "script"}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    ``allocated``, ``events`` and ``ooms`` (what ``activity`` reads), ``peak`` (the high mark),
+    and with ``grad`` ``grad`` (whether autograd is on, ``True`` at the start, what the
+    watch's ``grad_enabled`` reads)."""
     gpu = {"allocated": 0, "events": 0, "peak": 0, "ooms": 0}
     reading = (lambda: (gpu["allocated"], gpu["events"], gpu["ooms"])) if activity else None
-    watch = LoopWatch(Sink(), rule, lambda: gpu["peak"], activity=reading)
-    engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
-    engine.start()
-    try:
-        namespace["main"](gpu)
-    except StopRun:
-        pass
-    finally:
-        engine.stop()
+    if grad:
+        gpu["grad"] = True
+    grad_enabled = (lambda: gpu["grad"]) if grad else None
+    watch = LoopWatch(Sink(), rule, lambda: gpu["peak"], activity=reading, grad_enabled=grad_enabled)
+    run_main(tmp_path, source, watch, gpu)
     return gpu, watch
 
 
@@ -210,15 +190,7 @@ print("after training", step)
 def simulate(tmp_path: Path, script: Path, *args: str, flags: tuple[str, ...] = ()) -> tuple[str, dict]:
     """``run --simulate h200`` of ``script`` in a subprocess: its stdout and meta.json."""
     out = tmp_path / "reports" / ("-".join(flags) or "default")
-    command = [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200", *flags]
-    done = subprocess.run(
-        [*command, "--out-dir", str(out), str(script), *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=600,
-    )
+    done = cli(tmp_path, "run", "--simulate", "h200", *flags, "--out-dir", str(out), str(script), *args)
     assert done.returncode == 0, done.stderr
     return done.stdout, json.loads(next(out.glob("*/meta.json")).read_text())
 
@@ -260,14 +232,7 @@ def test_a_script_that_fails_after_a_left_loop_is_told_why_it_may(tmp_path):
         "        final = step  # set only by the last iteration, which is skipped\n"
         "print('final', final)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "h200", "--out-dir", "r", str(script)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=600,
-    )
+    done = cli(tmp_path, "run", "--simulate", "h200", "--out-dir", "r", str(script))
     assert done.returncode == 1 and "NameError: name 'final' is not defined" in done.stderr
     assert (
         f"the script failed after the runner left the loop at {script}:3 (4 iteration(s) run)" in done.stderr
@@ -358,29 +323,12 @@ def test_without_autograd_a_left_loop_leaves_no_loop_around_it(tmp_path):
             evaluate(gpu)
         gpu["after"] = True
     """
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(source))
-    namespace: dict = {"__name__": "script"}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
-    gpu = {"allocated": 0, "events": 0, "peak": 0, "grad": True, "ooms": 0}
-    watch = LoopWatch(
-        Sink(),
-        StopRule(),
-        lambda: gpu["peak"],
-        activity=lambda: (gpu["allocated"], gpu["events"], gpu["ooms"]),
-        grad_enabled=lambda: gpu["grad"],
-    )
-    engine = SettraceEngine(watch, lambda c: c.co_filename == str(path))
-    engine.start()
-    try:
-        namespace["main"](gpu)
-    finally:
-        engine.stop()
+    gpu, watch = run_watched(tmp_path, source, StopRule(), grad=True)
     # the first evaluation is left after its 64th pass (an inner loop), the epoch loop
     # around it is not: every epoch ran (the later evaluations ran whole, as part of the
     # epoch loop's iterations, which then was the watched loop)
     assert gpu["evaluated"] == 64 + 2 * 200 and gpu["after"]
-    assert watch.stopped.loop == f"{path}:4" and watch.stopped.left == ()
+    assert watch.stopped.loop == f"{tmp_path / 'script.py'}:4" and watch.stopped.left == ()
 
 
 OOM_RETRIES = """

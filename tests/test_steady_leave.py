@@ -6,34 +6,18 @@ appends to, read as the high marks."""
 
 from __future__ import annotations
 
-import ast
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from watched import Sink, cli, run_main
 
-from gpu_mem_track.runner.loops import PAD_LINE, loop_table, pad_loops
-from gpu_mem_track.runner.steady import LoopWatch, StopInfo, StopRule, StopRun
+from gpu_mem_track.runner.loops import PAD_LINE, loop_table
+from gpu_mem_track.runner.steady import LoopWatch, StopInfo, StopRule
 from gpu_mem_track.runner.tracer import ENGINES
 
 ENGINE_NAMES = [name for name, engine in ENGINES.items() if engine.available()]
-
-
-class Sink:
-    """Records the lines the watch forwards."""
-
-    def __init__(self) -> None:
-        self.lines: list[int] = []
-
-    def enter(self, code):
-        pass
-
-    def line(self, code, lineno):
-        self.lines.append(lineno)
-
-    def leave(self, code):
-        pass
 
 
 def run_watched(tmp_path: Path, source: str, engine: str, rule: StopRule | None = None, pad: bool = False):
@@ -41,24 +25,21 @@ def run_watched(tmp_path: Path, source: str, engine: str, rule: StopRule | None 
     number of entries in ``log`` that are not strings (strings are what the code after
     the loops writes); ``pad``: compile it as the runner does (``loops.pad_loops``).
     Returns (log, watch, sink, ended: whether StopRun ended it)."""
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(source))
-    namespace: dict = {"__name__": "script"}
-    tree = ast.parse(path.read_text())
-    exec(compile(pad_loops(tree) if pad else tree, str(path), "exec"), namespace)
     log: list = []
     sink = Sink()
     watch = LoopWatch(sink, rule or StopRule(), lambda: sum(1 for x in log if not isinstance(x, str)))
-    tracer = ENGINES[engine](watch, lambda c: c.co_filename == str(path))
-    tracer.start()
-    ended = False
-    try:
-        namespace["main"](log)
-    except StopRun:
-        ended = True
-    finally:
-        tracer.stop()
+    _, ended = run_main(tmp_path, source, watch, log, ENGINES[engine], pad)
     return log, watch, sink, ended
+
+
+#: A loop that logs its first four steps, then the line after it (line 6).
+FOUR_STEPS = """
+def main(log):
+    for step in range(1000):
+        if step < 4:
+            log.append(step)
+    log.append("after the loop")
+"""
 
 
 @pytest.fixture(params=ENGINE_NAMES)
@@ -67,14 +48,7 @@ def engine(request):
 
 
 def test_the_code_after_the_loop_runs_and_the_skipped_iterations_are_counted(tmp_path, engine):
-    source = """
-    def main(log):
-        for step in range(1000):
-            if step < 4:
-                log.append(step)
-        log.append("after the loop")
-        log.append(f"step {step}")
-    """
+    source = FOUR_STEPS + '    log.append(f"step {step}")\n'
     log, watch, sink, ended = run_watched(tmp_path, source, engine)
     assert not ended
     assert log == [0, 1, 2, 3, "after the loop", "step 5"]  # 6 iterations ran (0-5)
@@ -87,14 +61,7 @@ def test_the_code_after_the_loop_runs_and_the_skipped_iterations_are_counted(tmp
 
 
 def test_end_script_keeps_the_old_stop(tmp_path, engine):
-    source = """
-    def main(log):
-        for step in range(1000):
-            if step < 4:
-                log.append(step)
-        log.append("after the loop")
-    """
-    log, watch, _, ended = run_watched(tmp_path, source, engine, StopRule(leave_loop=False))
+    log, watch, _, ended = run_watched(tmp_path, FOUR_STEPS, engine, StopRule(leave_loop=False))
     assert ended and log == [0, 1, 2, 3]
     assert watch.stopped.action == "ended-script" and watch.stopped.skipped is None
 
@@ -417,31 +384,10 @@ print("max allocated", torch.cuda.max_memory_allocated())
 
 @pytest.mark.slow
 def test_run_simulate_leaves_a_dataloader_loop_and_the_script_runs_to_its_end(tmp_path):
-    import os
-    import subprocess
-
     from gpu_mem_track.runfolder.files import read_lines, read_meta
 
     (tmp_path / "train.py").write_text(DATALOADER_SCRIPT.lstrip())
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpu_mem_track",
-            "run",
-            "--run-name",
-            "r",
-            "--simulate",
-            "a100-40gb",
-            "train.py",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        timeout=600,
-    )
+    done = cli(tmp_path, "run", "--run-name", "r", "--simulate", "a100-40gb", "train.py")
     assert done.returncode == 0, done.stderr
     info = read_meta(tmp_path / "reports" / "r" / "meta.json")
     # the batch loop is nested in the epoch loop (through train()): 64 passes, then left;

@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,6 +42,8 @@ __all__ = [
     "build_now",
     "census_scan",
     "load_built",
+    "load_once",
+    "load_planned",
     "loaded",
     "mode",
     "request_build",
@@ -74,19 +77,12 @@ def census_scan() -> ModuleType | None:
 
     Looked for once per process, and once more when a build this process started in the
     background has ended: a module built while the program runs is used from then on."""
-    if _state["module"] is not None:
-        return _state["module"]
-    if mode() == "off":
-        _state["note"] = "off (GPU_MEM_TRACK_NATIVE=off)"
-        return None
-    with _lock:
-        if not _state["loaded"]:
-            builder = _state["builder"]
-            if builder is not None and builder.poll() is None:
-                return None  # still being built
-            _state["module"], _state["note"] = _load()
-            _state["loaded"] = True
-    return _state["module"]
+    return load_once(_state, _lock, _load, _being_built, done="loaded")
+
+
+def _being_built() -> bool:
+    builder = _state["builder"]
+    return builder is not None and builder.poll() is None
 
 
 def loaded() -> ModuleType | None:
@@ -130,6 +126,54 @@ def load_built(name: str, path: Path, abi: int, torch_version: str) -> tuple[Mod
     if getattr(module, "ABI", None) != abi or getattr(module, "TORCH", None) != torch_version:
         return None, f"{path} was built for another version"
     return module, ""
+
+
+def load_once(
+    state: dict[str, Any],
+    lock: threading.Lock,
+    load: Callable[[], tuple[ModuleType | None, str]],
+    busy: Callable[[], bool] | None = None,
+    done: str = "looked",
+) -> ModuleType | None:
+    """The built module a native module's ``state`` holds (keys ``module``, ``note`` and
+    ``done``), looked for once: None with ``GPU_MEM_TRACK_NATIVE=off`` (noted), None while
+    ``busy()`` (a build is running; looked for on a later call), else ``load()``'s module
+    (kept with its note, ``state[done]`` set so that it is not looked for again until a
+    caller clears it)."""
+    if state["module"] is not None:
+        return state["module"]
+    if mode() == "off":
+        state["note"] = "off (GPU_MEM_TRACK_NATIVE=off)"
+        return None
+    with lock:
+        if not state[done]:
+            if busy is not None and busy():
+                return None
+            state["module"], state["note"] = load()
+            state[done] = True
+    return state["module"]
+
+
+def load_planned(name: str, abi: int, loaded_note: str) -> tuple[ModuleType | None, str]:
+    """Load the module ``name`` (``build.MODULES``) from where ``build.plan`` puts it:
+    (the module, ``loaded_note`` with ``{path}`` filled in), or (None, why not: not built
+    and why, its build failed, or :func:`load_built`'s reason)."""
+    try:
+        from . import build
+
+        target = build.plan(name=name)
+    except Exception as error:
+        return None, f"cannot plan the build: {type(error).__name__}: {error}"
+    if not target.module.is_file():
+        if target.missing:
+            return None, f"not built: {target.missing}"
+        if target.failed:
+            return None, f"its build failed: see {target.folder / 'build.log'}"
+        return None, "not built (make native, or python -m gpu_mem_track.native.build, builds it)"
+    module, problem = load_built(name, target.module, abi, target.torch_version)
+    if module is None:
+        return None, problem
+    return module, loaded_note.format(path=target.module)
 
 
 def _self_check(module: ModuleType) -> str:

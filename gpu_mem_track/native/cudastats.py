@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import load_built, mode, start_build
+from . import load_once, load_planned, mode, start_build
 
 __all__ = ["awaiting", "building", "checked_read", "figures", "module", "request_build", "status"]
 
@@ -61,37 +61,11 @@ def module() -> ModuleType | None:
     built, or not loadable; :func:`status` says which). Never builds; looks for the file
     once, and once more after a build this process started (or found running in
     another, such as another rank's) has ended."""
-    if _state["module"] is not None:
-        return _state["module"]
-    if mode() == "off":
-        _state["note"] = "off (GPU_MEM_TRACK_NATIVE=off)"
-        return None
-    with _lock:
-        if not _state["looked"]:
-            if building():
-                return None
-            _state["module"], _state["note"] = _load()
-            _state["looked"] = True
-    return _state["module"]
+    return load_once(_state, _lock, _load, building)
 
 
 def _load() -> tuple[ModuleType | None, str]:
-    try:
-        from . import build
-
-        target = build.plan(name=build.CUDA_MODULE)
-    except Exception as error:
-        return None, f"cannot plan the build: {type(error).__name__}: {error}"
-    if not target.module.is_file():
-        if target.missing:
-            return None, f"not built: {target.missing}"
-        if target.failed:
-            return None, f"its build failed: see {target.folder / 'build.log'}"
-        return None, "not built (make native, or python -m gpu_mem_track.native.build, builds it)"
-    loaded, problem = load_built(build.CUDA_MODULE, target.module, ABI, target.torch_version)
-    if loaded is None:
-        return None, problem
-    return loaded, f"loaded from {target.module}, not checked yet (needs a GPU in use)"
+    return load_planned("cuda_stats", ABI, "loaded from {path}, not checked yet (needs a GPU in use)")
 
 
 def request_build() -> bool:

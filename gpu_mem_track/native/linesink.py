@@ -17,7 +17,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from . import load_built, mode
+from . import load_once, load_planned
 
 __all__ = ["module", "status"]
 
@@ -31,35 +31,11 @@ _state: dict[str, Any] = {"module": None, "looked": False, "note": "not looked f
 def module() -> ModuleType | None:
     """The loaded ``line_sink`` module, or None (off, not built, or not loadable;
     :func:`status` says which). Looks for the file once per process; never builds."""
-    if _state["module"] is not None:
-        return _state["module"]
-    if mode() == "off":
-        _state["note"] = "off (GPU_MEM_TRACK_NATIVE=off)"
-        return None
-    with _lock:
-        if not _state["looked"]:
-            _state["module"], _state["note"] = _load()
-            _state["looked"] = True
-    return _state["module"]
+    return load_once(_state, _lock, _load)
 
 
 def _load() -> tuple[ModuleType | None, str]:
-    try:
-        from . import build
-
-        target = build.plan(name=build.LINE_MODULE)
-    except Exception as error:
-        return None, f"cannot plan the build: {type(error).__name__}: {error}"
-    if not target.module.is_file():
-        if target.missing:
-            return None, f"not built: {target.missing}"
-        if target.failed:
-            return None, f"its build failed: see {target.folder / 'build.log'}"
-        return None, "not built (make native, or python -m gpu_mem_track.native.build, builds it)"
-    loaded, problem = load_built(build.LINE_MODULE, target.module, ABI, target.torch_version)
-    if loaded is None:
-        return None, problem
-    return loaded, f"in use: loaded from {target.module}"
+    return load_planned("line_sink", ABI, "in use: loaded from {path}")
 
 
 def status() -> str:

@@ -66,8 +66,23 @@ class _Figures:
     at_peak: int = 0
 
 
+class _TwoSides:
+    """What a line's and a phase's comparison share: the order of the rows."""
+
+    allocated_a: int
+    allocated_b: int
+    at_peak_a: int
+    at_peak_b: int
+
+    @property
+    def difference(self) -> int:
+        """The larger of the two differences (allocated, held at the peak), in bytes:
+        the order of the lines, and of the phases."""
+        return max(abs(self.allocated_b - self.allocated_a), abs(self.at_peak_b - self.at_peak_a))
+
+
 @dataclass(frozen=True)
-class LineComparison:
+class LineComparison(_TwoSides):
     """One matched line. ``where``: the file as both agree on it, ``:line`` and the
     function; ``file_a``/``file_b``: each side's recorded path (``""``: the side has no
     such line); ``phase_a``/``phase_b``: the phase most of its bytes were allocated in;
@@ -91,18 +106,12 @@ class LineComparison:
     at_peak_b: int
     sizes: tuple[SizeDifference, ...] = ()
 
-    @property
-    def difference(self) -> int:
-        """The larger of the two differences (allocated, held at the peak), in bytes:
-        the order of the comparison."""
-        return max(abs(self.allocated_b - self.allocated_a), abs(self.at_peak_b - self.at_peak_a))
-
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "sizes": [s.to_dict() for s in self.sizes], "difference": self.difference}
 
 
 @dataclass(frozen=True)
-class PhaseComparison:
+class PhaseComparison(_TwoSides):
     """One phase (``attribution.CATEGORIES``): allocations, their bytes and the bytes live
     at each side's peak, and the request sizes whose counts differ."""
 
@@ -114,12 +123,6 @@ class PhaseComparison:
     at_peak_a: int
     at_peak_b: int
     sizes: tuple[SizeDifference, ...] = ()
-
-    @property
-    def difference(self) -> int:
-        """The larger of the two differences (allocated, held at the peak), in bytes:
-        the order of the phases."""
-        return max(abs(self.allocated_b - self.allocated_a), abs(self.at_peak_b - self.at_peak_a))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "sizes": [s.to_dict() for s in self.sizes]}
