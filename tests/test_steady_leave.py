@@ -356,7 +356,7 @@ def test_stop_info_says_what_was_left_and_round_trips():
 
 
 def test_the_python_running_the_tests_is_one_the_jump_was_checked_on():
-    assert sys.version_info[:2] in ((3, 11), (3, 12), (3, 13), (3, 14))
+    assert sys.version_info[:2] in ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
 
 
 DATALOADER_SCRIPT = """
