@@ -19,10 +19,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SAVED_PROBE_ENV", "cache_folder", "saved_costs", "saved_results", "stage_costs", "use_saved"]
+__all__ = [
+    "SAVED_PROBE_ENV",
+    "SAVED_SOURCE",
+    "cache_folder",
+    "saved_costs",
+    "saved_results",
+    "stage_costs",
+    "use_saved",
+]
 
 #: The environment variable that turns saved probe results off for the simulated GPU.
 SAVED_PROBE_ENV = "GPU_MEM_TRACK_SAVED_PROBE"
+#: How a saved result's source begins (``saved_costs``; the report says a saved probe counted).
+SAVED_SOURCE = "measured by gpu-mem-track probe on this machine's"
 #: The probe's stage whose cost is the CUDA context (``tracker.records.STAGES[1]``).
 CONTEXT_STAGE = "CUDA context"
 #: At most this many saved results are read, each at most this many bytes.
@@ -89,10 +99,7 @@ def saved_costs(gpu_name: str, cache_dir: Path | str | None = None) -> tuple[int
             continue
         context = max(costs.get(CONTEXT_STAGE, 0), 0)
         libraries = sum(max(cost, 0) for name, cost in costs.items() if name != CONTEXT_STAGE)
-        source = (
-            f"measured by gpu-mem-track probe on this machine's {gpu_name} "
-            f"(torch {data.get('torch_version', '?')}; {path})"
-        )
+        source = f"{SAVED_SOURCE} {gpu_name} (torch {data.get('torch_version', '?')}; {path})"
         return context, libraries, source
     return None
 

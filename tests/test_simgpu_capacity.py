@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from gpu_mem_track.probecache import SAVED_SOURCE
 from gpu_mem_track.runfolder.records import RunInfo, SimulationInfo
 from gpu_mem_track.runfolder.simtext import simulation_lines
 from gpu_mem_track.simgpu import GPUS, parse_gpu, simulated_gpu
@@ -187,6 +188,13 @@ def test_the_report_and_the_gpus_table_say_what_is_counted_outside_pytorch():
         "cuBLAS/cuDNN 166.00 MiB), compute capability 9.0"
     )
     assert "(non-PyTorch memory 300.00 MiB assumed)" in line(GPUS["t4"])
+    # a saved probe's figures say so, and how to ignore them (the catalog's are the H200's too)
+    saved = GPUS["h200"].measured(
+        600 * MiB, 206 * MiB, f"{SAVED_SOURCE} NVIDIA H200 (torch 2.11; probe-h200.json)"
+    )
+    assert "(non-PyTorch memory 806.00 MiB measured by this machine's saved probe, " in line(saved)
+    assert "GPU_MEM_TRACK_SAVED_PROBE=off ignores it: CUDA context 600.00 MiB" in line(saved)
+    assert "saved probe" not in line(GPUS["h200"])
     table = render_gpus(list(GPUS.values()))
     h200_row = next(row for row in table.splitlines() if row.startswith("H200 "))
     assert "518.00 MiB" in h200_row and "166.00 MiB" in h200_row and "139.13 GiB" in h200_row

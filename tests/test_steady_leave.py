@@ -60,6 +60,46 @@ def test_the_code_after_the_loop_runs_and_the_skipped_iterations_are_counted(tmp
     assert sink.lines[-3:] == [6, 7, 7] or sink.lines[-2:] == [6, 7]
 
 
+def test_a_for_else_loop_is_left_into_its_else_as_its_end_would(tmp_path, engine):
+    # the skipped iterations are taken as run, so the loop ends as its own end would:
+    # the else runs (a break would skip it, a GPU running every iteration would not)
+    source = """
+def main(log):
+    for step in range(1000):
+        if step < 4:
+            log.append(step)
+    else:
+        log.append(f"else {step}")
+    log.append("after the loop")
+"""
+    log, watch, _, ended = run_watched(tmp_path, source, engine)
+    assert not ended
+    assert log == [0, 1, 2, 3, "else 5", "after the loop"]
+    assert watch.stopped.action == "left-loop" and watch.stopped.resumed.endswith("script.py:7")
+
+
+def test_an_inner_loop_ending_a_for_else_body_goes_on_at_the_outer_else(tmp_path):
+    path = tmp_path / "loops.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            for a in x:              # 2: into its else
+                for b in y:          # 3: last in the body: the outer one's else
+                    pass
+            else:
+                z = 1                # 6
+            while c:                 # 7: into its else
+                pass
+            else:
+                w = 2                # 10
+            """
+        )
+    )
+    table = loop_table(str(path))
+    assert {h: loop.exit for h, loop in table.items()} == {2: 6, 3: 6, 7: 10}
+    assert table[3].through == (2,) and table[2].through == ()
+
+
 def test_end_script_keeps_the_old_stop(tmp_path, engine):
     log, watch, _, ended = run_watched(tmp_path, FOUR_STEPS, engine, StopRule(leave_loop=False))
     assert ended and log == [0, 1, 2, 3]

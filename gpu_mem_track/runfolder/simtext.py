@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..probecache import SAVED_PROBE_ENV, SAVED_SOURCE
 from ..units import format_bytes
 from .records import RunInfo, SimulationInfo
 
@@ -69,12 +70,15 @@ def _gpu(gpu: dict[str, Any]) -> str:
 
 def _outside(gpu: dict[str, Any]) -> str:
     """The non-PyTorch memory the simulation counted (CUDA context, cuBLAS/cuDNN handles),
-    and whether it was measured (a description written before libraries were counted
-    holds an assumed context only)."""
+    and whether it was measured, and by a probe saved on this machine (a description
+    written before libraries were counted holds an assumed context only)."""
     context, libraries = int(gpu.get("context_bytes", 0)), gpu.get("library_bytes", 0)
     libraries = libraries if isinstance(libraries, int) and not isinstance(libraries, bool) else 0
-    measured = str(gpu.get("context_source", "")).startswith("measured")
-    text = f"non-PyTorch memory {format_bytes(context + libraries)} {'measured' if measured else 'assumed'}"
+    source = str(gpu.get("context_source", ""))
+    measured = "measured" if source.startswith("measured") else "assumed"
+    if source.startswith(SAVED_SOURCE):
+        measured += f" by this machine's saved probe, {SAVED_PROBE_ENV}=off ignores it"
+    text = f"non-PyTorch memory {format_bytes(context + libraries)} {measured}"
     if libraries:
         text += f": CUDA context {format_bytes(context)}, cuBLAS/cuDNN {format_bytes(libraries)}"
     return text

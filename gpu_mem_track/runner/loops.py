@@ -14,6 +14,10 @@ loop's iterator). That line is the first statement that runs after the loop:
   ``break`` goes (the enclosing loop is left too, see ``Loop.through``); of a loop's
   ``else``: where that loop's ``break`` goes.
 
+A loop with an ``else`` (its own, or an enclosing loop's it is left through) goes on at the
+``else``'s first line instead: the skipped iterations are taken as run, so the loop ends as
+its own end would, and a GPU running every iteration runs the ``else``.
+
 **Loops that end a block.** A loop that is the last statement of a function, of the
 module, of a ``with`` block, of an ``except`` handler, of a ``finally`` block or of a
 ``match`` case has no source line to jump to (CPython gives the implicit ``return None``
@@ -56,8 +60,9 @@ _TRY = tuple(t for t in (ast.Try, getattr(ast, "TryStar", None)) if t is not Non
 @dataclass(frozen=True)
 class Loop:
     """One ``for``/``while`` loop: ``header`` and ``end`` lines (its ``else`` included),
-    ``kind`` (``"for"`` or ``"while"``), ``exit``: the line a ``break`` of it goes on at
-    (None when no line can be jumped to; see the module docstring), ``through``: the
+    ``kind`` (``"for"`` or ``"while"``), ``exit``: the line a ``break`` of it goes on at,
+    or its ``else``'s first line when it has one (None when no line can be jumped to; see
+    the module docstring), ``through``: the
     headers of the enclosing loops (same function) that the jump to ``exit`` leaves too,
     innermost first, ``enclosing``: the headers of every loop of the same function
     around it, innermost first, and ``iterable``: a ``for`` loop's ``EXPR``."""
@@ -127,7 +132,12 @@ def _one_line(node: ast.stmt) -> bool:
 def _loop(node: ast.stmt, parents: _Parents) -> Loop:
     through: list[int] = []
     pad: list[ast.stmt] = []
-    exit_line = None if _one_line(node) else _after(node, parents, through, pad)
+    if _one_line(node):
+        exit_line = None
+    elif node.orelse:  # type: ignore[attr-defined]
+        exit_line = _first_line(node.orelse[0])  # type: ignore[attr-defined]
+    else:
+        exit_line = _after(node, parents, through, pad)
     if exit_line is None and pad and not _one_line(node):
         exit_line = PAD_LINE + pad[0].lineno  # type: ignore[attr-defined]
     enclosing = []
@@ -164,6 +174,8 @@ def _after(node: ast.stmt, parents: _Parents, through: list[int], pad: list[ast.
     if isinstance(parent, _LOOPS):
         if field == "body":
             through.append(parent.lineno)
+            if parent.orelse:  # the enclosing loop ends as its own end would: its else runs
+                return _first_line(parent.orelse[0])
         return _after(parent, parents, through, pad)
     # the end of a function or module, a with block, an except handler, a finally block or
     # a match case: no jump out of it (or none to a line), but one to a pad within it
