@@ -578,12 +578,15 @@ int close_line(Core* self, PyObject* frame, long long current, long long high, d
       break;
     result = 0;
     if (self->threshold != Py_None && PyObject_IsTrue(self->on_increment)) {
-      long long threshold;
-      if (as_ll(self->threshold, &threshold) < 0) {
+      // a threshold beyond int64 (--census-threshold 100EiB) is compared as Python does:
+      // above it, never reached; below it, always
+      int overflow = 0;
+      long long threshold = PyLong_AsLongLongAndOverflow(self->threshold, &overflow);
+      if (threshold == -1 && PyErr_Occurred()) {
         result = -1;
         break;
       }
-      if (increment >= threshold) {
+      if (overflow < 0 || (overflow == 0 && increment >= threshold)) {
         PyObject* done = PyObject_CallFunction(self->on_increment, "OOL", code, lineno_obj, increment);
         if (done == nullptr) {
           result = -1;
