@@ -355,3 +355,18 @@ def test_a_census_threshold_above_int64_is_never_reached_as_in_python(line_sink,
     assert results[0] == results[1]
     assert results[1][0] == []
     assert results[1][1][0][1] == 64
+
+
+@pytest.mark.parametrize("junk", [[1, 2], "junk", ("a", "b")])
+def test_finish_ends_with_a_foreign_item_on_the_stack(line_sink, junk):
+    """An item that is not a frame, put on the profiler's stack from Python, is popped by
+    finish() (natively it was left there: finish() looped forever)."""
+    profiler = LineProfiler(FakeSampler(), line_sink=line_sink)
+    profiler.enter(grow.__code__)
+    profiler._stack.append(junk)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (profiler.finish(), done.set()), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert done.is_set()
+    assert profiler._stack == []

@@ -700,9 +700,22 @@ PyObject* do_enter(Core* self, PyObject* code) {
 // LineProfiler.leave
 PyObject* do_leave(Core* self, PyObject* code) {
   Py_ssize_t depth = PyList_GET_SIZE(self->stack);
-  if (depth == 0 || !PyList_Check(PyList_GET_ITEM(self->stack, depth - 1))) Py_RETURN_NONE;
+  if (depth == 0) Py_RETURN_NONE;
   PyObject* frame = PyList_GET_ITEM(self->stack, depth - 1);
-  if (PyList_GET_SIZE(frame) != 9 || PyList_GET_ITEM(frame, F_CODE) != code) Py_RETURN_NONE;
+  if (!PyList_Check(frame) || PyList_GET_SIZE(frame) != 9) {
+    // not a frame of this module (put there from Python): popped where Python's leave
+    // pops it (its first item is code), unrecorded, so finish() cannot loop forever
+    PyObject* first = PySequence_GetItem(frame, 0);
+    if (first == nullptr) {
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    int same = first == code;
+    Py_DECREF(first);
+    if (same && PyList_SetSlice(self->stack, depth - 1, depth, nullptr) < 0) return nullptr;
+    Py_RETURN_NONE;
+  }
+  if (PyList_GET_ITEM(frame, F_CODE) != code) Py_RETURN_NONE;
   Py_INCREF(frame);
   if (PyList_SetSlice(self->stack, depth - 1, depth, nullptr) < 0) {
     Py_DECREF(frame);
