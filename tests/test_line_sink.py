@@ -333,3 +333,40 @@ def test_an_engine_sees_code_an_earlier_engine_switched_off(line_sink):
         profiler.finish()
         results.append([(r.function, r.increment) for r in profiler.records()])
     assert results == [[], [("grow", 3), ("grow", 0)]]
+
+
+@pytest.mark.parametrize("threshold", [2**63, 10**20])
+def test_a_census_threshold_above_int64_is_never_reached_as_in_python(line_sink, threshold):
+    """``--census-threshold 100EiB`` parses to an int above 2**63: no increment reaches it,
+    natively as in Python (it must not raise OverflowError into the user's program)."""
+    results = []
+    for module in (None, line_sink):
+        calls: list[tuple] = []
+        sampler = FakeSampler()
+        census = lambda *args, calls=calls: calls.append(args)  # noqa: E731
+        profiler = LineProfiler(sampler, None, census, threshold, line_sink=module)
+        code = grow.__code__
+        profiler.enter(code)
+        profiler.line(code, code.co_firstlineno + 1)
+        sampler.allocate(64)
+        profiler.line(code, code.co_firstlineno + 2)
+        profiler.leave(code)
+        results.append((calls, [(r.line, r.increment) for r in profiler.records()]))
+    assert results[0] == results[1]
+    assert results[1][0] == []
+    assert results[1][1][0][1] == 64
+
+
+@pytest.mark.parametrize("junk", [[1, 2], "junk", ("a", "b")])
+def test_finish_ends_with_a_foreign_item_on_the_stack(line_sink, junk):
+    """An item that is not a frame, put on the profiler's stack from Python, is popped by
+    finish() (natively it was left there: finish() looped forever)."""
+    profiler = LineProfiler(FakeSampler(), line_sink=line_sink)
+    profiler.enter(grow.__code__)
+    profiler._stack.append(junk)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (profiler.finish(), done.set()), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert done.is_set()
+    assert profiler._stack == []

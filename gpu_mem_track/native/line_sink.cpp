@@ -578,12 +578,15 @@ int close_line(Core* self, PyObject* frame, long long current, long long high, d
       break;
     result = 0;
     if (self->threshold != Py_None && PyObject_IsTrue(self->on_increment)) {
-      long long threshold;
-      if (as_ll(self->threshold, &threshold) < 0) {
+      // a threshold beyond int64 (--census-threshold 100EiB) is compared as Python does:
+      // above it, never reached; below it, always
+      int overflow = 0;
+      long long threshold = PyLong_AsLongLongAndOverflow(self->threshold, &overflow);
+      if (threshold == -1 && PyErr_Occurred()) {
         result = -1;
         break;
       }
-      if (increment >= threshold) {
+      if (overflow < 0 || (overflow == 0 && increment >= threshold)) {
         PyObject* done = PyObject_CallFunction(self->on_increment, "OOL", code, lineno_obj, increment);
         if (done == nullptr) {
           result = -1;
@@ -697,9 +700,22 @@ PyObject* do_enter(Core* self, PyObject* code) {
 // LineProfiler.leave
 PyObject* do_leave(Core* self, PyObject* code) {
   Py_ssize_t depth = PyList_GET_SIZE(self->stack);
-  if (depth == 0 || !PyList_Check(PyList_GET_ITEM(self->stack, depth - 1))) Py_RETURN_NONE;
+  if (depth == 0) Py_RETURN_NONE;
   PyObject* frame = PyList_GET_ITEM(self->stack, depth - 1);
-  if (PyList_GET_SIZE(frame) != 9 || PyList_GET_ITEM(frame, F_CODE) != code) Py_RETURN_NONE;
+  if (!PyList_Check(frame) || PyList_GET_SIZE(frame) != 9) {
+    // not a frame of this module (put there from Python): popped where Python's leave
+    // pops it (its first item is code), unrecorded, so finish() cannot loop forever
+    PyObject* first = PySequence_GetItem(frame, 0);
+    if (first == nullptr) {
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    int same = first == code;
+    Py_DECREF(first);
+    if (same && PyList_SetSlice(self->stack, depth - 1, depth, nullptr) < 0) return nullptr;
+    Py_RETURN_NONE;
+  }
+  if (PyList_GET_ITEM(frame, F_CODE) != code) Py_RETURN_NONE;
   Py_INCREF(frame);
   if (PyList_SetSlice(self->stack, depth - 1, depth, nullptr) < 0) {
     Py_DECREF(frame);
