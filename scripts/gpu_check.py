@@ -16,15 +16,22 @@ progress line and its elapsed seconds:
    the ``snapshot`` command then replays), its run under ``run`` and under
    ``run --simulate <this GPU>`` (CPU only);
 4. the ``cuda``-marked tests, alone, one process;
-5. quiet: the launch-bound loop (nanoGPT char) and the GPU-bound one (GPT-2 124M) plainly and
-   under ``run``, their own per-iteration times compared (medians after warm-up).
+5. quiet: the launch-bound loop (nanoGPT char) and the GPU-bound one (GPT-2 124M) plainly,
+   under ``run`` and under ``run`` with the native paths off (``GPU_MEM_TRACK_NATIVE=off``),
+   their own per-iteration times compared (medians after warm-up); then
+   ``scripts/bench_line.py`` on the GPU (the dict read against the native one).
+
+With a GPU, step 2 runs beside the build of the native modules
+(``python -m gpu_mem_track.native.build``), and a step says which reader the runner's CUDA
+sampler then uses.
 
 The scripts are the package's examples (scripts/gpu_check_train.py) and nanoGPT's
 train.py (char config, and GPT-2 124M) with the arguments of the H200 recordings, when its
 folder is found: ``--fixtures DIR``, ``$GPU_MEM_TRACK_FIXTURES``, ``.gpu_fixtures/`` in the
 checkout, or ``shared/fixtures`` beside it (``DIR/h200/clients/nanogpt``); it runs in a
 temporary copy, after its ``make_data.py``. Results go to
-``reports/gpu_check/<gpu>/`` (or ``--out``): report.md, report.json and the logs
+``reports/gpu_check/<gpu>/`` (or ``--out``): report.md (with the native reader's status and
+bench_line's table), report.json and the logs
 (tests-quick.log, tests-cuda.log, probe.log, runs.log); snapshots are summarised, not kept.
 A part that fails or runs out of time is named in the report, and the command still exits
 0 with its tables. Without a GPU (or with ``--dry``) it says so and runs the simulated
