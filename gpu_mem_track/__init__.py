@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr
     from .estimator.render import render_estimate
     from .estimator.simulate import estimate
     from .estimator.specs import InputSpec
+    from .advisor.api import fit
     from .integrations.hf import HFMemTrackCallback
     from .integrations.lightning import LightningMemTrackCallback
     from .runner.options import RunOptions
@@ -58,6 +59,7 @@ _HOMES = {
     "InputSpec": "estimator.specs",
     "find_max_batch_size": "estimator.batchsize",
     "search_batch_size": "estimator.batchsize",
+    "fit": "advisor.api",
     "load_snapshot": "snapshotfile.load",
     "simulated_gpu": "simgpu.session",
     "HFMemTrackCallback": "integrations.hf",
@@ -82,6 +84,7 @@ __all__ = [
     "InputSpec",
     "find_max_batch_size",
     "search_batch_size",
+    "fit",
     "load_snapshot",
     "simulated_gpu",
     "HFMemTrackCallback",
