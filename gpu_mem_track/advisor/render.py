@@ -112,9 +112,8 @@ def _batch_line(row: FitRow, result: FitResult, with_what: str) -> list[str]:
         return []
     if row.batch.batch == 0:
         return [f"{with_what.capitalize()}, no batch tried fits ({result.batch_arg})."]
-    return [
-        f"{with_what.capitalize()}, batch {row.batch.batch} fits ({result.batch_arg}; you run {result.batch})."
-    ]
+    sentence = f"{with_what.capitalize()}, batch {row.batch.batch} fits"
+    return [f"{sentence} ({result.batch_arg}; you run {result.batch})."]
 
 
 def render_fit(result: FitResult) -> str:

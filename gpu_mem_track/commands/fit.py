@@ -51,9 +51,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-arg",
         metavar="ARG",
-        help="the script's argument that sets the batch: an option (--batch_size, given as "
-        "--batch_size=32 or --batch_size 32) or an index into the script's arguments; each row then "
-        "gets the largest batch that fits, found by simulated trials",
+        help="the script's argument that sets the batch: an option (--batch-arg=--batch_size for "
+        "--batch_size=32 or --batch_size 32 in the script's arguments; write it with =) or an index into "
+        "the script's arguments; each row then gets the largest batch that fits, found by simulated trials",
     )
     parser.add_argument("--max-batch", type=_positive, metavar="N", help="the largest batch the search tries")
     parser.add_argument(
@@ -62,7 +62,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out-dir",
         default="reports",
-        help="folder under which fit-<script>-<date>-<time>/ keeps each trial's run folder (default: reports)",
+        help="folder under which fit-<script>-<date>-<time>/ keeps each trial's run folder "
+        "(default: reports)",
     )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON instead of the table")
     parser.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page to PATH")
