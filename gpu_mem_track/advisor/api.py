@@ -67,7 +67,7 @@ def fit(
     CUDA context and libraries) above which a completed run's peak reserved counts as
     too tight, so levers are tried. ``jobs``: trials run at once (None: the cores
     available). Trial run folders go under ``out_dir/fit-<script>-<date>-<time>/``, one
-    per trial (``baseline``, ``checkpoint``, ``expandable+checkpoint-b48``, ...), each a
+    per trial (``baseline``, ``checkpoint``, ``expandable_checkpoint-b48``, ...), each a
     full ``run`` report. ``include``, ``max_iterations``, ``max_seconds``,
     ``run_to_end``, ``end_script`` and ``engine`` are passed to every trial as ``run``'s
     options of those names. ``runner(spec)`` replaces the child process that runs a

@@ -40,14 +40,15 @@ class TrialSpec:
 
     @property
     def name(self) -> str:
-        """The run folder's name: ``baseline``, ``expandable``, ``fused+checkpoint``,
-        with ``-b48`` for batch 48."""
+        """The run folder's name: ``baseline``, ``expandable``, ``fused_checkpoint``,
+        with ``-b48`` for batch 48 (letters, digits, ``_`` and ``-``: the runner keeps it
+        as it is)."""
         return trial_name(self.levers, self.batch)
 
 
 def trial_name(levers: Sequence[str], batch: int | None) -> str:
     """See ``TrialSpec.name``."""
-    base = "+".join(levers) if levers else "baseline"
+    base = "_".join(levers) if levers else "baseline"  # no lever's name holds a "_"
     return base if batch is None else f"{base}-b{batch}"
 
 
