@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..levers.catalog import LEVERS
 from . import Command, count, report
 
 __all__ = ["COMMAND"]
@@ -93,6 +94,15 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         "simulated GPU, in torch's fake process group (collectives move no data)",
     )
     run.add_argument(
+        "--lever",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="apply this lever for the whole run, without editing the script (repeatable; CUDA runs, "
+        f"real or --simulate): {', '.join(LEVERS)}; meta.json's levers say what each did and the "
+        "line to write in the script for it",
+    )
+    run.add_argument(
         "--max-iterations",
         type=count,
         metavar="N",
@@ -172,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         max_seconds=args.max_seconds,
         run_to_end=args.run_to_end,
         end_script=args.end_script,
+        levers=tuple(args.lever),
         **entries,
     )
     result = execute(prepare(options))

@@ -224,8 +224,9 @@ def replace_text(path: Path, text: str) -> None:
 def read_meta(path: Path) -> RunInfo:
     """The ``RunInfo`` of a ``meta.json``; ``errors.BadInput`` (one line) if it is not one:
     not a regular file, over ``inputs.MAX_JSON_BYTES``, nested too deep, not JSON, or a
-    field of the wrong type (``inputs.typed_fields``; a simulated run's ``simulation``
-    and an early stop's ``stopped`` with the keys their report reads)."""
+    field of the wrong type (``inputs.typed_fields``; a simulated run's ``simulation``,
+    an early stop's ``stopped`` and ``run --lever``'s ``levers`` with the keys their
+    reports read)."""
     what = "a gpu_mem_track run description"
     data = inputs.load_json(path, what)
     if not isinstance(data, dict) or data.get("format") != "gpu_mem_track run":
@@ -237,15 +238,18 @@ def read_meta(path: Path) -> RunInfo:
         info,
         simulation=None if simulation is None else _simulation(simulation, where),
         stopped=None if stopped is None else _stopped(stopped, where),
+        levers=_levers(data.get("levers", []), where),
     )
 
 
-#: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule).
-_NESTED = ("simulation", "stopped")
+#: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule,
+#: ``run --lever``).
+_NESTED = ("simulation", "stopped", "levers")
 #: What the report reads of a simulated run's records: the keys each needs, with types.
 _GPU_KEYS = {"name": str, "total_memory": int, "context_bytes": int, "cublas_workspace": int}
 _READ_KEYS = {"filename": str, "line": int, "op": str, "count": int}
 _BOUND_KEYS = {**_READ_KEYS, "bound": int}
+_LEVER_KEYS = {"name": str, "applied": bool, "reason": str, "change": str}
 _OOM_KEYS = {"filename": str, "line": int, "request": int, "allocated": int, "reserved": int, "capacity": int}
 
 
@@ -268,6 +272,13 @@ def _simulation(value: Any, where: str) -> SimulationInfo:
         skipped_saves=skipped,
         out_of_memory=None if oom is None else _keyed(oom, _OOM_KEYS, where, "simulation.out_of_memory"),
     )
+
+
+def _levers(value: Any, where: str) -> tuple[dict[str, Any], ...]:
+    """A ``meta.json``'s ``levers`` (``run --lever``), each with the keys the reports read."""
+    if not isinstance(value, list):
+        raise BadInput(f"{where}: 'levers' is not a list")
+    return tuple(_keyed(item, _LEVER_KEYS, where, "levers") for item in value)
 
 
 def _stopped(value: Any, where: str) -> StopInfo:

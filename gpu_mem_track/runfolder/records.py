@@ -268,7 +268,10 @@ class RunInfo:
     (None on the CPU, and in files written before it was recorded); ``simulation``: how
     a ``run --simulate`` went on its simulated GPU (None on real hardware);
     ``stopped``: where and why the runner stopped the script early (None when it ran to
-    its end).
+    its end); ``levers``: what each ``run --lever`` did, in the order given
+    (``levers.LeverReport.to_dict()``: ``name``, ``applied``, ``reason``, ``detail``,
+    ``change``, ``where``, ``cost``, ``changes_results``; empty without levers and in
+    files written before them).
     """
 
     run_name: str
@@ -294,10 +297,12 @@ class RunInfo:
     reserved_peak: int | None = None
     simulation: SimulationInfo | None = None
     stopped: StopInfo | None = None
+    levers: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["argv"] = list(self.argv)
+        data["levers"] = list(self.levers)
         if self.simulation is not None:
             data["simulation"] = self.simulation.to_dict()
         return {"format": "gpu_mem_track run", "version": 1, **data}
@@ -306,6 +311,7 @@ class RunInfo:
     def from_dict(cls, data: dict[str, Any]) -> RunInfo:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["argv"] = tuple(values.get("argv", ()))
+        values["levers"] = tuple(values.get("levers") or ())
         if values.get("simulation") is not None:
             values["simulation"] = SimulationInfo.from_dict(values["simulation"])
         if values.get("stopped") is not None:

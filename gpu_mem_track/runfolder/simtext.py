@@ -12,7 +12,7 @@ from ..probecache import SAVED_PROBE_ENV, SAVED_SOURCE
 from ..units import format_bytes
 from .records import RunInfo, SimulationInfo
 
-__all__ = ["simulation_lines", "simulation_report"]
+__all__ = ["levers_line", "simulation_lines", "simulation_report"]
 
 #: Placeholder reads and bounds listed in the report (the rest counted).
 _LISTED = 20
@@ -32,7 +32,20 @@ def simulation_lines(info: RunInfo) -> list[str]:
     if info.stopped is not None:
         text = _short_where(info.stopped.describe())
         out.append(text[0].upper() + text[1:])
+    if info.levers:
+        out.append(levers_line(info.levers))
     return out
+
+
+def levers_line(levers: Any) -> str:
+    """One line: the ``run --lever`` levers applied, with what each did, then those not
+    applied, with why (``RunInfo.levers``' dicts)."""
+    applied = [f"{lv['name']} ({lv.get('detail') or 'applied'})" for lv in levers if lv.get("applied")]
+    skipped = [
+        f"{lv['name']} ({lv.get('reason') or 'why not unknown'})" for lv in levers if not lv.get("applied")
+    ]
+    text = f"Levers applied: {', '.join(applied) or 'none'}"
+    return text + (f"; not applied: {', '.join(skipped)}" if skipped else "")
 
 
 def simulation_report(sim: SimulationInfo) -> str:

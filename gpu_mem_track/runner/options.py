@@ -38,6 +38,8 @@ class RunOptions:
     ``run_to_end``: do not stop it once its memory is steady (the default under
     ``simulate``); ``end_script``: when a loop is stopped (steady, ``max_iterations``),
     end the script there rather than leave the loop as a ``break`` would; see ``steady``.
+    ``levers``: the levers in force for the whole run (``gpu_mem_track.levers``; CUDA
+    runs only, real or simulated), in the order given.
     """
 
     script: str
@@ -60,6 +62,7 @@ class RunOptions:
     max_seconds: float | None = None
     run_to_end: bool = False
     end_script: bool = False
+    levers: tuple[str, ...] = ()
 
 
 @dataclass

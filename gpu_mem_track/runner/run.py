@@ -48,7 +48,7 @@ from .recording import SnapshotRun
 from .result import RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
-from .simulate import check_simulate, simulation, simulation_info, stop_rule
+from .simulate import check_levers, check_simulate, simulation, simulation_info, stop_rule
 from .steady import LoopWatch
 from .tracer import best_engine, engine_class
 
@@ -72,6 +72,7 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     check_budgets(options)
     device = Device("cuda", 0) if gpu is not None else resolve_device(options.device)
     check_memory(options.memory, device)
+    check_levers(options, device)
     try:
         engine_class(options.engine)
     except ValueError as exc:
@@ -113,12 +114,17 @@ def execute(
     records, its automatic censuses and, with ``--snapshot``, how the snapshot was merged.
     ``prepared`` is not changed. ``sampler`` and ``history`` replace the memory readings
     and torch's history recorder (tests pass fakes)."""
-    with simulation(prepared.gpu, prepared.rank) as gpu:  # before the sampler's first reading
-        return _execute(prepared, stream, sampler, history, gpu)
+    from ..levers.apply import applied_levers
+
+    with (
+        applied_levers(prepared.options.levers, prepared.gpu is not None) as levers,  # before CUDA starts
+        simulation(prepared.gpu, prepared.rank) as gpu,  # before the sampler's first reading
+    ):
+        return _execute(prepared, stream, sampler, history, gpu, levers)
 
 
 def _execute(
-    prepared: PreparedRun, stream: TextIO | None, sampler: Sampler | None, history: Any, gpu: Any
+    prepared: PreparedRun, stream: TextIO | None, sampler: Sampler | None, history: Any, gpu: Any, levers: Any
 ) -> RunResult:
     options, folder, rank = prepared.options, prepared.folder, prepared.rank
     if sampler is None:
@@ -163,7 +169,7 @@ def _execute(
             records = snapshot.finish(records)
         sampler.close()
         info = _finished(info, code, profiler, session, end_memory)
-        info = _simulated(info, sampler, gpu, watch)
+        info = _simulated(info, sampler, gpu, watch, levers)
         unwritten = {"timeline.csv": timeline.error.strerror or str(timeline.error)} if timeline.error else {}
         if session.write_error:
             unwritten["census.csv"] = session.write_error
@@ -211,14 +217,15 @@ def _failed_after_leaving(stopped: Any) -> None:
     )
 
 
-def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None) -> RunInfo:
+def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None, levers: Any) -> RunInfo:
     """The run's description with its reserved peak (CUDA), what the simulated GPU
-    recorded (``--simulate``) and where the stop rule stopped it."""
+    recorded (``--simulate``), where the stop rule stopped it and what each ``--lever`` did."""
     return replace(
         info,
         reserved_peak=getattr(sampler, "reserved_peak", None),
         simulation=simulation_info(gpu) if gpu is not None else None,
         stopped=watch.stopped if watch is not None else None,
+        levers=tuple(report.to_dict() for report in levers.reports()),
     )
 
 

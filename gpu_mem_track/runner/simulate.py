@@ -29,7 +29,7 @@ from .steady import StopRule
 if TYPE_CHECKING:
     from .options import RunOptions
 
-__all__ = ["check_simulate", "simulation", "simulation_info", "stop_rule"]
+__all__ = ["check_levers", "check_simulate", "simulation", "simulation_info", "stop_rule"]
 
 
 def check_simulate(options: RunOptions, rank: Any) -> Any:
@@ -50,6 +50,20 @@ def check_simulate(options: RunOptions, rank: Any) -> Any:
     if options.memory != "auto":
         raise UsageError(f"--memory {options.memory} measures the CPU; --simulate reads the simulated GPU")
     return spec
+
+
+def check_levers(options: RunOptions, device: Any) -> None:
+    """``UsageError`` (one line) for an unknown ``--lever`` (listing the names), one given
+    twice, or levers on a run that is not on CUDA (real or simulated): they change how
+    a script uses the GPU."""
+    from ..levers.catalog import check_levers as check_names
+
+    check_names(options.levers)
+    if options.levers and not device.is_cuda:
+        raise UsageError(
+            "--lever changes how the script uses a CUDA GPU: give --simulate GPU or --device cuda "
+            f"(this run would be on {device})"
+        )
 
 
 def stop_rule(options: RunOptions) -> StopRule | None:

@@ -1,0 +1,88 @@
+"""The ``autocast`` lever: the model's forward under ``torch.autocast("cuda")``.
+
+Every outermost call of a module that has parameters (the script calling its model,
+``calls.ModuleCalls``) runs under ``torch.autocast("cuda", dtype=...)``: bfloat16 where
+the GPU supports it (``torch.cuda.is_bf16_supported(including_emulation=False)``,
+compute capability 8.0 and up; the simulated GPU answers for its capability), else
+float16, which in training needs a ``GradScaler`` that this lever does not add (the
+memory is the same; the report says so). A call the script already runs under CUDA
+autocast is left as it is; when every call was, the lever is not applied. The loss,
+computed outside the model, stays outside autocast, as with the one-line change the
+report gives.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+from .calls import ModuleCalls
+from .catalog import describe
+from .records import LeverReport
+from .source import Site, caller, prefixed
+
+__all__ = ["AutocastLever"]
+
+
+class AutocastLever:
+    """See the module doc. ``report()`` once the run ended."""
+
+    name = "autocast"
+
+    def __init__(self, calls: ModuleCalls) -> None:
+        calls.outer.append(self._outer)
+        self.applied = 0
+        self.already = 0
+        self.already_dtype = ""
+        self.dtype: Any = None
+        self.site: Site | None = None
+
+    def _outer(self, module: Any, stack: ExitStack) -> None:
+        import torch
+
+        if not any(True for _ in module.parameters()):
+            return  # a loss or an activation module, not a model
+        if torch.is_autocast_enabled("cuda"):
+            self.already += 1
+            self.already_dtype = _name(torch.get_autocast_dtype("cuda"))
+            return
+        if self.dtype is None:
+            self.dtype = _dtype(torch)
+        if self.site is None:
+            import sys
+
+            self.site = caller(sys._getframe(1))
+        self.applied += 1
+        stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
+
+    def report(self) -> LeverReport:
+        info = describe(self.name)
+        if not self.applied:
+            if self.already:
+                why = f"the script already autocasts ({self.already_dtype})"
+            else:
+                why = "the script called no model (no module with parameters called from outside a forward)"
+            return LeverReport(self.name, False, why, cost=info.cost, changes_results=True)
+        dtype = _name(self.dtype)
+        detail = dtype
+        if self.already:
+            detail += f" ({self.already} call(s) already under autocast kept)"
+        if dtype == "float16":
+            detail += "; float16 training needs a torch.amp.GradScaler, which the lever does not add"
+        generic = f'with torch.autocast("cuda", dtype=torch.{dtype}):'
+        change = prefixed(self.site.text, generic, generic) if self.site else generic
+        cost = info.cost.replace("bfloat16", dtype)
+        where = self.site.where if self.site else ""
+        return LeverReport(self.name, True, "", detail, change, where, cost, True)
+
+
+def _dtype(torch: Any) -> Any:
+    try:
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # an older torch without the argument
+        bf16 = torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if bf16 else torch.float16
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")

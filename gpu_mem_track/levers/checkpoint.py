@@ -1,0 +1,114 @@
+"""The ``checkpoint`` lever: activation checkpointing of the model's repeated blocks.
+
+The model is the first module with parameters called from outside any module's forward
+while autograd records (``calls.ModuleCalls``' outer hooks). Its blocks: of its
+``ModuleList`` and ``Sequential`` containers (itself included) with at least two
+children, all of one class, the one with the most parameters (the first found on a
+tie; containers without parameters are left out). From then on, each call of one of
+those children made inside a forward while autograd records runs as
+``torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, **kwargs)``, as
+the one-line change the report gives would; under ``no_grad`` (evaluation) the blocks
+run as before. Where the change goes: the line that called the first block (the loop
+over the container, in the model's forward).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .calls import ModuleCalls
+from .catalog import describe
+from .records import LeverReport
+from .source import Site, caller, wrapped_call
+
+__all__ = ["CheckpointLever", "repeated_blocks"]
+
+_FUNCTION = "torch.utils.checkpoint.checkpoint"
+
+
+def repeated_blocks(model: Any) -> tuple[str, Any] | None:
+    """``(name, container)`` of ``model``'s largest ``ModuleList``/``Sequential`` of at
+    least two children of one class (by parameter count; "" names the model itself),
+    None when it has none with parameters."""
+    import torch
+
+    best: tuple[int, str, Any] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList | torch.nn.Sequential):
+            continue
+        children = list(module.children())
+        if len(children) < 2 or len({type(child) for child in children}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size and (best is None or size > best[0]):
+            best = (size, name, module)
+    return None if best is None else (best[1], best[2])
+
+
+class CheckpointLever:
+    """See the module doc. ``report()`` once the run ended."""
+
+    name = "checkpoint"
+
+    def __init__(self, calls: ModuleCalls) -> None:
+        calls.outer.append(self._outer)
+        calls.inner.append(self._inner)
+        self.model: str = ""
+        self.found: tuple[str, Any] | None = None
+        self.blocks: list[Any] = []  # held, so their ids stay theirs
+        self.ids: frozenset[int] = frozenset()
+        self.calls = 0
+        self.site: Site | None = None
+
+    def _outer(self, module: Any, stack: Any) -> None:
+        import torch
+
+        if self.model or not torch.is_grad_enabled() or not any(True for _ in module.parameters()):
+            return
+        self.model = type(module).__name__
+        self.found = repeated_blocks(module)
+        if self.found is not None:
+            self.blocks = list(self.found[1].children())
+            self.ids = frozenset(id(block) for block in self.blocks)
+
+    def _inner(self, module: Any) -> Any:
+        if id(module) not in self.ids:
+            return None
+        import torch
+
+        if not torch.is_grad_enabled():
+            return None
+        if self.site is None:
+            self.site = caller(sys._getframe(1))
+        self.calls += 1
+        return _through_checkpoint
+
+    def report(self) -> LeverReport:
+        info = describe(self.name)
+        self.ids, self.blocks = frozenset(), []
+        if not self.model:
+            why = "no model was called with autograd recording (no training forward ran)"
+        elif self.found is None:
+            why = f"{self.model} has no ModuleList/Sequential of two or more blocks of one class"
+        elif not self.calls:
+            why = f"the blocks of {self.found[0] or self.model} were never called with autograd recording"
+        else:
+            why = ""
+        if why:
+            return LeverReport(self.name, False, why, cost=info.cost)
+        assert self.found is not None
+        name, container = self.found
+        children = list(container.children())
+        detail = f"{len(children)} x {type(children[0]).__name__} in {name or self.model}"
+        detail += f" ({self.calls} block call(s) checkpointed)"
+        site, change = self.site, info.change
+        if site is not None:
+            change = wrapped_call(site.text, _FUNCTION, "use_reentrant=False", change)
+        return LeverReport(self.name, True, "", detail, change, site.where if site else "", info.cost)
+
+
+def _through_checkpoint(run: Any, args: tuple, kwargs: dict) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
