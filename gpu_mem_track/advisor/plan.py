@@ -1,9 +1,10 @@
 """Which trials the advisor runs, and the cheapest combination of levers that fits.
 
-The levers, cheapest first (``LEVERS``): the allocator's expandable segments, its
-garbage-collection threshold, gradients set to None, the optimizer without foreach,
-the fused optimizer, mixed precision (autocast, which changes results) and activation
-checkpointing (about one more forward pass of compute).
+The levers, cheapest first, are ``levers.LEVERS`` (the names ``run --lever`` takes): the
+allocator's expandable segments, gradients set to None, the optimizer without foreach,
+the fused optimizer, the allocator's garbage-collection threshold, mixed precision
+(autocast, which changes results) and activation checkpointing (about one more forward
+pass of compute).
 
 The combination (``cheapest_combination``), tried only when no lever fits alone: the
 levers that applied alone, in that order, are accumulated (``a + b``, ``a + b + c``,
@@ -18,13 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import UsageError
+from ..levers import LEVERS
 from .records import FitRow, Trial
 from .trials import TrialPool, TrialSpec
 
 __all__ = ["LEVERS", "cheapest_combination", "make_row", "parse_levers", "rank"]
-
-#: The levers' names, cheapest first (the contract of ``run --lever``).
-LEVERS = ("expandable", "gc-threshold", "grads-to-none", "no-foreach", "fused", "autocast", "checkpoint")
 
 #: How good a trial's ``fits`` is: higher is better.
 _GOOD = {"yes": 2, "tight": 1, "no": 0, "failed": 0}

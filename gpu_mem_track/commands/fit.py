@@ -45,8 +45,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--levers",
         metavar="A,B",
-        help="the levers to try, comma-separated (default: all: expandable, gc-threshold, grads-to-none, "
-        "no-foreach, fused, autocast, checkpoint)",
+        help="the levers of run --lever to try, comma-separated (default: all: expandable, grads-to-none, "
+        "no-foreach, fused, gc-threshold, autocast, checkpoint; tried in that order, cheapest first)",
     )
     parser.add_argument(
         "--batch-arg",
