@@ -5,6 +5,7 @@ reconciles tensors, the caching allocator and the driver; ``prepare_run`` and
 ``execute_run`` run a script under the line profiler; ``load_run``, ``compare_files`` and
 ``plot_files`` read runs back; ``estimate`` and ``find_max_batch_size`` work without a
 GPU, and ``with simulated_gpu("a100-40gb"):`` runs any code on a simulated one;
+``fit`` says what change would make a script fit on a simulated GPU;
 ``load_snapshot`` reads a PyTorch memory snapshot; ``HFMemTrackCallback`` and
 ``LightningMemTrackCallback`` stamp a trainer's steps. Names are imported lazily, so
 ``import gpu_mem_track`` does not import torch (nor a trainer framework) until a name

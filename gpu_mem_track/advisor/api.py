@@ -180,10 +180,16 @@ def _with_batches(
     def search(i: int) -> None:
         levers = rows[i].levers
 
-        def trial_at(b: int) -> Trial:
-            return pool.run(TrialSpec(levers, None if b == batch else b))
+        def spec(b: int) -> TrialSpec:
+            return TrialSpec(levers, None if b == batch else b)
 
-        answers[i] = find_batch(trial_at, batch, capacity, max_batch=max_batch or 1 << 20)
+        answers[i] = find_batch(
+            lambda b: pool.run(spec(b)),
+            batch,
+            capacity,
+            max_batch=max_batch or 1 << 20,
+            prefetch=lambda b: pool.submit(spec(b)),
+        )
 
     threads = [threading.Thread(target=search, args=(i,)) for i in todo]
     for thread in threads:

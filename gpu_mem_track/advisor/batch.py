@@ -107,11 +107,14 @@ def find_batch(
     *,
     max_batch: int = 1 << 20,
     max_trials: int = 10,
+    prefetch: Callable[[int], object] | None = None,
 ) -> BatchAnswer:
     """The largest batch ``<= max_batch`` whose trial completes within ``capacity``.
 
     ``trial_at(b)`` runs (or recalls) the trial at batch ``b``; ``batch`` is the user's,
     whose trial is one of the points. At most ``max_trials`` batches are evaluated.
+    ``prefetch(b)``, when given, starts the trial at ``b`` without waiting: the first
+    batches (``sample_batches``) are started together.
     """
     from ..estimator.batchsize import search_batch_size  # imports torch
 
@@ -122,10 +125,13 @@ def find_batch(
         return trial.reserved_peak if trial.completed else None
 
     fits_there = trial_at(batch).completed
+    samples = tuple(b for b in sample_batches(batch, fits_there) if b <= max_batch) or (1,)
+    for b in samples if prefetch is not None else ():
+        prefetch(b)
     result = search_batch_size(
         peak_of,
         capacity,
-        samples=tuple(b for b in sample_batches(batch, fits_there) if b <= max_batch) or (1,),
+        samples=samples,
         max_batch=max_batch,
         max_probes=max_trials,
         confirm_above=True,
