@@ -302,3 +302,20 @@ def test_read_trial_reads_a_run_folder(tmp_path):
     assert trial.notes == (LeverNote("checkpoint", True, change="c", cost="w"),)
     missing = read_trial(tmp_path / "none", (), None, 2)
     assert missing.fits(0.9) == "failed" and "no run description" in missing.error
+
+
+def test_the_advisor_imports_no_torch():
+    """The advisor only runs trials in child processes: importing it (and the command)
+    leaves torch unimported, so ``fit --help`` and its usage errors are quick."""
+    import subprocess
+    import sys
+
+    code = "import sys, gpu_mem_track.advisor, gpu_mem_track.commands.fit; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+def test_gpu_mem_track_fit_is_the_function():
+    import gpu_mem_track
+
+    assert gpu_mem_track.fit is fit and "fit" in gpu_mem_track.__all__
