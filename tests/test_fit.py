@@ -223,6 +223,16 @@ def test_nothing_fits_exits_1(script):
     assert (result.verdict, result.exit_code) == ("none", 1)
     assert [r.label for r in result.rows][-1] == "expandable + checkpoint"
     assert "Nothing tried fits" in render_fit(result)
+    smaller = fit(
+        script,
+        ["--bs=10"],
+        gpu="2GiB:sm80",
+        runner=FakeRunner(base=500),
+        levers="expandable",
+        batch_arg="--bs",
+    )
+    assert smaller.verdict == "none"
+    assert "As it is, batch 5 fits (--bs; you run 10)." in render_fit(smaller).splitlines()  # (1000-500)/100
 
 
 def test_the_answer_round_trips_through_json_and_renders_the_same(script):

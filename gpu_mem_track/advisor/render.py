@@ -104,7 +104,8 @@ def verdict_lines(result: FitResult) -> list[str]:
         if row.changes_results:
             lines.append(f"Note: {row.label} changes the script's results ({cost_text(row)}).")
         return lines + _batch_line(row, result, f"with {row.label}")
-    return ["Nothing tried fits: no lever alone, and no combination tried, completed within the capacity."]
+    lines = ["Nothing tried fits: no lever alone, and no combination tried, completed within the capacity."]
+    return lines + _batch_line(first, result, "as it is")
 
 
 def _batch_line(row: FitRow, result: FitResult, with_what: str) -> list[str]:
