@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from gpu_mem_track.advisor import fit
-from gpu_mem_track.advisor.batch import BatchArg, find_batch, sample_batches
+from gpu_mem_track.advisor.batch import BatchArg, find_batch, start_batches
 from gpu_mem_track.advisor.page import render_fit_page
 from gpu_mem_track.advisor.plan import LEVERS, cheapest_combination, parse_levers
 from gpu_mem_track.advisor.records import FitResult, LeverNote, OutOfMemory, Trial
@@ -123,10 +123,25 @@ def test_a_bad_batch_argument_is_one_usage_error(where, args, message):
         BatchArg.parse(where).value(args)
 
 
-def test_the_search_starts_from_the_users_batch():
-    assert sample_batches(32, True) == (16, 32)
-    assert sample_batches(32, False) == (1, 16, 32)
-    assert sample_batches(1, False) == (1,)
+def test_the_search_starts_from_the_users_batch_halving_it_until_one_fits():
+    fake = FakeRunner()  # 200 + 100 b MiB within 1000 MiB: batch 8 fits, 9 does not
+    ran = []
+
+    def run(b):
+        ran.append(b)
+        return fake(TrialSpec((), b))
+
+    assert start_batches(run, 8) == (4, 8) and ran == [8]
+    ran.clear()
+    assert start_batches(run, 40) == (5, 10) and ran == [40, 20, 10, 5]
+    assert start_batches(lambda b: FakeRunner(base=2000)(TrialSpec((), b)), 4) == ()
+
+
+def test_a_search_from_far_above_finds_the_batch_and_counts_every_trial():
+    fake = FakeRunner()
+    answer = find_batch(lambda b: fake(TrialSpec((), b)), 40, CAPACITY)
+    assert answer.batch == 8 and answer.tried[:4] == (40, 20, 10, 5) and 9 in answer.tried
+    assert find_batch(lambda b: FakeRunner(base=2000)(TrialSpec((), b)), 2, CAPACITY).batch == 0
 
 
 def test_the_batch_search_finds_the_largest_batch_that_fits_and_proves_the_next_does_not():

@@ -183,13 +183,7 @@ def _with_batches(
         def spec(b: int) -> TrialSpec:
             return TrialSpec(levers, None if b == batch else b)
 
-        answers[i] = find_batch(
-            lambda b: pool.run(spec(b)),
-            batch,
-            capacity,
-            max_batch=max_batch or 1 << 20,
-            prefetch=lambda b: pool.submit(spec(b)),
-        )
+        answers[i] = find_batch(lambda b: pool.run(spec(b)), batch, capacity, max_batch=max_batch or 1 << 20)
 
     threads = [threading.Thread(target=search, args=(i,)) for i in todo]
     for thread in threads:

@@ -7,7 +7,8 @@
 to the batch it predicts, a confirmation there and at the next batch. Every batch it
 evaluates is a simulated trial; a trial that runs out of memory (or fails) does not fit.
 The budget is the capacity (a trial fits when it completes within it); the trial at the
-user's batch, already run, is reused as one of the points.
+user's batch, already run, is reused as one of the points, and when it does not fit the
+batch is halved until one does (``start_batches``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .records import BatchAnswer, Trial
 
-__all__ = ["BatchArg", "find_batch", "sample_batches"]
+__all__ = ["BatchArg", "find_batch", "start_batches"]
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,20 @@ class BatchArg:
         return tuple(out)
 
 
-def sample_batches(batch: int, fits_there: bool) -> tuple[int, ...]:
-    """The first batches the search evaluates, ascending, ending at the user's
-    ``batch`` (already run): half of it when it fits there (two points give the
-    line), else 1 and half of it (the search stops at the first that does not fit)."""
-    half = batch // 2
-    points = {half, batch} if fits_there else {1, half, batch}
-    return tuple(sorted(p for p in points if p >= 1))
+def start_batches(run: Callable[[int], Trial], batch: int) -> tuple[int, ...]:
+    """The batches the search starts from, ascending, their trials run by ``run(b)``:
+    half of ``batch`` and ``batch`` when it fits there (two points give the line);
+    else ``batch`` is halved until a trial fits, and the search starts from that batch
+    and the one above it in the halving that did not fit; ``()`` when not even batch 1
+    fits."""
+    failing = None
+    while not run(batch).completed:
+        if batch == 1:
+            return ()
+        failing, batch = batch, batch // 2
+    if failing is not None:
+        return (batch, failing)
+    return (batch // 2, batch) if batch > 1 else (batch,)
 
 
 def find_batch(
@@ -107,33 +115,40 @@ def find_batch(
     *,
     max_batch: int = 1 << 20,
     max_trials: int = 10,
-    prefetch: Callable[[int], object] | None = None,
 ) -> BatchAnswer:
     """The largest batch ``<= max_batch`` whose trial completes within ``capacity``.
 
     ``trial_at(b)`` runs (or recalls) the trial at batch ``b``; ``batch`` is the user's,
-    whose trial is one of the points. At most ``max_trials`` batches are evaluated.
-    ``prefetch(b)``, when given, starts the trial at ``b`` without waiting: the first
-    batches (``sample_batches``) are started together.
+    whose trial is one of the points (``start_batches``). A trial that ran out of memory
+    counts, for the line, as needing what it had reserved plus the request that failed
+    (a lower bound: it stopped there); one that failed otherwise does not fit. At most
+    ``max_trials`` batches are evaluated after the start.
     """
     from ..estimator.batchsize import search_batch_size  # imports torch
 
     trials: dict[int, Trial] = {}
 
-    def peak_of(b: int) -> int | None:
-        trial = trials[b] = trial_at(b)
-        return trial.reserved_peak if trial.completed else None
+    def run(b: int) -> Trial:
+        trials[b] = trial_at(b)
+        return trials[b]
 
-    fits_there = trial_at(batch).completed
-    samples = tuple(b for b in sample_batches(batch, fits_there) if b <= max_batch) or (1,)
-    for b in samples if prefetch is not None else ():
-        prefetch(b)
+    def peak_of(b: int) -> int | None:
+        trial = run(b)
+        if trial.completed:
+            return trial.reserved_peak
+        if trial.oom is not None:
+            return max(trial.oom.reserved + trial.oom.request, capacity + 1)
+        return None
+
+    samples = start_batches(run, min(batch, max_batch))
+    if not samples:
+        return BatchAnswer(batch=0, reserved_peak=None, folder="", tried=tuple(trials))
     result = search_batch_size(
         peak_of,
         capacity,
         samples=samples,
         max_batch=max_batch,
-        max_probes=max_trials,
+        max_probes=max_trials + len(samples),
         confirm_above=True,
         source="simulated trials",
     )
@@ -142,5 +157,5 @@ def find_batch(
         batch=result.batch,
         reserved_peak=None if best is None else best.reserved_peak,
         folder="" if best is None else best.folder,
-        tried=tuple(probe.batch for probe in result.probes),
+        tried=tuple(trials),
     )

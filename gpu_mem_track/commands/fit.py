@@ -106,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     from ..advisor.api import fit
     from ..advisor.render import render_fit
 
-    def progress(line: str) -> None:
-        print(f"gpu_mem_track fit: {line}", file=sys.stderr, flush=True)
+    def progress(line: str) -> None:  # one write per line: trials end in several threads
+        sys.stderr.write(f"gpu_mem_track fit: {line}\n")
+        sys.stderr.flush()
 
     result = fit(
         args.script,
