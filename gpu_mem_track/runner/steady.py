@@ -149,6 +149,9 @@ class LoopWatch:
         self._anchor: Anchor | None = None
         self._first: StopInfo | None = None
         self._left: list[str] = []
+        self._known: set[tuple[CodeType, int]] = set()  # loops left once: left again when steady
+        self._stuck: set[tuple[CodeType, int]] = set()  # loops Python would not let us leave alone
+        self._tally: dict[str, list[Any]] = {}  # file:line -> [times left, iterations skipped]
         self._pending: list[tuple[WatchedFrame, int]] = []
         self._filter: Any = None  # the warnings filter of a jump, until the next line event
 
@@ -160,10 +163,24 @@ class LoopWatch:
 
     @property
     def stopped(self) -> StopInfo | None:
-        """The first stop, with every loop left after it (None: not stopped)."""
-        if self._first is None or not self._left:
+        """The first stop, with every loop left after it and the loops left more than once
+        (how many times, how many iterations were skipped in all; None: not known) (None:
+        not stopped)."""
+        if self._first is None:
+            return None
+        repeats = tuple(
+            f"{where} {n} times, "
+            + (
+                "how many skipped not known"
+                if skipped is None
+                else f"{skipped:,} iteration(s) skipped in all"
+            )
+            for where, (n, skipped) in self._tally.items()
+            if n > 1
+        )
+        if not self._left and not repeats:
             return self._first
-        return replace(self._first, left=(*self._first.left, *self._left))
+        return replace(self._first, left=(*self._first.left, *self._left), repeats=repeats)
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 
@@ -188,8 +205,11 @@ class LoopWatch:
         if end is not None:
             back = lineno < frame.last <= end
             frame.passes[lineno] = frame.passes.get(lineno, 0) + 1 if back else 0
-            if not back and self._activity is not None:
-                frame.entered[lineno] = self._activity()[1]  # the loop is entered
+            if not back:  # the loop is entered
+                if self._activity is not None:
+                    frame.entered[lineno] = self._activity()[1]
+                if frame.again:
+                    frame.again.pop(lineno, None)
             if self._pending and (frame, lineno) in self._pending:
                 self._leave_around(frame, lineno)
                 return
@@ -217,11 +237,14 @@ class LoopWatch:
 
     def _iterated(self, frame: WatchedFrame, header: int) -> bool:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
-        is the watched loop, or decide whether it becomes the watched loop. True when the
-        watch left the loop (the line event was forwarded as the jump's target)."""
+        is the watched loop or a loop left before, or decide whether it becomes the watched
+        loop. True when the watch left the loop (the line event was forwarded as the jump's
+        target)."""
         if any(f.code.co_name in _NEVER_LEFT for f in self._stack):
             return False  # a model's loop or constructor, or a function they call
         depth = len(self._stack) - 1
+        if (frame.code, header) in self._known:
+            return self._again(frame, header, depth)
         anchor = self._anchor
         if anchor is None:
             anchor = self._anchor = Anchor(frame, header, depth)
@@ -266,39 +289,72 @@ class LoopWatch:
             return True
         return any(f.in_loop_body() for f in self._stack[: anchor.depth])
 
-    def _count(self, anchor: Anchor) -> bool:
-        """Count an iteration of the watched loop; True when it was left."""
+    def _verdict(self, state: Anchor) -> str | None:
+        """Count an iteration of the loop ``state`` follows: ``"steady"`` or
+        ``"max-iterations"`` when the rule says it may be left, None while it runs on."""
         rule = self._rule
-        anchor.iterations += 1
-        anchor.passes += 1
-        file = anchor.code.co_filename
+        state.iterations += 1
+        state.passes += 1
         marks: Hashable = None
         if self._activity is not None:
             allocated, events, ooms = self._activity()
-            before = anchor.events if anchor.events is not None else anchor.frame.entered.get(anchor.header)
-            anchor.events = events
+            before = state.events if state.events is not None else state.frame.entered.get(state.header)
+            state.events = events
             if before is None or events == before:
-                anchor.same, anchor.last = 0, None
-                return False  # no work on the GPU in this iteration: not a step
-            anchor.high = max(anchor.high, allocated)
-            marks = (anchor.high, ooms)  # a new out-of-memory error: not steady
-        anchor.worked += 1
-        if rule.max_iterations is not None and anchor.worked >= rule.max_iterations:
-            return self._stop(self._info("max-iterations", file, anchor.header))
+                state.same, state.last = 0, None
+                return None  # no work on the GPU in this iteration: not a step
+            state.high = max(state.high, allocated)
+            marks = (state.high, ooms)  # a new out-of-memory error: not steady
+        state.worked += 1
+        if rule.max_iterations is not None and state.worked >= rule.max_iterations:
+            return "max-iterations"
         if not rule.until_steady:
-            return False
+            return None
         marks = (self._marks(), marks)
-        if anchor.worked > rule.warmup:
-            anchor.same = anchor.same + 1 if marks == anchor.last else 0
-        anchor.last = marks
-        if anchor.same >= rule.steady and (anchor.passes >= rule.inner_limit or not self._nested(anchor)):
-            return self._stop(self._info("steady", file, anchor.header))
-        return False
+        if state.worked > rule.warmup:
+            state.same = state.same + 1 if marks == state.last else 0
+        state.last = marks
+        return "steady" if state.same >= rule.steady else None
+
+    def _count(self, anchor: Anchor) -> bool:
+        """Count an iteration of the watched loop; True when it was left."""
+        reason = self._verdict(anchor)
+        if reason is None:
+            return False
+        rule = self._rule
+        info = self._info(reason, anchor.code.co_filename, anchor.header, state=anchor)
+        early = anchor.passes < rule.inner_limit and self._nested(anchor)
+        if not rule.leave_loop:
+            if reason == "steady" and early:
+                return False  # the loop around it may not have done its step yet
+            raise StopRun(self._record(info))
+        evaluation = self._grad_enabled is not None and not self._grad_enabled()
+        if evaluation or early:
+            if self._leave_only(self._stack[-1], info):
+                self._anchor = None  # the loop around it (or a later one) is watched next
+                return True
+            if evaluation or reason == "steady":
+                return False  # no break that leaves it alone: it runs on
+        return self._stop(info)
+
+    def _again(self, frame: WatchedFrame, header: int, depth: int) -> bool:
+        """An iteration of a loop left before, entered again (an evaluation called again,
+        the micro-steps of the next optimizer step): counted from its entry, and left
+        again, alone, once the rule says so. True when it was left."""
+        state = frame.again.get(header)
+        if state is None:
+            state = frame.again[header] = Anchor(frame, header, depth)
+        reason = self._verdict(state)
+        if reason is None or not self._rule.leave_loop:
+            return False
+        return self._leave_only(frame, self._info(reason, frame.code.co_filename, header, state=state))
 
     # -- stopping -----------------------------------------------------------------------------
 
-    def _info(self, reason: str, file: str, line: int, now: float | None = None) -> StopInfo:
-        anchor = self._anchor
+    def _info(
+        self, reason: str, file: str, line: int, now: float | None = None, state: Anchor | None = None
+    ) -> StopInfo:
+        anchor = state or self._anchor
         loop = f"{anchor.code.co_filename}:{anchor.header}" if anchor is not None else ""
         return StopInfo(
             reason=reason,
@@ -317,38 +373,64 @@ class LoopWatch:
             self._first = info
         return info
 
+    def _leave_only(self, frame: WatchedFrame, info: StopInfo) -> bool:
+        """Leave the loop at ``info.line`` of the top frame as a ``break`` would, and no
+        loop around it; False (nothing done) when its ``break`` would leave a loop around
+        it too, or there is no line to go on at."""
+        loop = frame.table.get(info.line)
+        if loop is None or loop.exit is None or loop.through or (frame.code, loop.header) in self._stuck:
+            return False
+        real = running_frame(frame.code)
+        if real is not None and remaining(loop, real, frame.passes.get(loop.header, 0)) == 0:
+            return False  # its last pass: it ends as it would
+        if self._leave(frame, loop, info, alone=True):
+            return True
+        self._stuck.add((frame.code, loop.header))  # a pad in a file the runner did not compile
+        return False
+
     def _stop(self, info: StopInfo) -> bool:
-        """The rule says stop at the watched loop's header (the top frame): leave the loop,
-        or end the script (``leave_loop`` off, or a loop no jump can leave)."""
-        if not self._rule.leave_loop:
-            raise StopRun(self._record(info))
+        """Leave the watched loop (the top frame's, at its header) and the loops around it,
+        each at its header, or end the script where no jump can leave it."""
         frame = self._stack[-1]
         loop = frame.table.get(info.line)
-        alone = self._grad_enabled is not None and not self._grad_enabled()
-        if alone and (loop is None or loop.exit is None or loop.through):
-            return False  # evaluation that only ending the script or an outer loop would leave
         if loop is None or loop.exit is None:
             where = f"{info.file}:{info.line}"
             self._end(info, _ONE_LINE % where, ended_at=where)
+        self._leave(frame, loop, info)  # type: ignore[arg-type]
+        self._anchor = None  # watch again: a later long loop is left once steady too
+        pending = [(frame, h) for h in loop.enclosing if h not in loop.through]  # type: ignore[union-attr]
+        pending += [(f, h) for f in self._stack[:-1] for h in f.around()]
+        self._pending += [p for p in pending if p not in self._pending]
+        return True
+
+    def _leave(self, frame: WatchedFrame, loop: Loop, info: StopInfo, alone: bool = False) -> bool:
+        """Jump out of ``loop`` (the top frame's) and note it: the first stop, or one more.
+        False where Python refused the jump and ``alone`` (else the script was ended)."""
         real = running_frame(frame.code)
         skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
-        self._jump(frame, real, loop, info)
+        if not self._jump(frame, real, loop, info, alone):
+            return False
+        frame.again.pop(loop.header, None)
+        where = f"{info.file}:{loop.header}"
+        self._known.add((frame.code, loop.header))
         if self._first is None:
             padded = loop.exit >= PAD_LINE  # type: ignore[operator]
             resumed = f"{info.file}:{loop.end if padded else loop.exit}"
             self._first = replace(
                 info, action="left-loop", skipped=skipped, resumed=resumed, resumed_after=padded
             )
-        else:
-            self._left.append(f"{info.file}:{loop.header}")
-        self._left += [f"{info.file}:{h}" for h in loop.through]
-        self._anchor = None  # watch again: a later long loop is left once steady too
-        if alone:
-            return True  # evaluation: the loops around it (training) go on
-        pending = [(frame, h) for h in loop.enclosing if h not in loop.through]
-        pending += [(f, h) for f in self._stack[:-1] for h in f.around()]
-        self._pending += [p for p in pending if p not in self._pending]
+        self._add_left(where)
+        for header in loop.through:
+            self._add_left(f"{info.file}:{header}")
+        tally = self._tally.setdefault(where, [0, 0])
+        tally[0] += 1
+        tally[1] = None if tally[1] is None or skipped is None else tally[1] + skipped
         return True
+
+    def _add_left(self, where: str) -> None:
+        """List ``where`` among the loops left after the first stop (each once)."""
+        if where != self._first.loop and where not in self._left:  # type: ignore[union-attr]
+            self._left.append(where)
 
     def _leave_around(self, frame: WatchedFrame, header: int) -> None:
         """Execution reached the header of a loop around a loop that was left: leave it."""
@@ -359,12 +441,21 @@ class LoopWatch:
             info = self._first or self._info("steady", frame.code.co_filename, header)
             self._end(info, _ONE_LINE % where, ended_at=where)
         self._jump(frame, running_frame(frame.code), loop, None)
-        self._left += [where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)]
+        for left in (where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)):
+            self._add_left(left)
         self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
 
-    def _jump(self, frame: WatchedFrame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
+    def _jump(
+        self,
+        frame: WatchedFrame,
+        real: FrameType | None,
+        loop: Loop,
+        info: StopInfo | None,
+        alone: bool = False,
+    ) -> bool:
         """Move the running frame to ``loop.exit`` and tell the profiler that line started
-        (the jump's target gets no line event of its own)."""
+        (the jump's target gets no line event of its own). Where Python refuses, end the
+        script, or with ``alone`` return False (the loop runs on)."""
         where = f"{frame.code.co_filename}:{loop.header}"
         try:
             if real is None:
@@ -373,6 +464,8 @@ class LoopWatch:
                 self._filter = unsilence(self._filter)
             self._filter = jump(real, loop.exit)  # type: ignore[arg-type]
         except ValueError as exc:
+            if alone:
+                return False
             base = info or self._first or self._info("steady", frame.code.co_filename, loop.header)
             refused = f"Python refused to leave the loop at {where} ({exc})"
             self._end(base, _CANNOT % where if loop.exit >= PAD_LINE else refused, ended_at=where)  # type: ignore[operator]
@@ -381,6 +474,7 @@ class LoopWatch:
             frame.passes.pop(header, None)
         if loop.exit < PAD_LINE:  # type: ignore[operator]
             self._sink.line(frame.code, loop.exit)
+        return True
 
     def _end(self, info: StopInfo, note: str, ended_at: str = "") -> None:
         """End the script where it is, saying why the loop could not be left."""

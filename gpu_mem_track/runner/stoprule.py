@@ -2,7 +2,8 @@
 to stop a loop), :class:`StopRun` (the exception that ends a script), and its state per
 traced frame (:class:`WatchedFrame`: the frame's loops, its passes through each, the
 allocator's event count when each was entered) and for the watched loop
-(:class:`Anchor`: its iterations, those that worked on the GPU, the steady count). See
+(:class:`Anchor`: its iterations, those that worked on the GPU, the steady count; a
+loop left before has one of its own each time it is entered again). See
 ``steady`` for the rule itself.
 """
 
@@ -53,10 +54,12 @@ class StopRun(BaseException):
 class WatchedFrame:
     """A traced frame on the watch's stack: its code, the last line it ran, its loops
     (``{header: last line}`` and the ``loops.Loop`` records), per loop header the
-    iterations completed since execution last entered that loop, and the allocator's
-    event count when it was entered (``entered``; kept only with an ``activity``)."""
+    iterations completed since execution last entered that loop, the allocator's
+    event count when it was entered (``entered``; kept only with an ``activity``), and
+    per header of a loop left before (``again``) the count of its iterations since it was
+    entered this time (an :class:`Anchor` of its own)."""
 
-    __slots__ = ("code", "last", "loops", "table", "passes", "entered")
+    __slots__ = ("code", "last", "loops", "table", "passes", "entered", "again")
 
     def __init__(self, code: CodeType, table: dict[int, Loop], loops: dict[int, int]) -> None:
         self.code = code
@@ -65,6 +68,7 @@ class WatchedFrame:
         self.loops = loops
         self.passes: dict[int, int] = {}
         self.entered: dict[int, int] = {}
+        self.again: dict[int, Anchor] = {}
 
     def in_loop_body(self) -> bool:
         """Whether the line it is running lies inside a loop's body."""
@@ -83,7 +87,7 @@ class WatchedFrame:
 
 
 class Anchor:
-    """The watched loop, ``(code, header)``: the frame and depth it last iterated in, its
+    """The watched loop (or a loop left before, run again), ``(code, header)``: the frame and depth it last iterated in, its
     iterations (``worked``: those that worked on the GPU), its passes since an enclosing
     loop last iterated, the allocator's event count at its last header (``events``), the
     most memory allocated at its header (``high``) and the steady count."""
