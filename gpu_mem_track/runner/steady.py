@@ -21,14 +21,10 @@ since the enclosing loop last iterated: an accumulation loop of micro-steps yiel
 the optimizer-step loop around it, a batch loop stays the iteration inside its epoch
 loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
 timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
-its body, or in functions it calls) are part of it. Loops in a ``forward`` method (a
-model's loop over its layers) or in an ``__init__`` (a model's constructor building its
-layers, a dataset's preparing its items), and in the functions they call, are never the
-iteration.
-While the anchor may be an inner loop (a loop of its function encloses it, or the frames
-that called it are inside a loop's body) it is not stopped for being steady before its
-``inner_limit``-th pass: the loop around it may still do what matters once per pass,
-such as the optimizer step.
+its body, or in functions it calls) are part of it, except loops left before (below).
+Loops in a ``forward`` method (a model's loop over its layers) or in an ``__init__`` (a
+model's constructor building its layers, a dataset's preparing its items), and in the
+functions they call, are never the iteration.
 
 **Steady.** At the end of each iteration the watch reads the run's high marks: the peak
 of allocated memory, the peak of reserved memory, how many source lines have run and the
@@ -55,30 +51,52 @@ loops around it are left too, so that a ``while True:`` whose only way out is a
 ``break`` on a counter ends: a loop of the same function that encloses it, and a loop
 whose body a calling frame is running (an epoch loop around a ``train()`` call), are
 each left when execution next reaches their header, after the rest of their current
-iteration (an evaluation, a checkpoint) ran once. **An evaluation loop** (one left
-while autograd records nothing: under ``torch.no_grad()`` or ``inference_mode``, as
-``grad_enabled`` reads it) is left alone: the loops around it, a split loop and the
-training loop that called nanoGPT's ``estimate_loss()``, go on; one that only ending the
-script or leaving an outer loop could leave runs on. The watch then watches again, so a
-later long loop (an evaluation loop after training) is left once steady too. How many
-iterations were skipped is counted where ``loops.remaining`` can know it (``range``,
-a sized iterable such as a ``DataLoader``), and said where not (a ``while`` loop, a
-generator).
+iteration (an evaluation, a checkpoint) ran once. The watch then watches again, so a
+later long loop (an evaluation loop after training) is left once steady too.
+
+**Left alone.** Some loops are left alone, only as a ``break``: the loops around them go
+on. *An inner loop* (a loop of its function encloses it, or the frames that called it
+are inside a loop's body) steady before its ``inner_limit``-th pass: the rest of the
+enclosing body runs (the optimizer step after the micro-steps, ``zero_grad``, an epoch's
+evaluation) and the loop around it becomes the watched loop, left once its own
+iterations are steady (at least ``warmup + steady`` of them, the first optimizer step's
+state included). *An evaluation loop* (steady while autograd records nothing: under
+``torch.no_grad()`` or ``inference_mode``, as ``grad_enabled`` reads it), whatever its
+passes: nanoGPT's ``estimate_loss()`` batches, its split loop and the training loop go
+on. *A loop left before* (its ``(code, header)``), each time it is entered again and
+steady again, counted from that entry with warm-up and steady as for any loop, even
+within an iteration of the watched loop (the 'val' split after the 'train' split, each
+``estimate_loss()`` call, the micro-steps of each optimizer step); it is never the
+watched loop again. A loop is not left alone at its last pass (nothing to skip), nor
+where its ``break`` would leave a loop around it too (it ends that loop's body) or
+Python refuses the jump (a pad in a file the runner did not compile): an inner loop then
+runs on and is left with the loops around it at its ``inner_limit``-th pass, the others
+run on. Under ``leave_loop=False`` nothing is left alone: an inner loop is stopped at its
+``inner_limit``-th pass. How many iterations were skipped is counted where
+``loops.remaining`` can know it (``range``, a sized iterable such as a ``DataLoader``),
+and said where not (a ``while`` loop, a generator); ``StopInfo`` gives the first stop,
+the other loops left, and each loop left more than once with how often and how many
+iterations were skipped in all.
 
 **When a loop cannot be left** (``loops``: the last statement of a function, of a
 ``with`` block, of an ``except`` or ``finally``; or the jump is refused), the watch
 ends the script there instead, as ``--end-script`` does, and the report says why.
 
 **Budgets.** ``max_iterations`` (iterations of the anchor, counted from when it became
-the anchor; only those that worked on the GPU, where ``activity`` tells) leaves the loop
-as steady memory does; ``max_seconds`` (wall time since the script started, checked at
-every line event) ends the script wherever it is.
+the anchor, or of a loop left before, from its entry; only those that worked on the GPU,
+where ``activity`` tells) leaves the loop as steady memory does (an inner loop before
+its ``inner_limit``-th pass alone, where it can; else with the loops around it);
+``max_seconds`` (wall time since the script started, checked at every line event) ends
+the script wherever it is.
 
 **Limits.** A branch taken only every N iterations (an evaluation every 500 steps) is
 seen only if it ran before the stop; a script that catches ``BaseException`` (or uses a
 bare ``except:``) around the loop swallows an end of the script once, and under
 ``sys.settrace`` tracing is off after the stop is raised, so the run then goes on
-untraced to its end. Leaving the enclosing loops also ends a sweep (``for batch_size
+untraced to its end. An accumulation loop left alone skips its last micro-steps: a
+DDP script that syncs gradients only on the last one (``no_sync``, nanoGPT's
+``require_backward_grad_sync``) runs no synced backward (``--run-to-end`` runs it).
+Leaving the enclosing loops also ends a sweep (``for batch_size
 in (16, 32, 64): train(batch_size)``) after its first pass. On Python 3.12 and later a
 jump binds ``None`` to the function's local variables that were still unbound (CPython's
 ``f_lineno`` setter does so, so that no instruction reads a missing local).
@@ -94,7 +112,7 @@ from typing import Any
 
 from ..runfolder.records import StopInfo
 from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, unsilence
-from .stoprule import Anchor, StopRule, StopRun, WatchedFrame
+from .stoprule import Anchor, Leaves, StopRule, StopRun, WatchedFrame, encloses, inside, nested, verdict
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -147,11 +165,9 @@ class LoopWatch:
         self._stack: list[WatchedFrame] = []
         self._tables: dict[str, tuple[dict[int, Loop], dict[int, int]]] = {}
         self._anchor: Anchor | None = None
-        self._first: StopInfo | None = None
-        self._left: list[str] = []
+        self._leaves = Leaves()
         self._known: set[tuple[CodeType, int]] = set()  # loops left once: left again when steady
         self._stuck: set[tuple[CodeType, int]] = set()  # loops Python would not let us leave alone
-        self._tally: dict[str, list[Any]] = {}  # file:line -> [times left, iterations skipped]
         self._pending: list[tuple[WatchedFrame, int]] = []
         self._filter: Any = None  # the warnings filter of a jump, until the next line event
 
@@ -163,24 +179,9 @@ class LoopWatch:
 
     @property
     def stopped(self) -> StopInfo | None:
-        """The first stop, with every loop left after it and the loops left more than once
-        (how many times, how many iterations were skipped in all; None: not known) (None:
-        not stopped)."""
-        if self._first is None:
-            return None
-        repeats = tuple(
-            f"{where} {n} times, "
-            + (
-                "how many skipped not known"
-                if skipped is None
-                else f"{skipped:,} iteration(s) skipped in all"
-            )
-            for where, (n, skipped) in self._tally.items()
-            if n > 1
-        )
-        if not self._left and not repeats:
-            return self._first
-        return replace(self._first, left=(*self._first.left, *self._left), repeats=repeats)
+        """The first stop, with every loop left after it and each loop left more than once
+        (how many times, how many iterations were skipped in all) (None: not stopped)."""
+        return self._leaves.stopped()
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ class LoopWatch:
             now = self._clock()
             if now >= self._deadline:
                 info = self._info("max-seconds", code.co_filename, lineno, now)
-                if self._first is None:
+                if self._leaves.first is None:
                     raise StopRun(self._record(info))
                 self._end(info, "--max-seconds reached", ended_at=f"{code.co_filename}:{lineno}")
         self._sink.line(code, lineno)
@@ -250,80 +251,25 @@ class LoopWatch:
             anchor = self._anchor = Anchor(frame, header, depth)
         elif anchor.code is frame.code and anchor.header == header:
             anchor.frame, anchor.depth = frame, depth
-        elif self._encloses(frame, header, depth, anchor):
+        elif encloses(frame, header, depth, anchor):
             if anchor.passes >= self._rule.inner_limit:
                 anchor.passes = 0  # batches inside an epoch: the inner loop stays
                 return False
             anchor = self._anchor = Anchor(frame, header, depth)
-        elif self._inside(frame, header, depth, anchor):
+        elif inside(self._stack, frame, header, depth, anchor):
             return False  # part of the watched loop's iteration
         else:  # a loop after the watched one, at its depth or deeper
             anchor = self._anchor = Anchor(frame, header, depth)
         return self._count(anchor)
 
-    def _encloses(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
-        """Whether the loop at ``header`` (top frame, ``depth``) is outside the watched one:
-        in a shallower frame, or around it in the same function."""
-        if depth < anchor.depth:
-            return True
-        if anchor.code is not frame.code:
-            return False
-        return header < anchor.header and frame.loops[anchor.header] <= frame.loops[header]
-
-    def _inside(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
-        """Whether the loop at ``header`` runs within an iteration of the watched one: in
-        its body or header (a generator it iterates), or in a frame called from there (not
-        from after it: nanoGPT's ``estimate_loss()`` is called after the loop over the
-        optimizer's param groups)."""
-        if anchor.frame is frame:
-            return anchor.header < header <= frame.loops[anchor.header]
-        stack, caller = self._stack, anchor.frame
-        if not (depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is caller):
-            return False
-        return anchor.header <= caller.last <= caller.loops[anchor.header]  # the header: a generator
-
-    def _nested(self, anchor: Anchor) -> bool:
-        """Whether the watched loop may be an inner loop: a loop of its function encloses
-        it, or the frames that called it are inside a loop's body."""
-        if anchor.frame.encloses(anchor.header):
-            return True
-        return any(f.in_loop_body() for f in self._stack[: anchor.depth])
-
-    def _verdict(self, state: Anchor) -> str | None:
-        """Count an iteration of the loop ``state`` follows: ``"steady"`` or
-        ``"max-iterations"`` when the rule says it may be left, None while it runs on."""
-        rule = self._rule
-        state.iterations += 1
-        state.passes += 1
-        marks: Hashable = None
-        if self._activity is not None:
-            allocated, events, ooms = self._activity()
-            before = state.events if state.events is not None else state.frame.entered.get(state.header)
-            state.events = events
-            if before is None or events == before:
-                state.same, state.last = 0, None
-                return None  # no work on the GPU in this iteration: not a step
-            state.high = max(state.high, allocated)
-            marks = (state.high, ooms)  # a new out-of-memory error: not steady
-        state.worked += 1
-        if rule.max_iterations is not None and state.worked >= rule.max_iterations:
-            return "max-iterations"
-        if not rule.until_steady:
-            return None
-        marks = (self._marks(), marks)
-        if state.worked > rule.warmup:
-            state.same = state.same + 1 if marks == state.last else 0
-        state.last = marks
-        return "steady" if state.same >= rule.steady else None
-
     def _count(self, anchor: Anchor) -> bool:
         """Count an iteration of the watched loop; True when it was left."""
-        reason = self._verdict(anchor)
+        reason = verdict(anchor, self._rule, self._marks, self._activity)
         if reason is None:
             return False
         rule = self._rule
         info = self._info(reason, anchor.code.co_filename, anchor.header, state=anchor)
-        early = anchor.passes < rule.inner_limit and self._nested(anchor)
+        early = anchor.passes < rule.inner_limit and nested(self._stack, anchor)
         if not rule.leave_loop:
             if reason == "steady" and early:
                 return False  # the loop around it may not have done its step yet
@@ -344,7 +290,7 @@ class LoopWatch:
         state = frame.again.get(header)
         if state is None:
             state = frame.again[header] = Anchor(frame, header, depth)
-        reason = self._verdict(state)
+        reason = verdict(state, self._rule, self._marks, self._activity)
         if reason is None or not self._rule.leave_loop:
             return False
         return self._leave_only(frame, self._info(reason, frame.code.co_filename, header, state=state))
@@ -369,8 +315,8 @@ class LoopWatch:
 
     def _record(self, info: StopInfo) -> StopInfo:
         """Keep ``info`` as the first stop (a later one is only listed in ``left``)."""
-        if self._first is None:
-            self._first = info
+        if self._leaves.first is None:
+            self._leaves.first = info
         return info
 
     def _leave_only(self, frame: WatchedFrame, info: StopInfo) -> bool:
@@ -413,24 +359,17 @@ class LoopWatch:
         frame.again.pop(loop.header, None)
         where = f"{info.file}:{loop.header}"
         self._known.add((frame.code, loop.header))
-        if self._first is None:
+        if self._leaves.first is None:
             padded = loop.exit >= PAD_LINE  # type: ignore[operator]
             resumed = f"{info.file}:{loop.end if padded else loop.exit}"
-            self._first = replace(
+            self._leaves.first = replace(
                 info, action="left-loop", skipped=skipped, resumed=resumed, resumed_after=padded
             )
-        self._add_left(where)
+        self._leaves.add(where)
         for header in loop.through:
-            self._add_left(f"{info.file}:{header}")
-        tally = self._tally.setdefault(where, [0, 0])
-        tally[0] += 1
-        tally[1] = None if tally[1] is None or skipped is None else tally[1] + skipped
+            self._leaves.add(f"{info.file}:{header}")
+        self._leaves.count(where, skipped)
         return True
-
-    def _add_left(self, where: str) -> None:
-        """List ``where`` among the loops left after the first stop (each once)."""
-        if where != self._first.loop and where not in self._left:  # type: ignore[union-attr]
-            self._left.append(where)
 
     def _leave_around(self, frame: WatchedFrame, header: int) -> None:
         """Execution reached the header of a loop around a loop that was left: leave it."""
@@ -438,11 +377,11 @@ class LoopWatch:
         loop = frame.table[header]
         where = f"{frame.code.co_filename}:{header}"
         if loop.exit is None:
-            info = self._first or self._info("steady", frame.code.co_filename, header)
+            info = self._leaves.first or self._info("steady", frame.code.co_filename, header)
             self._end(info, _ONE_LINE % where, ended_at=where)
         self._jump(frame, running_frame(frame.code), loop, None)
         for left in (where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)):
-            self._add_left(left)
+            self._leaves.add(left)
         self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
 
     def _jump(
@@ -466,7 +405,7 @@ class LoopWatch:
         except ValueError as exc:
             if alone:
                 return False
-            base = info or self._first or self._info("steady", frame.code.co_filename, loop.header)
+            base = info or self._leaves.first or self._info("steady", frame.code.co_filename, loop.header)
             refused = f"Python refused to leave the loop at {where} ({exc})"
             self._end(base, _CANNOT % where if loop.exit >= PAD_LINE else refused, ended_at=where)  # type: ignore[operator]
         frame.last = loop.exit  # type: ignore[assignment]
@@ -478,11 +417,11 @@ class LoopWatch:
 
     def _end(self, info: StopInfo, note: str, ended_at: str = "") -> None:
         """End the script where it is, saying why the loop could not be left."""
-        if self._first is None:
-            self._first = replace(info, note=note)
+        if self._leaves.first is None:
+            self._leaves.first = replace(info, note=note)
         else:
-            self._first = replace(self._first, note=note, ended_at=ended_at)
-        raise StopRun(self._first)
+            self._leaves.first = replace(self._leaves.first, note=note, ended_at=ended_at)
+        raise StopRun(self._leaves.first)
 
 
 _ONE_LINE = (
