@@ -203,12 +203,14 @@ def test_a_loop_in_a_called_function_and_the_callers_loop(tmp_path, engine):
     tests = [f"test {epoch} after batch {4 if epoch == 1 else 3}" for epoch in range(1, 5)]
     assert log == [0, 1, 2, *tests, "saved"]
     info = watch.stopped
-    assert info.loop.endswith("script.py:11") and info.skipped == 300 - 5
-    assert info.resumed.endswith("script.py:14")
+    assert info.loop.endswith("script.py:11") and info.resumed.endswith("script.py:14")
     assert [where.rsplit(":", 1)[1] for where in info.left] == ["18"]
-    assert info.repeats == (
-        f"{tmp_path / 'script.py'}:11 4 times, {295 + 3 * 296:,} iteration(s) skipped in all",
-    )
+    where = f"{tmp_path / 'script.py'}:11 4 times, "
+    if sys.version_info >= (3, 13):
+        assert info.skipped == 300 - 5
+        assert info.repeats == (f"{where}{295 + 3 * 296:,} iteration(s) skipped in all",)
+    else:  # loader is train()'s local: not read before 3.13 (loops._lookup)
+        assert info.skipped is None and info.repeats == (f"{where}how many skipped not known",)
 
 
 def test_a_for_over_a_generator_is_left_and_the_generator_closed(tmp_path, engine):
