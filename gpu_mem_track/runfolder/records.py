@@ -142,7 +142,8 @@ class StopInfo:
     loops were left say nothing, and mean this);
     ``skipped``: iterations of the loop that were skipped (None when that cannot be known:
     a ``while`` loop, a generator); ``left``: ``file:line`` of the other loops left
-    afterwards (the loops around it, at their header; later loops once steady);
+    afterwards, each once (the loops around it, at their header; inner and evaluation loops
+    left alone, later loops once steady);
     ``note``: why the script was ended rather than the loop left, or ended after it;
     ``ended_at``: ``file:line`` where the script was ended after the loop was left ("" when
     it ran to its end); ``repeats``: each loop left more than once (entered again and steady
