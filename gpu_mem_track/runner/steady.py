@@ -18,9 +18,10 @@ The watched loop (the *anchor*) is the first loop to iterate; it gives way to a 
 that encloses it (a loop around it in its function, or a loop in a shallower frame)
 when that loop iterates, unless the anchor made more than ``inner_limit`` (64) passes
 since the enclosing loop last iterated: an accumulation loop of micro-steps yields to
-the optimizer-step loop around it, a batch loop stays the iteration inside its epoch
-loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
-timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
+the optimizer-step loop around it, a batch loop not yet steady after 64 passes stays
+the iteration inside its epoch loop (one steady sooner is left alone, below). A loop
+that starts after the anchor's, at its depth or deeper, takes over (the timed loop
+after a warm-up loop); loops that run inside an iteration of the anchor (in
 its body, or in functions it calls) are part of it, except loops left before (below).
 Loops in a ``forward`` method (a model's loop over its layers) or in an ``__init__`` (a
 model's constructor building its layers, a dataset's preparing its items), and in the
