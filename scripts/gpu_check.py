@@ -2,7 +2,7 @@
 
     python3 scripts/gpu_check.py [--out DIR] [--fixtures DIR] [--budget 300] [--dry] [--only NAMES]
 
-(``make gpu-check`` runs it.) In order, each step in a subprocess with a timeout, with a
+(``make gpu-check`` runs it; ``--only`` takes workload names and ``fit``.) In order, each step in a subprocess with a timeout, with a
 progress line and its elapsed seconds:
 
 1. what this machine has (a subprocess imports torch, so this process never holds a CUDA
@@ -15,7 +15,12 @@ progress line and its elapsed seconds:
    (scripts/gpu_check_wrap.py: ``max_memory_allocated``/``reserved`` and a snapshot, which
    the ``snapshot`` command then replays), its run under ``run`` and under
    ``run --simulate <this GPU>`` (CPU only);
-4. the ``cuda``-marked tests, alone, one process;
+   beside them, the advisor (``fit``, scripts/gpu_check_fit.py) on nanoGPT's GPT-2 for a
+   simulated 24 GB GPU;
+4. the ``cuda``-marked tests, alone, one process; then the advisor's claims on this GPU:
+   the script as it is, its recommended change and that change's largest batch (and one
+   more), each capped by ``set_per_process_memory_fraction`` at the simulated GPU's
+   capacity;
 5. quiet: the launch-bound loop (nanoGPT char) and the GPU-bound one (GPT-2 124M) plainly,
    under ``run`` and under ``run`` with the native paths off (``GPU_MEM_TRACK_NATIVE=off``),
    their own per-iteration times compared (medians after warm-up); then
@@ -55,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import gpu_check_fit as fit  # noqa: E402
 import gpu_check_report as report  # noqa: E402
 from gpu_check_steps import (  # noqa: E402
     Check,
@@ -152,7 +158,7 @@ def workloads(check: Check, nanogpt: Path | None, only: set[str]) -> list[Worklo
     found = [Workload(name, [str(TRAIN), name, *args], check.tmp) for name, args in EXAMPLES.items()]
     if nanogpt is None:
         check.skip("nanoGPT", f"no nanoGPT client found (give --fixtures DIR or set {ENV})")
-    elif not only or only & set(NANOGPT):
+    elif not only or only & {*NANOGPT, "fit"}:
         copy = check.tmp / "nanogpt"
         shutil.copytree(nanogpt, copy, ignore=shutil.ignore_patterns("data", "out*", "__pycache__"))
         if check.run("nanoGPT make_data.py", [python(), "make_data.py"], copy, 60).ok:
@@ -176,7 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--gpu", help=f"catalog GPU to simulate (default: this GPU's; dry: {DRY_GPU})")
     parser.add_argument(
-        "--only", help="comma-separated workloads (convnet,transformer,nanogpt-char,nanogpt-gpt2)"
+        "--only", help="comma-separated workloads (convnet,transformer,nanogpt-char,nanogpt-gpt2,fit)"
     )
     parser.add_argument("--no-tests", action="store_true", help="skip both pytest runs")
     parser.add_argument("--no-xdist", action="store_true", help="run the quick suite in one process")
@@ -192,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parse_gpu(args.gpu)
         except Exception as exc:  # the catalog's UsageError: one line
             parser.error(str(exc))
-    known = {*EXAMPLES, *NANOGPT}
+    known = {*EXAMPLES, *NANOGPT, "fit"}
     args.only = {n.strip() for n in (args.only or "").split(",") if n.strip()}
     if args.only - known:
         parser.error(
@@ -246,6 +252,13 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
     loads = workloads(check, find_nanogpt(args.fixtures), args.only)
     phase_a = check.start + 0.55 * args.budget
     tasks: list[Callable[[], Any]] = []
+    fit_copy = check.tmp / "nanogpt"
+    fit_on = (not args.only or "fit" in args.only) and (fit_copy / "data").is_dir()
+    answer: dict[str, Any] = {}
+    if fit_on:  # the advisor (CPU) beside the other simulated parts
+        tasks.insert(0, lambda: answer.update(fit.advise(check, fit_copy, phase_a) or {}))
+    elif not args.only or "fit" in args.only:
+        check.skip("fit", "no nanoGPT client")
     for w in sorted(loads, key=lambda w: not w.name.startswith("nanogpt")):  # the longest first
         if not dry:
             tasks.append(lambda w=w: real_memory(check, w, phase_a))
@@ -277,6 +290,8 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
     if not no_tests:
         until = check.start + 0.72 * args.budget
         tests["cuda-marked"] = pytest_step(check, "tests-cuda", ["-m", "cuda", "-rs"], 90, until)
+    if answer and not dry:  # the advisor's claims on this GPU, capped at the simulated capacity
+        fit.real_runs(check, fit_copy, answer, env["total_memory"], check.start + 0.8 * args.budget)
     timing = [] if dry else [time_loop(check, w) for w in loads if w.timed]
     bench = ""
     if dry:
@@ -294,6 +309,7 @@ def checks(check: Check, args: argparse.Namespace, started: str) -> dict[str, An
         "seconds": check.elapsed(), "environment": env, "tests": tests, "probe": probe,
         "native": check.results.get("_native", {}).get("reader", ""), "bench_line": bench,
         "memory": report.memory_rows(results), "timing": timing, "results": results,
+        "fit": check.results.get("fit", {}),
         "skipped": [f"{s.name} {s.status[len('skipped '):]}" for s in skipped],
         "failed": [f"{s.name}: {s.status}{s.why}" for s in failed],
         "steps": [s.to_dict() for s in check.steps],

@@ -182,6 +182,10 @@ def render_report(data: dict[str, Any]) -> str:
     out.append(render_memory_table(data["memory"]))
     out.append("\n## Runner cost (each script's own per-iteration times, medians after warm-up)\n")
     out.append(render_timing_table(data["timing"]))
+    if data.get("fit"):
+        from gpu_check_fit import render as render_fit
+
+        out.append(render_fit(data["fit"]))
     if data.get("native"):
         out.append("\n## The runner's CUDA statistics reader\n\n```\n" + data["native"] + "\n```\n")
     if data.get("bench_line"):

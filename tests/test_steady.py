@@ -110,47 +110,71 @@ def test_forward_loops_are_not_the_iteration(tmp_path):
     assert namespace["memory"] == [100]
 
 
-def test_micro_steps_inside_the_step_loop_do_not_stop_before_the_optimizer_step(tmp_path):
+def test_micro_steps_are_cut_short_at_every_step_and_the_step_loop_is_left_once_steady(tmp_path):
     # nanoGPT's shape: a while loop of optimizer steps around a loop of micro-steps; the
-    # optimizer's state appears only after the first micro-steps.
+    # optimizer's state appears only after the first micro-steps. The micro-step loop is
+    # left alone (a break: the step runs) once steady, at every step; the step loop is the
+    # watched loop and is left once its own iterations are steady.
     source = """
+    counts = {"micro": 0, "steps": 0}
     def main(memory):
         step = 0
         while step < 100:
             for micro in range(8):
-                memory  # forward and backward: nothing new
+                counts["micro"] += 1
             if step == 0:
                 memory.append("optimizer state")
             step += 1
-        return step
+            counts["steps"] = step
+        counts["after"] = step
     """
     namespace, watch, _ = run_watched(tmp_path, source, StopRule())
     info = watch.stopped
-    assert info.reason == "steady"
-    assert info.loop.endswith("script.py:4")  # the step loop, not the micro loop
+    assert info.reason == "steady" and info.action == "left-loop"
+    assert info.loop.endswith("script.py:6") and info.iterations == 4 and info.skipped == 4
+    assert info.resumed.endswith("script.py:8")  # the step after the micro-steps
+    # 2 steps of warm-up, 2 unchanged; 4 micro-steps of 8 in each
+    assert namespace["counts"] == {"micro": 16, "steps": 4, "after": 4}
     assert namespace["memory"] == ["optimizer state"]
+    assert [where.rsplit(":", 1)[1] for where in info.left] == ["5"]
+    assert info.repeats == (f"{tmp_path / 'script.py'}:6 4 times, 16 iteration(s) skipped in all",)
 
 
-def test_batches_inside_an_epoch_loop_stop_within_the_first_epoch(tmp_path):
+def test_batches_inside_an_epoch_loop_are_cut_short_in_every_epoch(tmp_path):
     # PyTorch's MNIST example's shape: the epoch loop calls train(), whose loop runs the
-    # batches; steady memory stops the run inside the first epoch.
+    # batches; the batch loop is left alone once steady in each epoch, the epoch loop once
+    # its epochs are steady.
     source = """
+    counts = []
     def train(memory, epoch):
         for batch in range(500):
+            counts.append(epoch)
             if batch < 3:
                 memory.append(batch) if epoch == 1 else None
+        counts.append(f"tested {epoch}")
 
     def main(memory):
         for epoch in range(1, 15):
             train(memory, epoch)
-        return epoch
+        counts.append("after")
     """
-    _, watch, _ = run_watched(tmp_path, source, StopRule())
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
     info = watch.stopped
     assert info.reason == "steady"
-    assert info.loop.endswith("script.py:3")
-    # nested under the epoch loop: no steady stop before the batch loop's 64th pass
-    assert info.iterations == 64
+    assert info.loop.endswith("script.py:4") and info.iterations == 5  # the third batch's peak
+    counts = namespace["counts"]
+    assert [counts.count(epoch) for epoch in range(1, 6)] == [5, 4, 4, 4, 0]
+    assert [c for c in counts if isinstance(c, str)] == [
+        "tested 1",
+        "tested 2",
+        "tested 3",
+        "tested 4",
+        "after",
+    ]
+    assert [where.rsplit(":", 1)[1] for where in info.left] == ["11"]
+    assert info.repeats == (
+        f"{tmp_path / 'script.py'}:4 4 times, {495 + 3 * 496:,} iteration(s) skipped in all",
+    )
 
 
 def test_short_inner_loops_give_way_to_the_enclosing_loop(tmp_path):
@@ -164,11 +188,15 @@ def test_short_inner_loops_give_way_to_the_enclosing_loop(tmp_path):
     def main(memory):
         for i in range(100):
             step(memory, i)
+        memory.append(f"after {i}")
     """
-    _, watch, _ = run_watched(tmp_path, source, StopRule())
+    namespace, watch, _ = run_watched(tmp_path, source, StopRule())
     info = watch.stopped
     assert info.reason == "steady"
-    assert info.loop.endswith("script.py:9")
+    # the parts loop is left (a break) at its 4th pass, each time: the i loop is left once steady
+    assert info.loop.endswith("script.py:3") and info.iterations == 4
+    assert [where.rsplit(":", 1)[1] for where in info.left] == ["9"] and not info.ended_at
+    assert namespace["memory"] == [0, "after 3"]  # i 0-3 ran, left at the 5th pass of its header
 
 
 def test_the_stop_runs_finally_blocks_and_passes_except_exception(tmp_path):

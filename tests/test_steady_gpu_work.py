@@ -293,17 +293,19 @@ print("trained", iter_num)
 
 def test_an_evaluation_loop_is_left_alone_and_the_training_goes_on(tmp_path):
     # nanoGPT's estimate_loss() at step 0: its batch loop (under no_grad) is left once
-    # steady; its split loop and the training loop around the call go on
+    # steady (an evaluation does not wait for 64 passes), in each split; its split loop and
+    # the training loop around the call go on
     script = tmp_path / "evaluating.py"
     script.write_text(EVALUATING.lstrip())
     left_out, left = simulate(tmp_path, script)
     end_out, end = simulate(tmp_path, script, flags=("--run-to-end",))
     lines = left_out.splitlines()
     assert lines[0] == "0 ['train', 'val']" and lines[-1].startswith("trained ")
-    assert 4 <= int(lines[-1].split()[1]) < 50  # the training loop was left once steady, later
+    assert lines[-1] == "trained 4"  # the training loop was left once steady, later
     stop = left["stopped"]
-    assert stop["loop"].endswith("evaluating.py:14") and stop["iterations"] == 64
+    assert stop["loop"].endswith("evaluating.py:14") and stop["iterations"] == 4 and stop["skipped"] == 196
     assert [where.rsplit(":", 1)[1] for where in stop["left"]] == ["21"]
+    assert stop["repeats"] == [f"{script}:14 2 times, 392 iteration(s) skipped in all"]  # train, val
     assert end_out.splitlines()[-1] == "trained 101"
     assert (left["peak"], left["reserved_peak"]) == (end["peak"], end["reserved_peak"])
 
@@ -324,11 +326,13 @@ def test_without_autograd_a_left_loop_leaves_no_loop_around_it(tmp_path):
         gpu["after"] = True
     """
     gpu, watch = run_watched(tmp_path, source, StopRule(), grad=True)
-    # the first evaluation is left after its 64th pass (an inner loop), the epoch loop
-    # around it is not: every epoch ran (the later evaluations ran whole, as part of the
-    # epoch loop's iterations, which then was the watched loop)
-    assert gpu["evaluated"] == 64 + 2 * 200 and gpu["after"]
-    assert watch.stopped.loop == f"{tmp_path / 'script.py'}:4" and watch.stopped.left == ()
+    # each evaluation is left once steady (4 batches: an evaluation does not wait for 64
+    # passes), within the epoch loop's iterations too; the epoch loop around it is not left:
+    # every epoch ran (3, too few to be steady)
+    assert gpu["evaluated"] == 3 * 4 and gpu["after"]
+    stop = watch.stopped
+    assert stop.loop == f"{tmp_path / 'script.py'}:4" and stop.left == ()
+    assert stop.repeats == (f"{tmp_path / 'script.py'}:4 3 times, {3 * 196:,} iteration(s) skipped in all",)
 
 
 OOM_RETRIES = """

@@ -142,10 +142,14 @@ class StopInfo:
     loops were left say nothing, and mean this);
     ``skipped``: iterations of the loop that were skipped (None when that cannot be known:
     a ``while`` loop, a generator); ``left``: ``file:line`` of the other loops left
-    afterwards (the loops around it, at their header; later loops once steady);
+    afterwards, each once (the loops around it, at their header; inner and evaluation loops
+    left alone, later loops once steady);
     ``note``: why the script was ended rather than the loop left, or ended after it;
     ``ended_at``: ``file:line`` where the script was ended after the loop was left ("" when
-    it ran to its end).
+    it ran to its end); ``repeats``: each loop left more than once (entered again and steady
+    again: an evaluation called every few hundred steps, the micro-steps of each optimizer
+    step), as ``"file:line N times, M iteration(s) skipped in all"`` (or "how many skipped
+    not known").
     """
 
     reason: str
@@ -163,6 +167,7 @@ class StopInfo:
     note: str = ""
     ended_at: str = ""
     resumed_after: bool = False
+    repeats: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One or two sentences: what was stopped, why, and where the script went on."""
@@ -193,6 +198,8 @@ class StopInfo:
             text += " (the end of its function or block)"
         if self.left:
             text += f"; also left the loop(s) at {', '.join(self.left)}"
+        if self.repeats:
+            text += f"; loops left more than once (each time steady again): {'; '.join(self.repeats)}"
         if self.ended_at:
             text += f"; the script was ended at {self.ended_at}: {self.note}"
         return text
@@ -200,12 +207,14 @@ class StopInfo:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["left"] = list(self.left)
+        data["repeats"] = list(self.repeats)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StopInfo:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["left"] = tuple(values.get("left", ()))
+        values["repeats"] = tuple(values.get("repeats", ()))
         return cls(**values)
 
 

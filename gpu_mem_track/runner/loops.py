@@ -33,13 +33,18 @@ a constant, integer arithmetic, or ``range``/``enumerate``/``zip``/``reversed``/
 ``len``/``min``/``max`` of such (the builtins, not a name the script rebinds), the
 expression is evaluated again in the loop's frame and ``len()`` taken
 (``remaining``); anything else (a generator, ``iter(...)``, ``tqdm(...)``, a method
-call) is not evaluated, as it could have effects, and the count is unknown.
+call) is not evaluated, as it could have effects, and the count is unknown. So is one
+that names a function's local variable before Python 3.13: reading it (``f_locals``)
+would leave a copy of every local on the frame, holding a tensor the function drops
+later (nanoGPT's ``logits`` of the last evaluation batch, 3 GiB at batch 32) and raising
+the peak; global names (nanoGPT's ``eval_iters``) and a module's own are read directly.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import inspect
 import operator
 import sys
 import warnings
@@ -293,9 +298,17 @@ def _evaluate(node: ast.expr, frame: FrameType) -> Any:
 
 
 def _lookup(name: str, frame: FrameType) -> Any:
-    if name in frame.f_locals:
-        return frame.f_locals[name]
-    if name in frame.f_globals:
+    code = frame.f_code
+    if name in code.co_varnames or name in code.co_cellvars or name in code.co_freevars:
+        if code.co_flags & inspect.CO_OPTIMIZED and sys.version_info < (3, 13):
+            # frame.f_locals would be a copy of every local, kept on the frame: a tensor the
+            # function drops later stays allocated (the peak rises by it)
+            raise _Unsafe("a function's local variable before Python 3.13")
+        locals_ = frame.f_locals
+        if name not in locals_:
+            raise _Unsafe(f"{name} is not bound")
+        return locals_[name]
+    if name in frame.f_globals:  # a module's or class body's frame: its namespace
         return frame.f_globals[name]
     return getattr(builtins, name)
 

@@ -18,17 +18,14 @@ The watched loop (the *anchor*) is the first loop to iterate; it gives way to a 
 that encloses it (a loop around it in its function, or a loop in a shallower frame)
 when that loop iterates, unless the anchor made more than ``inner_limit`` (64) passes
 since the enclosing loop last iterated: an accumulation loop of micro-steps yields to
-the optimizer-step loop around it, a batch loop stays the iteration inside its epoch
-loop. A loop that starts after the anchor's, at its depth or deeper, takes over (the
-timed loop after a warm-up loop); loops that run inside an iteration of the anchor (in
-its body, or in functions it calls) are part of it. Loops in a ``forward`` method (a
-model's loop over its layers) or in an ``__init__`` (a model's constructor building its
-layers, a dataset's preparing its items), and in the functions they call, are never the
-iteration.
-While the anchor may be an inner loop (a loop of its function encloses it, or the frames
-that called it are inside a loop's body) it is not stopped for being steady before its
-``inner_limit``-th pass: the loop around it may still do what matters once per pass,
-such as the optimizer step.
+the optimizer-step loop around it, a batch loop not yet steady after 64 passes stays
+the iteration inside its epoch loop (one steady sooner is left alone, below). A loop
+that starts after the anchor's, at its depth or deeper, takes over (the timed loop
+after a warm-up loop); loops that run inside an iteration of the anchor (in
+its body, or in functions it calls) are part of it, except loops left before (below).
+Loops in a ``forward`` method (a model's loop over its layers) or in an ``__init__`` (a
+model's constructor building its layers, a dataset's preparing its items), and in the
+functions they call, are never the iteration.
 
 **Steady.** At the end of each iteration the watch reads the run's high marks: the peak
 of allocated memory, the peak of reserved memory, how many source lines have run and the
@@ -55,30 +52,52 @@ loops around it are left too, so that a ``while True:`` whose only way out is a
 ``break`` on a counter ends: a loop of the same function that encloses it, and a loop
 whose body a calling frame is running (an epoch loop around a ``train()`` call), are
 each left when execution next reaches their header, after the rest of their current
-iteration (an evaluation, a checkpoint) ran once. **An evaluation loop** (one left
-while autograd records nothing: under ``torch.no_grad()`` or ``inference_mode``, as
-``grad_enabled`` reads it) is left alone: the loops around it, a split loop and the
-training loop that called nanoGPT's ``estimate_loss()``, go on; one that only ending the
-script or leaving an outer loop could leave runs on. The watch then watches again, so a
-later long loop (an evaluation loop after training) is left once steady too. How many
-iterations were skipped is counted where ``loops.remaining`` can know it (``range``,
-a sized iterable such as a ``DataLoader``), and said where not (a ``while`` loop, a
-generator).
+iteration (an evaluation, a checkpoint) ran once. The watch then watches again, so a
+later long loop (an evaluation loop after training) is left once steady too.
+
+**Left alone.** Some loops are left alone, only as a ``break``: the loops around them go
+on. *An inner loop* (a loop of its function encloses it, or the frames that called it
+are inside a loop's body) steady before its ``inner_limit``-th pass: the rest of the
+enclosing body runs (the optimizer step after the micro-steps, ``zero_grad``, an epoch's
+evaluation) and the loop around it becomes the watched loop, left once its own
+iterations are steady (at least ``warmup + steady`` of them, the first optimizer step's
+state included). *An evaluation loop* (steady while autograd records nothing: under
+``torch.no_grad()`` or ``inference_mode``, as ``grad_enabled`` reads it), whatever its
+passes: nanoGPT's ``estimate_loss()`` batches, its split loop and the training loop go
+on. *A loop left before* (its ``(code, header)``), each time it is entered again and
+steady again, counted from that entry with warm-up and steady as for any loop, even
+within an iteration of the watched loop (the 'val' split after the 'train' split, each
+``estimate_loss()`` call, the micro-steps of each optimizer step); it is never the
+watched loop again. A loop is not left alone at its last pass (nothing to skip), nor
+where its ``break`` would leave a loop around it too (it ends that loop's body) or
+Python refuses the jump (a pad in a file the runner did not compile): an inner loop then
+runs on and is left with the loops around it at its ``inner_limit``-th pass, the others
+run on. Under ``leave_loop=False`` nothing is left alone: an inner loop is stopped at its
+``inner_limit``-th pass. How many iterations were skipped is counted where
+``loops.remaining`` can know it (``range``, a sized iterable such as a ``DataLoader``),
+and said where not (a ``while`` loop, a generator); ``StopInfo`` gives the first stop,
+the other loops left, and each loop left more than once with how often and how many
+iterations were skipped in all.
 
 **When a loop cannot be left** (``loops``: the last statement of a function, of a
 ``with`` block, of an ``except`` or ``finally``; or the jump is refused), the watch
 ends the script there instead, as ``--end-script`` does, and the report says why.
 
 **Budgets.** ``max_iterations`` (iterations of the anchor, counted from when it became
-the anchor; only those that worked on the GPU, where ``activity`` tells) leaves the loop
-as steady memory does; ``max_seconds`` (wall time since the script started, checked at
-every line event) ends the script wherever it is.
+the anchor, or of a loop left before, from its entry; only those that worked on the GPU,
+where ``activity`` tells) leaves the loop as steady memory does (an inner loop before
+its ``inner_limit``-th pass alone, where it can; else with the loops around it);
+``max_seconds`` (wall time since the script started, checked at every line event) ends
+the script wherever it is.
 
 **Limits.** A branch taken only every N iterations (an evaluation every 500 steps) is
 seen only if it ran before the stop; a script that catches ``BaseException`` (or uses a
 bare ``except:``) around the loop swallows an end of the script once, and under
 ``sys.settrace`` tracing is off after the stop is raised, so the run then goes on
-untraced to its end. Leaving the enclosing loops also ends a sweep (``for batch_size
+untraced to its end. An accumulation loop left alone skips its last micro-steps: a
+DDP script that syncs gradients only on the last one (``no_sync``, nanoGPT's
+``require_backward_grad_sync``) runs no synced backward (``--run-to-end`` runs it).
+Leaving the enclosing loops also ends a sweep (``for batch_size
 in (16, 32, 64): train(batch_size)``) after its first pass. On Python 3.12 and later a
 jump binds ``None`` to the function's local variables that were still unbound (CPython's
 ``f_lineno`` setter does so, so that no instruction reads a missing local).
@@ -94,7 +113,7 @@ from typing import Any
 
 from ..runfolder.records import StopInfo
 from .loops import PAD_LINE, Loop, jump, loop_table, remaining, running_frame, unsilence
-from .stoprule import Anchor, StopRule, StopRun, WatchedFrame
+from .stoprule import Anchor, Leaves, StopRule, StopRun, WatchedFrame, encloses, inside, nested, verdict
 
 __all__ = ["LoopWatch", "StopInfo", "StopRule", "StopRun", "loop_spans"]
 
@@ -147,8 +166,9 @@ class LoopWatch:
         self._stack: list[WatchedFrame] = []
         self._tables: dict[str, tuple[dict[int, Loop], dict[int, int]]] = {}
         self._anchor: Anchor | None = None
-        self._first: StopInfo | None = None
-        self._left: list[str] = []
+        self._leaves = Leaves()
+        self._known: set[tuple[CodeType, int]] = set()  # loops left once: left again when steady
+        self._stuck: set[tuple[CodeType, int]] = set()  # loops Python would not let us leave alone
         self._pending: list[tuple[WatchedFrame, int]] = []
         self._filter: Any = None  # the warnings filter of a jump, until the next line event
 
@@ -160,10 +180,9 @@ class LoopWatch:
 
     @property
     def stopped(self) -> StopInfo | None:
-        """The first stop, with every loop left after it (None: not stopped)."""
-        if self._first is None or not self._left:
-            return self._first
-        return replace(self._first, left=(*self._first.left, *self._left))
+        """The first stop, with every loop left after it and each loop left more than once
+        (how many times, how many iterations were skipped in all) (None: not stopped)."""
+        return self._leaves.stopped()
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 
@@ -188,8 +207,11 @@ class LoopWatch:
         if end is not None:
             back = lineno < frame.last <= end
             frame.passes[lineno] = frame.passes.get(lineno, 0) + 1 if back else 0
-            if not back and self._activity is not None:
-                frame.entered[lineno] = self._activity()[1]  # the loop is entered
+            if not back:  # the loop is entered
+                if self._activity is not None:
+                    frame.entered[lineno] = self._activity()[1]
+                if frame.again:
+                    frame.again.pop(lineno, None)
             if self._pending and (frame, lineno) in self._pending:
                 self._leave_around(frame, lineno)
                 return
@@ -202,7 +224,7 @@ class LoopWatch:
             now = self._clock()
             if now >= self._deadline:
                 info = self._info("max-seconds", code.co_filename, lineno, now)
-                if self._first is None:
+                if self._leaves.first is None:
                     raise StopRun(self._record(info))
                 self._end(info, "--max-seconds reached", ended_at=f"{code.co_filename}:{lineno}")
         self._sink.line(code, lineno)
@@ -217,88 +239,69 @@ class LoopWatch:
 
     def _iterated(self, frame: WatchedFrame, header: int) -> bool:
         """The loop at ``header`` of the top frame completed an iteration: count it when it
-        is the watched loop, or decide whether it becomes the watched loop. True when the
-        watch left the loop (the line event was forwarded as the jump's target)."""
+        is the watched loop or a loop left before, or decide whether it becomes the watched
+        loop. True when the watch left the loop (the line event was forwarded as the jump's
+        target)."""
         if any(f.code.co_name in _NEVER_LEFT for f in self._stack):
             return False  # a model's loop or constructor, or a function they call
         depth = len(self._stack) - 1
+        if (frame.code, header) in self._known:
+            return self._again(frame, header, depth)
         anchor = self._anchor
         if anchor is None:
             anchor = self._anchor = Anchor(frame, header, depth)
         elif anchor.code is frame.code and anchor.header == header:
             anchor.frame, anchor.depth = frame, depth
-        elif self._encloses(frame, header, depth, anchor):
+        elif encloses(frame, header, depth, anchor):
             if anchor.passes >= self._rule.inner_limit:
                 anchor.passes = 0  # batches inside an epoch: the inner loop stays
                 return False
             anchor = self._anchor = Anchor(frame, header, depth)
-        elif self._inside(frame, header, depth, anchor):
+        elif inside(self._stack, frame, header, depth, anchor):
             return False  # part of the watched loop's iteration
         else:  # a loop after the watched one, at its depth or deeper
             anchor = self._anchor = Anchor(frame, header, depth)
         return self._count(anchor)
 
-    def _encloses(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
-        """Whether the loop at ``header`` (top frame, ``depth``) is outside the watched one:
-        in a shallower frame, or around it in the same function."""
-        if depth < anchor.depth:
-            return True
-        if anchor.code is not frame.code:
-            return False
-        return header < anchor.header and frame.loops[anchor.header] <= frame.loops[header]
-
-    def _inside(self, frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
-        """Whether the loop at ``header`` runs within an iteration of the watched one: in
-        its body or header (a generator it iterates), or in a frame called from there (not
-        from after it: nanoGPT's ``estimate_loss()`` is called after the loop over the
-        optimizer's param groups)."""
-        if anchor.frame is frame:
-            return anchor.header < header <= frame.loops[anchor.header]
-        stack, caller = self._stack, anchor.frame
-        if not (depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is caller):
-            return False
-        return anchor.header <= caller.last <= caller.loops[anchor.header]  # the header: a generator
-
-    def _nested(self, anchor: Anchor) -> bool:
-        """Whether the watched loop may be an inner loop: a loop of its function encloses
-        it, or the frames that called it are inside a loop's body."""
-        if anchor.frame.encloses(anchor.header):
-            return True
-        return any(f.in_loop_body() for f in self._stack[: anchor.depth])
-
     def _count(self, anchor: Anchor) -> bool:
         """Count an iteration of the watched loop; True when it was left."""
-        rule = self._rule
-        anchor.iterations += 1
-        anchor.passes += 1
-        file = anchor.code.co_filename
-        marks: Hashable = None
-        if self._activity is not None:
-            allocated, events, ooms = self._activity()
-            before = anchor.events if anchor.events is not None else anchor.frame.entered.get(anchor.header)
-            anchor.events = events
-            if before is None or events == before:
-                anchor.same, anchor.last = 0, None
-                return False  # no work on the GPU in this iteration: not a step
-            anchor.high = max(anchor.high, allocated)
-            marks = (anchor.high, ooms)  # a new out-of-memory error: not steady
-        anchor.worked += 1
-        if rule.max_iterations is not None and anchor.worked >= rule.max_iterations:
-            return self._stop(self._info("max-iterations", file, anchor.header))
-        if not rule.until_steady:
+        reason = verdict(anchor, self._rule, self._marks, self._activity)
+        if reason is None:
             return False
-        marks = (self._marks(), marks)
-        if anchor.worked > rule.warmup:
-            anchor.same = anchor.same + 1 if marks == anchor.last else 0
-        anchor.last = marks
-        if anchor.same >= rule.steady and (anchor.passes >= rule.inner_limit or not self._nested(anchor)):
-            return self._stop(self._info("steady", file, anchor.header))
-        return False
+        rule = self._rule
+        info = self._info(reason, anchor.code.co_filename, anchor.header, state=anchor)
+        early = anchor.passes < rule.inner_limit and nested(self._stack, anchor)
+        if not rule.leave_loop:
+            if reason == "steady" and early:
+                return False  # the loop around it may not have done its step yet
+            raise StopRun(self._record(info))
+        evaluation = self._grad_enabled is not None and not self._grad_enabled()
+        if evaluation or early:
+            if self._leave_only(self._stack[-1], info):
+                self._anchor = None  # the loop around it (or a later one) is watched next
+                return True
+            if evaluation or reason == "steady":
+                return False  # no break that leaves it alone: it runs on
+        return self._stop(info)
+
+    def _again(self, frame: WatchedFrame, header: int, depth: int) -> bool:
+        """An iteration of a loop left before, entered again (an evaluation called again,
+        the micro-steps of the next optimizer step): counted from its entry, and left
+        again, alone, once the rule says so. True when it was left."""
+        state = frame.again.get(header)
+        if state is None:
+            state = frame.again[header] = Anchor(frame, header, depth)
+        reason = verdict(state, self._rule, self._marks, self._activity)
+        if reason is None or not self._rule.leave_loop:
+            return False
+        return self._leave_only(frame, self._info(reason, frame.code.co_filename, header, state=state))
 
     # -- stopping -----------------------------------------------------------------------------
 
-    def _info(self, reason: str, file: str, line: int, now: float | None = None) -> StopInfo:
-        anchor = self._anchor
+    def _info(
+        self, reason: str, file: str, line: int, now: float | None = None, state: Anchor | None = None
+    ) -> StopInfo:
+        anchor = state or self._anchor
         loop = f"{anchor.code.co_filename}:{anchor.header}" if anchor is not None else ""
         return StopInfo(
             reason=reason,
@@ -313,41 +316,60 @@ class LoopWatch:
 
     def _record(self, info: StopInfo) -> StopInfo:
         """Keep ``info`` as the first stop (a later one is only listed in ``left``)."""
-        if self._first is None:
-            self._first = info
+        if self._leaves.first is None:
+            self._leaves.first = info
         return info
 
+    def _leave_only(self, frame: WatchedFrame, info: StopInfo) -> bool:
+        """Leave the loop at ``info.line`` of the top frame as a ``break`` would, and no
+        loop around it; False (nothing done) when its ``break`` would leave a loop around
+        it too, or there is no line to go on at."""
+        loop = frame.table.get(info.line)
+        if loop is None or loop.exit is None or loop.through or (frame.code, loop.header) in self._stuck:
+            return False
+        real = running_frame(frame.code)
+        if real is not None and remaining(loop, real, frame.passes.get(loop.header, 0)) == 0:
+            return False  # its last pass: it ends as it would
+        if self._leave(frame, loop, info, alone=True):
+            return True
+        self._stuck.add((frame.code, loop.header))  # a pad in a file the runner did not compile
+        return False
+
     def _stop(self, info: StopInfo) -> bool:
-        """The rule says stop at the watched loop's header (the top frame): leave the loop,
-        or end the script (``leave_loop`` off, or a loop no jump can leave)."""
-        if not self._rule.leave_loop:
-            raise StopRun(self._record(info))
+        """Leave the watched loop (the top frame's, at its header) and the loops around it,
+        each at its header, or end the script where no jump can leave it."""
         frame = self._stack[-1]
         loop = frame.table.get(info.line)
-        alone = self._grad_enabled is not None and not self._grad_enabled()
-        if alone and (loop is None or loop.exit is None or loop.through):
-            return False  # evaluation that only ending the script or an outer loop would leave
         if loop is None or loop.exit is None:
             where = f"{info.file}:{info.line}"
             self._end(info, _ONE_LINE % where, ended_at=where)
-        real = running_frame(frame.code)
-        skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
-        self._jump(frame, real, loop, info)
-        if self._first is None:
-            padded = loop.exit >= PAD_LINE  # type: ignore[operator]
-            resumed = f"{info.file}:{loop.end if padded else loop.exit}"
-            self._first = replace(
-                info, action="left-loop", skipped=skipped, resumed=resumed, resumed_after=padded
-            )
-        else:
-            self._left.append(f"{info.file}:{loop.header}")
-        self._left += [f"{info.file}:{h}" for h in loop.through]
+        self._leave(frame, loop, info)  # type: ignore[arg-type]
         self._anchor = None  # watch again: a later long loop is left once steady too
-        if alone:
-            return True  # evaluation: the loops around it (training) go on
-        pending = [(frame, h) for h in loop.enclosing if h not in loop.through]
+        pending = [(frame, h) for h in loop.enclosing if h not in loop.through]  # type: ignore[union-attr]
         pending += [(f, h) for f in self._stack[:-1] for h in f.around()]
         self._pending += [p for p in pending if p not in self._pending]
+        return True
+
+    def _leave(self, frame: WatchedFrame, loop: Loop, info: StopInfo, alone: bool = False) -> bool:
+        """Jump out of ``loop`` (the top frame's) and note it: the first stop, or one more.
+        False where Python refused the jump and ``alone`` (else the script was ended)."""
+        real = running_frame(frame.code)
+        skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
+        if not self._jump(frame, real, loop, info, alone):
+            return False
+        frame.again.pop(loop.header, None)
+        where = f"{info.file}:{loop.header}"
+        self._known.add((frame.code, loop.header))
+        if self._leaves.first is None:
+            padded = loop.exit >= PAD_LINE  # type: ignore[operator]
+            resumed = f"{info.file}:{loop.end if padded else loop.exit}"
+            self._leaves.first = replace(
+                info, action="left-loop", skipped=skipped, resumed=resumed, resumed_after=padded
+            )
+        self._leaves.add(where)
+        for header in loop.through:
+            self._leaves.add(f"{info.file}:{header}")
+        self._leaves.count(where, skipped)
         return True
 
     def _leave_around(self, frame: WatchedFrame, header: int) -> None:
@@ -356,15 +378,24 @@ class LoopWatch:
         loop = frame.table[header]
         where = f"{frame.code.co_filename}:{header}"
         if loop.exit is None:
-            info = self._first or self._info("steady", frame.code.co_filename, header)
+            info = self._leaves.first or self._info("steady", frame.code.co_filename, header)
             self._end(info, _ONE_LINE % where, ended_at=where)
         self._jump(frame, running_frame(frame.code), loop, None)
-        self._left += [where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)]
+        for left in (where, *(f"{frame.code.co_filename}:{h}" for h in loop.through)):
+            self._leaves.add(left)
         self._pending = [p for p in self._pending if not (p[0] is frame and p[1] in loop.through)]
 
-    def _jump(self, frame: WatchedFrame, real: FrameType | None, loop: Loop, info: StopInfo | None) -> None:
+    def _jump(
+        self,
+        frame: WatchedFrame,
+        real: FrameType | None,
+        loop: Loop,
+        info: StopInfo | None,
+        alone: bool = False,
+    ) -> bool:
         """Move the running frame to ``loop.exit`` and tell the profiler that line started
-        (the jump's target gets no line event of its own)."""
+        (the jump's target gets no line event of its own). Where Python refuses, end the
+        script, or with ``alone`` return False (the loop runs on)."""
         where = f"{frame.code.co_filename}:{loop.header}"
         try:
             if real is None:
@@ -373,7 +404,9 @@ class LoopWatch:
                 self._filter = unsilence(self._filter)
             self._filter = jump(real, loop.exit)  # type: ignore[arg-type]
         except ValueError as exc:
-            base = info or self._first or self._info("steady", frame.code.co_filename, loop.header)
+            if alone:
+                return False
+            base = info or self._leaves.first or self._info("steady", frame.code.co_filename, loop.header)
             refused = f"Python refused to leave the loop at {where} ({exc})"
             self._end(base, _CANNOT % where if loop.exit >= PAD_LINE else refused, ended_at=where)  # type: ignore[operator]
         frame.last = loop.exit  # type: ignore[assignment]
@@ -381,14 +414,15 @@ class LoopWatch:
             frame.passes.pop(header, None)
         if loop.exit < PAD_LINE:  # type: ignore[operator]
             self._sink.line(frame.code, loop.exit)
+        return True
 
     def _end(self, info: StopInfo, note: str, ended_at: str = "") -> None:
         """End the script where it is, saying why the loop could not be left."""
-        if self._first is None:
-            self._first = replace(info, note=note)
+        if self._leaves.first is None:
+            self._leaves.first = replace(info, note=note)
         else:
-            self._first = replace(self._first, note=note, ended_at=ended_at)
-        raise StopRun(self._first)
+            self._leaves.first = replace(self._leaves.first, note=note, ended_at=ended_at)
+        raise StopRun(self._leaves.first)
 
 
 _ONE_LINE = (

@@ -2,20 +2,33 @@
 to stop a loop), :class:`StopRun` (the exception that ends a script), and its state per
 traced frame (:class:`WatchedFrame`: the frame's loops, its passes through each, the
 allocator's event count when each was entered) and for the watched loop
-(:class:`Anchor`: its iterations, those that worked on the GPU, the steady count). See
+(:class:`Anchor`: its iterations, those that worked on the GPU, the steady count; a
+loop left before has one of its own each time it is entered again), how an iteration is
+counted (:func:`verdict`), where a loop lies from the watched one (:func:`encloses`,
+:func:`inside`, :func:`nested`) and what was left (:class:`Leaves`). See
 ``steady`` for the rule itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
 from types import CodeType
 
 from ..runfolder.records import StopInfo
 from .loops import Loop
 
-__all__ = ["Anchor", "StopRule", "StopRun", "WatchedFrame"]
+__all__ = [
+    "Anchor",
+    "Leaves",
+    "StopRule",
+    "StopRun",
+    "WatchedFrame",
+    "encloses",
+    "inside",
+    "nested",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -53,10 +66,12 @@ class StopRun(BaseException):
 class WatchedFrame:
     """A traced frame on the watch's stack: its code, the last line it ran, its loops
     (``{header: last line}`` and the ``loops.Loop`` records), per loop header the
-    iterations completed since execution last entered that loop, and the allocator's
-    event count when it was entered (``entered``; kept only with an ``activity``)."""
+    iterations completed since execution last entered that loop, the allocator's
+    event count when it was entered (``entered``; kept only with an ``activity``), and
+    per header of a loop left before (``again``) the count of its iterations since it was
+    entered this time (an :class:`Anchor` of its own)."""
 
-    __slots__ = ("code", "last", "loops", "table", "passes", "entered")
+    __slots__ = ("code", "last", "loops", "table", "passes", "entered", "again")
 
     def __init__(self, code: CodeType, table: dict[int, Loop], loops: dict[int, int]) -> None:
         self.code = code
@@ -65,6 +80,7 @@ class WatchedFrame:
         self.loops = loops
         self.passes: dict[int, int] = {}
         self.entered: dict[int, int] = {}
+        self.again: dict[int, Anchor] = {}
 
     def in_loop_body(self) -> bool:
         """Whether the line it is running lies inside a loop's body."""
@@ -83,10 +99,11 @@ class WatchedFrame:
 
 
 class Anchor:
-    """The watched loop, ``(code, header)``: the frame and depth it last iterated in, its
-    iterations (``worked``: those that worked on the GPU), its passes since an enclosing
-    loop last iterated, the allocator's event count at its last header (``events``), the
-    most memory allocated at its header (``high``) and the steady count."""
+    """The watched loop (or a loop left before, run again), ``(code, header)``: the frame
+    and depth it last iterated in, its iterations (``worked``: those that worked on the
+    GPU), its passes since an enclosing loop last iterated, the allocator's event count at
+    its last header (``events``), the most memory allocated at its header (``high``) and
+    the steady count."""
 
     __slots__ = (
         "code",
@@ -112,3 +129,108 @@ class Anchor:
         self.passes = 0  # since an enclosing loop last iterated
         self.last: Hashable = None
         self.same = 0
+
+
+def encloses(frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
+    """Whether the loop at ``header`` (of ``frame``, the top frame, at ``depth``) is
+    outside the watched one: in a shallower frame, or around it in the same function."""
+    if depth < anchor.depth:
+        return True
+    if anchor.code is not frame.code:
+        return False
+    return header < anchor.header and frame.loops[anchor.header] <= frame.loops[header]
+
+
+def inside(stack: list[WatchedFrame], frame: WatchedFrame, header: int, depth: int, anchor: Anchor) -> bool:
+    """Whether the loop at ``header`` (of ``frame``, the top of ``stack``) runs within an
+    iteration of the watched one: in its body or header (a generator it iterates), or in a
+    frame called from there (not from after it: nanoGPT's ``estimate_loss()`` is called
+    after the loop over the optimizer's param groups)."""
+    if anchor.frame is frame:
+        return anchor.header < header <= frame.loops[anchor.header]
+    caller = anchor.frame
+    if not (depth > anchor.depth and anchor.depth < len(stack) and stack[anchor.depth] is caller):
+        return False
+    return anchor.header <= caller.last <= caller.loops[anchor.header]  # the header: a generator
+
+
+def nested(stack: list[WatchedFrame], anchor: Anchor) -> bool:
+    """Whether the watched loop may be an inner loop: a loop of its function encloses it,
+    or the frames that called it (in ``stack``) are inside a loop's body."""
+    if anchor.frame.encloses(anchor.header):
+        return True
+    return any(f.in_loop_body() for f in stack[: anchor.depth])
+
+
+def verdict(
+    state: Anchor,
+    rule: StopRule,
+    marks: Callable[[], Hashable],
+    activity: Callable[[], tuple[int, int, int]] | None,
+) -> str | None:
+    """Count an iteration of the loop ``state`` follows (``marks`` and ``activity`` as
+    ``steady.LoopWatch`` reads them): ``"steady"`` or ``"max-iterations"`` when the rule
+    says it may be left, None while it runs on."""
+    state.iterations += 1
+    state.passes += 1
+    reading: Hashable = None
+    if activity is not None:
+        allocated, events, ooms = activity()
+        before = state.events if state.events is not None else state.frame.entered.get(state.header)
+        state.events = events
+        if before is None or events == before:
+            state.same, state.last = 0, None
+            return None  # no work on the GPU in this iteration: not a step
+        state.high = max(state.high, allocated)
+        reading = (state.high, ooms)  # a new out-of-memory error: not steady
+    state.worked += 1
+    if rule.max_iterations is not None and state.worked >= rule.max_iterations:
+        return "max-iterations"
+    if not rule.until_steady:
+        return None
+    reading = (marks(), reading)
+    if state.worked > rule.warmup:
+        state.same = state.same + 1 if reading == state.last else 0
+    state.last = reading
+    return "steady" if state.same >= rule.steady else None
+
+
+class Leaves:
+    """What the watch left: the first stop (``first``), the other loops left after it
+    (each once, in order) and per loop left by the rule at its header how many times and
+    how many iterations were skipped (None once a count was not known)."""
+
+    def __init__(self) -> None:
+        self.first: StopInfo | None = None
+        self.left: list[str] = []
+        self.tally: dict[str, list] = {}  # file:line -> [times left, iterations skipped]
+
+    def add(self, where: str) -> None:
+        """List ``where`` among the loops left after the first stop (each once)."""
+        if self.first is not None and where != self.first.loop and where not in self.left:
+            self.left.append(where)
+
+    def count(self, where: str, skipped: int | None) -> None:
+        """The rule left the loop at ``where`` once more, skipping ``skipped`` iterations."""
+        tally = self.tally.setdefault(where, [0, 0])
+        tally[0] += 1
+        tally[1] = None if tally[1] is None or skipped is None else tally[1] + skipped
+
+    def stopped(self) -> StopInfo | None:
+        """The first stop with every loop left after it and each loop left more than once
+        (None: not stopped)."""
+        if self.first is None:
+            return None
+        repeats = tuple(
+            f"{where} {n} times, "
+            + (
+                "how many skipped not known"
+                if skipped is None
+                else f"{skipped:,} iteration(s) skipped in all"
+            )
+            for where, (n, skipped) in self.tally.items()
+            if n > 1
+        )
+        if not self.left and not repeats:
+            return self.first
+        return replace(self.first, left=(*self.first.left, *self.left), repeats=repeats)
