@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr__
+    from .advisor.api import fit
     from .errors import UsageError
     from .estimator.batchsize import find_max_batch_size, search_batch_size
     from .estimator.render import render_estimate
     from .estimator.simulate import estimate
     from .estimator.specs import InputSpec
-    from .advisor.api import fit
     from .integrations.hf import HFMemTrackCallback
     from .integrations.lightning import LightningMemTrackCallback
     from .runner.options import RunOptions
