@@ -8,7 +8,7 @@ memory less the CUDA context and libraries).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 __all__ = ["BatchAnswer", "FitResult", "FitRow", "LeverNote", "OutOfMemory", "Trial"]
@@ -241,7 +241,6 @@ class FitResult:
     seconds: float
     batch_arg: str | None = None
     batch: int | None = None
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def exit_code(self) -> int:
@@ -261,17 +260,15 @@ class FitResult:
         out["args"] = list(self.args)
         out["rows"] = [row.to_dict() for row in self.rows]
         out["not_applied"] = [list(pair) for pair in self.not_applied]
-        out["notes"] = list(self.notes)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FitResult:
-        skip = ("args", "rows", "not_applied", "notes")
+        skip = ("args", "rows", "not_applied")
         values = {f.name: data[f.name] for f in fields(cls) if f.name not in skip and f.name in data}
         return cls(
             **values,
             args=tuple(data["args"]),
             rows=tuple(FitRow.from_dict(row) for row in data["rows"]),
             not_applied=tuple((str(a), str(b)) for a, b in data.get("not_applied", ())),
-            notes=tuple(data.get("notes", ())),
         )

@@ -129,7 +129,6 @@ def render_fit(result: FitResult) -> str:
     ]
     for name, reason in result.not_applied:
         lines.append(f"Not applied: {name}: {reason}")
-    lines.extend(result.notes)
     lines.append(
         f"{result.trials} simulated trial(s) in {result.seconds:.1f} s; run folders under {result.folder}/"
     )
