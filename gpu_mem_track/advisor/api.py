@@ -6,8 +6,9 @@ tried. When it fits (completed, peak reserved at most ``threshold`` of the capac
 that is the answer. Otherwise each lever runs alone (in parallel), then, when none fits
 alone, the cheapest combination (``plan.cheapest_combination``). With a batch argument
 the largest batch that fits is searched for the script as it is and for every row whose
-levers applied (``batch.find_batch``; the searches run side by side, their trials share
-the pool, and the trial at the user's batch is reused). Every "fits" is a trial that ran.
+levers applied (``batch.find_batch``; the searches run side by side, each started as soon
+as its row's trial is known, their trials share the pool, and the trial at the user's
+batch is reused). Every "fits" is a trial that ran.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .batch import BatchArg, find_batch
-from .plan import cheapest_combination, make_row, parse_levers, rank
+from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import BatchAnswer, FitResult, FitRow, Trial
 from .trials import SubprocessRunner, TrialPool, TrialSpec
 
@@ -99,10 +100,14 @@ def fit(
     say = progress or (lambda line: None)
     pool = TrialPool(runner, jobs, say)
     try:
-        verdict, rows, recommended, not_applied = _advise(pool, chosen, threshold, jobs, say)
-        if where is not None and verdict != "failed":
-            capacity = pool.run(TrialSpec(())).capacity
-            rows = _with_batches(pool, rows, user_batch, capacity, max_batch, say)
+        baseline = pool.run(TrialSpec(()))
+        searches = None
+        if where is not None and baseline.fits(threshold) != "failed":
+            searches = _Searches(pool, user_batch, baseline.capacity, max_batch, say)
+            searches.start(())
+        verdict, rows, recommended, not_applied = _advise(pool, chosen, threshold, jobs, say, searches)
+        if searches is not None:
+            rows = searches.finish(rows)
     finally:
         pool.close()
     capacity = pool.run(TrialSpec(())).capacity or spec.capacity  # what the trials saw
@@ -126,9 +131,15 @@ def fit(
 
 
 def _advise(
-    pool: TrialPool, chosen: tuple[str, ...], threshold: float, jobs: int, say: Callable[[str], None]
+    pool: TrialPool,
+    chosen: tuple[str, ...],
+    threshold: float,
+    jobs: int,
+    say: Callable[[str], None],
+    searches: _Searches | None,
 ) -> tuple[str, list[FitRow], str | None, list[tuple[str, str]]]:
-    """(verdict, rows, recommended label, levers not applied with why)."""
+    """(verdict, rows, recommended label, levers not applied with why); the batch
+    ``searches`` of the levers that applied start before the combination runs."""
     baseline = pool.run(TrialSpec(()))
     first = make_row(baseline, threshold)
     if first.fits in ("failed", "yes"):
@@ -142,6 +153,8 @@ def _advise(
             not_applied.append((note.name, note.reason or "not applied"))
         else:
             tried.append(trial)
+            if searches is not None and trial.fits(threshold) != "failed":
+                searches.start(trial.levers)
     if not any(t.fits(threshold) == "yes" for t in tried):
         applied = [t.levers[0] for t in tried if t.fits(threshold) != "failed"]
         if len(applied) >= 2:
@@ -163,37 +176,46 @@ def _verdict(rows: list[FitRow]) -> tuple[str, str | None]:
     return ("tight", None) if rows[0].fits == "tight" else ("none", None)
 
 
-def _with_batches(
-    pool: TrialPool,
-    rows: list[FitRow],
-    batch: int,
-    capacity: int,
-    max_batch: int | None,
-    say: Callable[[str], None],
-) -> list[FitRow]:
-    """The rows with the largest batch that fits with each one's levers (not for rows
-    that failed), the searches side by side."""
-    answers: dict[int, BatchAnswer] = {}
-    todo = [i for i, row in enumerate(rows) if row.fits != "failed"]
-    say(f"batch search from batch {batch} for {len(todo)} row(s)")
+class _Searches:
+    """The batch searches, each in its own thread, started as soon as its row's trial is
+    known (the script as it is: while the levers run; each lever: while the combination
+    runs), so the pool's workers are not left idle; their trials share the pool."""
 
-    def search(i: int) -> None:
-        levers = rows[i].levers
+    def __init__(
+        self, pool: TrialPool, batch: int, capacity: int, max_batch: int | None, say: Callable[[str], None]
+    ) -> None:
+        self.pool, self.batch, self.capacity, self.say = pool, batch, capacity, say
+        self.max_batch = max_batch or 1 << 20
+        self.answers: dict[tuple[str, ...], BatchAnswer] = {}
+        self.threads: dict[tuple[str, ...], threading.Thread] = {}
 
+    def start(self, levers: tuple[str, ...]) -> None:
+        """Start the search for ``levers`` (once)."""
+        if levers not in self.threads:
+            self.say(f"batch search from batch {self.batch}: {label(levers)}")
+            thread = threading.Thread(target=self._search, args=(levers,), daemon=True)
+            self.threads[levers] = thread
+            thread.start()
+
+    def _search(self, levers: tuple[str, ...]) -> None:
         def spec(b: int) -> TrialSpec:
-            return TrialSpec(levers, None if b == batch else b)
+            return TrialSpec(levers, None if b == self.batch else b)
 
-        answers[i] = find_batch(lambda b: pool.run(spec(b)), batch, capacity, max_batch=max_batch or 1 << 20)
+        run = lambda b: self.pool.run(spec(b))  # noqa: E731
+        self.answers[levers] = find_batch(run, self.batch, self.capacity, max_batch=self.max_batch)
 
-    threads = [threading.Thread(target=search, args=(i,)) for i in todo]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    missing = [i for i in todo if i not in answers]
-    if missing:
-        raise RuntimeError(f"the batch search failed for {', '.join(rows[i].label for i in missing)}")
-    return [replace(row, batch=answers.get(i)) for i, row in enumerate(rows)]
+    def finish(self, rows: list[FitRow]) -> list[FitRow]:
+        """The rows with the largest batch that fits with each one's levers (not for
+        rows that failed), once every search has ended."""
+        for row in rows:
+            if row.fits != "failed":
+                self.start(row.levers)
+        for thread in self.threads.values():
+            thread.join()
+        missing = [row.label for row in rows if row.fits != "failed" and row.levers not in self.answers]
+        if missing:
+            raise RuntimeError(f"the batch search failed for {', '.join(missing)}")
+        return [replace(row, batch=self.answers.get(row.levers)) for row in rows]
 
 
 def _session_folder(out_dir: Path, script: Path) -> Path:
