@@ -1,21 +1,23 @@
 """The optimizer levers: ``fused``, ``no-foreach`` and ``grads-to-none``.
 
 ``fused`` and ``no-foreach`` rewrite the arguments of optimizers built while the run
-goes on: every ``torch.optim`` class whose ``__init__`` takes the keyword is patched
-(``OptimizerBuilds``), so ``torch.optim.AdamW(params, lr=...)`` is built as
+goes on: the ``__init__`` of every ``torch.optim`` class is patched
+(``OptimizerBuilds``; a class whose ``__init__`` lacks the keyword is left as it is, and
+the report says so), so ``torch.optim.AdamW(params, lr=...)`` is built as
 ``torch.optim.AdamW(params, lr=..., fused=True)`` would be; a subclass that calls its
 base's ``__init__`` is rewritten there, once (the outermost patched ``__init__``).
-Optimizers built before the run started, and classes outside ``torch.optim`` that do
-not call one of its ``__init__``, are not changed. A parameter iterator (such as
+Optimizers built before the run started, and classes outside ``torch.optim`` that do not
+call one of its ``__init__``, are not changed. A parameter iterator (such as
 ``model.parameters()``) is read into a list first, so its devices can be checked (as the
 optimizer itself would read it).
 
 ``fused`` is set where the class takes it and every parameter is a floating-point CUDA
 tensor (the simulated GPU's included); not where the script set ``fused=True`` already,
-``foreach=True`` or ``differentiable=True``. ``no-foreach`` sets ``foreach=False`` unless
-the script set it or the optimizer is fused. ``grads-to-none`` makes
+``foreach=True`` or ``differentiable=True``. ``no-foreach`` sets ``foreach=False``
+unless the script set it or the optimizer is fused. ``grads-to-none`` makes
 ``Optimizer.zero_grad`` and ``Module.zero_grad`` set gradients to None when the script
-asked ``set_to_none=False`` (torch's default is True since 2.0, so only such calls change).
+asked ``set_to_none=False`` (torch's default is True since 2.0, so only such calls
+change).
 """
 
 from __future__ import annotations
@@ -53,10 +55,8 @@ class OptimizerBuilds:
         for value in vars(torch.optim).values():
             init = vars(value).get("__init__") if isinstance(value, type) else None
             if init is not None and issubclass(value, torch.optim.Optimizer):
-                taken = set(inspect.signature(init).parameters)
-                if any(keyword in taken for keyword, _ in self.rewrites):
-                    self._saved.append((value, init))
-                    value.__init__ = self._patched(init, taken)  # type: ignore[misc]
+                self._saved.append((value, init))  # every class: those without the keyword are told
+                value.__init__ = self._patched(init, set(inspect.signature(init).parameters))  # type: ignore[misc]
 
     def uninstall(self) -> None:
         for cls, init in reversed(self._saved):

@@ -224,8 +224,9 @@ def replace_text(path: Path, text: str) -> None:
 def read_meta(path: Path) -> RunInfo:
     """The ``RunInfo`` of a ``meta.json``; ``errors.BadInput`` (one line) if it is not one:
     not a regular file, over ``inputs.MAX_JSON_BYTES``, nested too deep, not JSON, or a
-    field of the wrong type (``inputs.typed_fields``; a simulated run's ``simulation``
-    and an early stop's ``stopped`` with the keys their report reads)."""
+    field of the wrong type (``inputs.typed_fields``; a simulated run's ``simulation``,
+    an early stop's ``stopped`` and ``run --lever``'s ``levers`` with the keys their
+    report reads)."""
     what = "a gpu_mem_track run description"
     data = inputs.load_json(path, what)
     if not isinstance(data, dict) or data.get("format") != "gpu_mem_track run":
@@ -237,11 +238,16 @@ def read_meta(path: Path) -> RunInfo:
         info,
         simulation=None if simulation is None else _simulation(simulation, where),
         stopped=None if stopped is None else _stopped(stopped, where),
+        levers=_levers(data.get("levers") or [], where),
     )
 
 
-#: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule).
-_NESTED = ("simulation", "stopped")
+#: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule,
+#: ``run --lever``).
+_NESTED = ("simulation", "stopped", "levers")
+#: What a lever's report must hold (``levers.LeverReport``; the other keys are text).
+_LEVER_KEYS = {"name": str, "applied": bool}
+_LEVER_TEXT = ("reason", "detail", "change", "where", "cost")
 #: What the report reads of a simulated run's records: the keys each needs, with types.
 _GPU_KEYS = {"name": str, "total_memory": int, "context_bytes": int, "cublas_workspace": int}
 _READ_KEYS = {"filename": str, "line": int, "op": str, "count": int}
@@ -268,6 +274,17 @@ def _simulation(value: Any, where: str) -> SimulationInfo:
         skipped_saves=skipped,
         out_of_memory=None if oom is None else _keyed(oom, _OOM_KEYS, where, "simulation.out_of_memory"),
     )
+
+
+def _levers(value: Any, where: str) -> tuple[dict[str, Any], ...]:
+    """A ``meta.json``'s ``levers``: a list of lever reports, checked key by key."""
+    if not isinstance(value, list):
+        raise BadInput(f"{where}: 'levers' is not a list")
+    reports = tuple(_keyed(item, _LEVER_KEYS, where, "levers") for item in value)
+    for report in reports:
+        if any(not isinstance(report.get(key, ""), str) for key in _LEVER_TEXT):
+            raise BadInput(f"{where}: 'levers' holds a report with a value that is not text")
+    return reports
 
 
 def _stopped(value: Any, where: str) -> StopInfo:

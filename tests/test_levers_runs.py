@@ -1,0 +1,274 @@
+"""``run --simulate --lever``: each lever applies to an unmodified script, and its saving
+is the one the script edited by hand gives (the report's own ``change`` written at its
+``where``): the same peak allocated and reserved bytes. Then the levers that cannot
+apply, and why, and that nothing is left patched after a run."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_mem_track.levers import LeverReport, read_levers
+from gpu_mem_track.runfolder.files import read_meta
+from gpu_mem_track.runfolder.records import RunInfo
+
+GPU = "2GiB:sm80"
+
+MODEL = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d=256, n=4):
+        super().__init__()
+        self.embed = nn.Linear(d, d)
+        self.h = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.h:
+            x = block(x)
+        return self.head(x)
+
+
+model = Net().cuda()
+"""
+
+TRAIN = (
+    MODEL
+    + """
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    x = torch.randn(4096, 256, device="cuda")
+    y = torch.randint(0, 10, (4096,), device="cuda")
+    out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+"""
+)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def simulate(in_process, tmp_path: Path, script: Path, name: str, *options: str, gpu: str = GPU) -> RunInfo:
+    out = tmp_path / "reports"
+    done = in_process(
+        "run", "--simulate", gpu, "--run-to-end", "--out-dir", out, "--run-name", name, *options, script
+    )
+    assert done.returncode == 0, done.stderr
+    return read_meta(out / name / "meta.json")
+
+
+def edited(script: Path, report: LeverReport) -> Path:
+    """A copy of ``script`` with the report's change written by hand at its line."""
+    file, _, line = report.where.rpartition(":")
+    assert Path(file) == script
+    lines = script.read_text().splitlines()
+    old = lines[int(line) - 1]
+    lines[int(line) - 1] = old[: len(old) - len(old.lstrip())] + report.change
+    copy = script.with_name(f"edited_{report.name.replace('-', '_')}.py")
+    copy.write_text("\n".join(lines) + "\n")
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("lever", "detail", "change"),
+    [
+        (
+            "checkpoint",
+            "4 x Block in h (12 block call(s) checkpointed)",
+            "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+        ),
+        ("autocast", "bfloat16", 'with torch.autocast("cuda", dtype=torch.bfloat16): out = model(x)'),
+        (
+            "fused",
+            "1 optimizer: AdamW",
+            "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)",
+        ),
+        (
+            "no-foreach",
+            "1 optimizer: AdamW",
+            "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)",
+        ),
+        (
+            "grads-to-none",
+            "3 zero_grad(set_to_none=False) call(s) set gradients to None",
+            "optimizer.zero_grad(set_to_none=True)",
+        ),
+    ],
+)
+def test_a_lever_saves_what_the_script_edited_by_hand_saves(in_process, tmp_path, lever, detail, change):
+    script = write(tmp_path / "train.py", TRAIN)
+    base = simulate(in_process, tmp_path, script, "base")
+    with_lever = simulate(in_process, tmp_path, script, lever, "--lever", lever)
+    [report] = read_levers(tmp_path / "reports" / lever)
+    assert (report.name, report.applied, report.reason, report.detail) == (lever, True, "", detail)
+    assert report.change == change
+    by_hand = simulate(in_process, tmp_path, edited(script, report), f"{lever}-by-hand")
+    assert by_hand.levers == ()
+    assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+    assert (with_lever.peak, with_lever.reserved_peak) != (base.peak, base.reserved_peak)
+    if lever in ("checkpoint", "autocast", "grads-to-none"):  # the peak is the forward's, here
+        assert with_lever.peak < base.peak
+    assert report.changes_results == (lever == "autocast")
+    summary = (tmp_path / "reports" / lever / "report.txt").read_text()
+    assert f"Levers applied: {lever} ({detail})" in summary
+
+
+def test_expandable_segments_save_what_the_variable_set_by_hand_saves(in_process, tmp_path, monkeypatch):
+    script = write(tmp_path / "train.py", TRAIN)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    base = simulate(in_process, tmp_path, script, "base")
+    with_lever = simulate(in_process, tmp_path, script, "lever", "--lever", "expandable")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # put back after the run
+    [report] = with_lever.levers
+    conf = "max_split_size_mb:512,expandable_segments:True"
+    assert report["applied"] and report["change"] == f"PYTORCH_CUDA_ALLOC_CONF={conf}"
+    assert report["where"] == "" and report["cost"] == "none"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
+    by_hand = simulate(in_process, tmp_path, script, "by-hand")
+    assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+    assert with_lever.reserved_peak != base.reserved_peak  # the allocator model read it
+
+
+ALREADY = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+for step in range(3):
+    x = torch.randn(512, 256, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_levers_the_script_already_has_are_not_applied_and_change_nothing(in_process, tmp_path):
+    script = write(tmp_path / "already.py", ALREADY)
+    levers = ("autocast", "fused", "no-foreach", "grads-to-none", "checkpoint", "gc-threshold")
+    base = simulate(in_process, tmp_path, script, "base")
+    run = simulate(in_process, tmp_path, script, "levers", *(f"--lever={name}" for name in levers))
+    reports = read_levers(tmp_path / "reports" / "levers")
+    assert [(r.name, r.applied, r.reason) for r in reports] == [
+        ("autocast", False, "the script already autocasts (bfloat16)"),
+        ("fused", False, "AdamW is already fused (fused=True)"),
+        ("no-foreach", False, "AdamW is fused (fused=True): foreach does not apply"),
+        (
+            "grads-to-none",
+            False,
+            "every zero_grad() call (3) already sets gradients to None (torch's default since 2.0)",
+        ),
+        ("checkpoint", False, "Sequential has no ModuleList/Sequential of two or more blocks of one class"),
+        ("gc-threshold", False, "the simulation does not model garbage_collection_threshold"),
+    ]
+    assert all(r.change == r.detail == r.where == "" for r in reports)
+    assert (run.peak, run.reserved_peak) == (base.peak, base.reserved_peak)
+    summary = (tmp_path / "reports" / "levers" / "report.txt").read_text()
+    assert (
+        "Levers applied: none; not applied: autocast (the script already autocasts (bfloat16)), fused ("
+        in summary
+    )
+
+
+INFERENCE = (
+    MODEL
+    + """
+model.eval()
+with torch.no_grad():
+    for step in range(3):
+        out = model(torch.randn(1024, 256, device="cuda"))
+"""
+)
+
+
+def test_levers_a_script_never_triggers_say_why(in_process, tmp_path):
+    script = write(tmp_path / "infer.py", INFERENCE)
+    simulate(
+        in_process,
+        tmp_path,
+        script,
+        "r",
+        "--lever",
+        "checkpoint",
+        "--lever",
+        "fused",
+        "--lever",
+        "grads-to-none",
+    )
+    assert [(r.applied, r.reason) for r in read_levers(tmp_path / "reports" / "r")] == [
+        (False, "no model was called with autograd recording (no training forward ran)"),
+        (False, "the script built no torch.optim optimizer while it ran"),
+        (False, "the script called no zero_grad()"),
+    ]
+
+
+OTHERS = """
+import torch
+from torch import nn
+
+model = nn.Linear(256, 256).cuda()
+rms = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+on_cpu = torch.optim.Adam(nn.Linear(4, 4).parameters(), lr=1e-3)
+loss = model(torch.randn(64, 256, device="cuda")).sum()
+loss.backward()
+rms.step()
+"""
+
+
+def test_fused_is_set_only_where_torch_has_it_and_the_parameters_are_on_cuda(in_process, tmp_path):
+    script = write(tmp_path / "others.py", OTHERS)
+    [fused, autocast] = simulate(
+        in_process, tmp_path, script, "r", "--lever", "fused", "--lever", "autocast", gpu="2GiB:sm75"
+    ).levers
+    assert not fused["applied"]
+    assert fused["reason"] == (
+        "RMSprop does not take fused; Adam's parameters are not all floating-point CUDA tensors"
+    )
+    # compute capability 7.5 has no bfloat16: float16, and the scaler it needs is not added
+    assert autocast["applied"] and autocast["detail"] == (
+        "float16; float16 training needs a torch.amp.GradScaler, which the lever does not add"
+    )
+    amp = 'with torch.autocast("cuda", dtype=torch.float16):'
+    assert autocast["change"] == f'{amp} loss = model(torch.randn(64, 256, device="cuda")).sum()'
+    assert autocast["cost"] == "numerics: float16 matmuls/activations (results change)"
+
+
+def test_nothing_stays_patched_after_a_run_with_every_lever(in_process, tmp_path):
+    call, init, zero = torch.nn.Module.__call__, torch.optim.AdamW.__init__, torch.optim.Optimizer.zero_grad
+    module_zero, sgd = torch.nn.Module.zero_grad, torch.optim.SGD.__init__
+    environ = dict(os.environ)
+    script = write(tmp_path / "train.py", TRAIN.replace("range(3)", "range(1)"))
+    everything = [
+        f"--lever={name}" for name in ("checkpoint", "autocast", "fused", "grads-to-none", "expandable")
+    ]
+    simulate(in_process, tmp_path, script, "r", *everything)
+    assert all(r.applied for r in read_levers(tmp_path / "reports" / "r"))
+    assert torch.nn.Module.__call__ is call and torch.optim.AdamW.__init__ is init
+    assert torch.optim.Optimizer.zero_grad is zero and torch.nn.Module.zero_grad is module_zero
+    assert torch.optim.SGD.__init__ is sgd
+    assert dict(os.environ) == environ
