@@ -258,7 +258,8 @@ def test_fused_is_set_only_where_torch_has_it_and_the_parameters_are_on_cuda(in_
     assert autocast["cost"] == "numerics: float16 matmuls/activations (results change)"
 
 
-def test_nothing_stays_patched_after_a_run_with_every_lever(in_process, tmp_path):
+def test_nothing_stays_patched_after_a_run_with_every_lever(in_process, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     call, init, zero = torch.nn.Module.__call__, torch.optim.AdamW.__init__, torch.optim.Optimizer.zero_grad
     module_zero, sgd = torch.nn.Module.zero_grad, torch.optim.SGD.__init__
     environ = dict(os.environ)
@@ -272,3 +273,26 @@ def test_nothing_stays_patched_after_a_run_with_every_lever(in_process, tmp_path
     assert torch.optim.Optimizer.zero_grad is zero and torch.nn.Module.zero_grad is module_zero
     assert torch.optim.SGD.__init__ is sgd
     assert dict(os.environ) == environ
+
+
+@pytest.mark.cuda
+def test_levers_apply_on_a_real_gpu(tmp_path):
+    """``run --device cuda --lever ...`` (as gpu-check runs a suggested change), in a
+    process of its own: the allocator variable is read when CUDA starts."""
+    import subprocess
+    import sys
+
+    script = write(tmp_path / "train.py", TRAIN.replace("range(3)", "range(2)"))
+    levers = ("expandable", "checkpoint", "fused", "grads-to-none")
+    command = [sys.executable, "-m", "gpu_mem_track", "run", "--device", "cuda", "--run-name", "r"]
+    command += [f"--lever={name}" for name in levers] + [str(script)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    reports = read_levers(tmp_path / "reports" / "r")
+    assert [(r.name, r.applied, r.reason) for r in reports] == [(name, True, "") for name in levers]
+    assert reports[0].detail == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert reports[1].detail == "4 x Block in h (8 block call(s) checkpointed)"
+    assert reports[2].detail == "1 optimizer: AdamW"
+    assert reports[3].detail == "2 zero_grad(set_to_none=False) call(s) set gradients to None"
