@@ -295,3 +295,23 @@ def test_levers_apply_on_a_real_gpu(tmp_path):
     assert reports[1].detail == "4 x Block in h (8 block call(s) checkpointed)"
     assert reports[2].detail == "1 optimizer: AdamW"
     assert reports[3].detail == "2 zero_grad(set_to_none=False) call(s) set gradients to None"
+
+
+def test_blocks_a_sequential_calls_are_checkpointed_as_a_loop_written_by_hand(in_process, tmp_path):
+    text = TRAIN.replace(
+        "nn.ModuleList(Block(d) for _ in range(n))", "nn.Sequential(*(Block(d) for _ in range(n)))"
+    )
+    text = text.replace("        for block in self.h:\n            x = block(x)\n", "        x = self.h(x)\n")
+    script = write(tmp_path / "seq.py", text)
+    with_lever = simulate(in_process, tmp_path, script, "lever", "--lever", "checkpoint")
+    [report] = read_levers(tmp_path / "reports" / "lever")
+    assert report.detail == "4 x Block in h (12 block call(s) checkpointed)"
+    assert report.where == f"{script}:24"
+    assert (
+        report.change
+        == "for block in self.h: x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"
+    )
+    by_hand = simulate(in_process, tmp_path, edited(script, report), "by-hand")
+    base = simulate(in_process, tmp_path, script, "base")
+    assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+    assert with_lever.peak < base.peak

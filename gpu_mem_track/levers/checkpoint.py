@@ -8,8 +8,10 @@ tie; containers without parameters are left out). From then on, each call of one
 those children made inside a forward while autograd records runs as
 ``torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, **kwargs)``, as
 the one-line change the report gives would; under ``no_grad`` (evaluation) the blocks
-run as before. Where the change goes: the line that called the first block (the loop
-over the container, in the model's forward).
+run as before. Where the change goes: the line that called the first block (in the
+loop over the container, in the model's forward), or, for a ``Sequential`` that calls
+its blocks itself, the line that called the container (``x = self.h(x)`` becomes ``for
+block in self.h: x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from .calls import ModuleCalls
 from .catalog import describe
 from .records import LeverReport
-from .source import Site, caller, wrapped_call
+from .source import Site, called_from_user, caller, looped_call, wrapped_call
 
 __all__ = ["CheckpointLever", "repeated_blocks"]
 
@@ -60,6 +62,7 @@ class CheckpointLever:
         self.ids: frozenset[int] = frozenset()
         self.calls = 0
         self.site: Site | None = None
+        self.direct = True  # the user's code calls each block (not Sequential.forward)
 
     def _outer(self, module: Any, stack: Any) -> None:
         import torch
@@ -81,6 +84,7 @@ class CheckpointLever:
             return None
         if self.site is None:
             self.site = caller(sys._getframe(1))
+            self.direct = called_from_user(sys._getframe(1))
         self.calls += 1
         return _through_checkpoint
 
@@ -104,7 +108,8 @@ class CheckpointLever:
         detail += f" ({self.calls} block call(s) checkpointed)"
         site, change = self.site, info.change
         if site is not None:
-            change = wrapped_call(site.text, _FUNCTION, "use_reentrant=False", change)
+            edit = wrapped_call if self.direct else looped_call
+            change = edit(site.text, _FUNCTION, "use_reentrant=False", change)
         return LeverReport(self.name, True, "", detail, change, site.where if site else "", info.cost)
 
 
