@@ -164,3 +164,18 @@ def test_run_help_names_every_lever(in_process):
     done = in_process("run", "--help")
     text = " ".join(done.stdout.split())
     assert ", ".join(LEVERS) in text
+
+
+def test_the_levers_package_imports_no_torch_and_sits_below_the_runner():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = "import sys, gpu_mem_track.levers as l; l.describe('fused'); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+    for path in (root / "gpu_mem_track" / "levers").glob("*.py"):
+        text = path.read_text()
+        for above in ("..runner", "..commands", "..estimator", "..simgpu", "..tracker"):
+            assert f"from {above}" not in text, f"{path.name} imports {above}"

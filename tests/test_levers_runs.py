@@ -315,3 +315,37 @@ def test_blocks_a_sequential_calls_are_checkpointed_as_a_loop_written_by_hand(in
     base = simulate(in_process, tmp_path, script, "base")
     assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
     assert with_lever.peak < base.peak
+
+
+SUBCLASSES = """
+import torch
+from torch import nn
+
+
+class Tuned(torch.optim.AdamW):
+    def __init__(self, params):
+        super().__init__(params, lr=1e-3)
+
+
+class Plain(torch.optim.SGD):
+    pass
+
+
+model = nn.Linear(256, 256).cuda()
+tuned = Tuned(model.parameters())
+plain = Plain(model.parameters(), lr=0.1)
+"""
+
+
+def test_an_optimizer_subclass_gets_the_change_where_it_calls_torchs_constructor(in_process, tmp_path):
+    script = write(tmp_path / "sub.py", SUBCLASSES)
+    [fused] = simulate(in_process, tmp_path, script, "r", "--lever", "fused").levers
+    assert fused["detail"] == "2 optimizers: Tuned, Plain"
+    assert (fused["where"], fused["change"]) == (
+        f"{script}:7",
+        "super().__init__(params, lr=1e-3, fused=True)",
+    )
+    plain = write(tmp_path / "plain.py", SUBCLASSES.replace("tuned = Tuned(model.parameters())\n", ""))
+    [foreach] = simulate(in_process, tmp_path, plain, "s", "--lever", "no-foreach").levers
+    assert (foreach["detail"], foreach["where"]) == ("1 optimizer: Plain", f"{plain}:15")
+    assert foreach["change"] == "plain = Plain(model.parameters(), lr=0.1, foreach=False)"

@@ -35,9 +35,10 @@ from .source import Site, call_with_keyword, caller
 
 __all__ = ["FusedLever", "GradsToNoneLever", "NoForeachLever", "OptimizerBuilds"]
 
-#: A rewrite: (the optimizer's class, bound arguments, whether the class takes its keyword, the
-#: user's line that built the optimizer) -> None; it changes the arguments in place.
-Rewrite = Callable[[type, dict[str, Any], bool, "Site | None"], None]
+#: A rewrite: (the optimizer's class, bound arguments, whether the class takes its keyword,
+#: the user's line that built the optimizer, the name called there) -> None; it changes
+#: the arguments in place.
+Rewrite = Callable[[type, dict[str, Any], bool, "Site | None", str], None]
 
 
 class OptimizerBuilds:
@@ -56,15 +57,16 @@ class OptimizerBuilds:
             init = vars(value).get("__init__") if isinstance(value, type) else None
             if init is not None and issubclass(value, torch.optim.Optimizer):
                 self._saved.append((value, init))  # every class: those without the keyword are told
-                value.__init__ = self._patched(init, set(inspect.signature(init).parameters))  # type: ignore[misc]
+                value.__init__ = self._patched(value, init)  # type: ignore[misc]
 
     def uninstall(self) -> None:
         for cls, init in reversed(self._saved):
             cls.__init__ = init  # type: ignore[misc]
         self._saved.clear()
 
-    def _patched(self, init: Any, taken: set[str]) -> Any:
+    def _patched(self, owner: type, init: Any) -> Any:
         signature = inspect.signature(init)
+        taken = set(signature.parameters)
         builds = self
 
         def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
@@ -75,8 +77,13 @@ class OptimizerBuilds:
                 bound = signature.bind(optimizer, *args, **kwargs)
                 _read_iterators(bound.arguments)
                 site = caller(sys._getframe(1))
+                kind = type(optimizer)
+                # a subclass with an __init__ of its own: the change goes in its super().__init__(...)
+                own = next(c for c in kind.__mro__ if "__init__" in vars(c)) is not owner
                 for keyword, rewrite in builds.rewrites:
-                    rewrite(type(optimizer), bound.arguments, keyword in taken, site)
+                    rewrite(
+                        kind, bound.arguments, keyword in taken, site, "__init__" if own else kind.__name__
+                    )
                 return init(*bound.args, **bound.kwargs)
             finally:
                 builds._local.inside = False
@@ -126,7 +133,9 @@ class _OptimizerLever:
         self.callee = ""
         self.generic = ""
 
-    def _rewrite(self, kind: type, arguments: dict[str, Any], takes: bool, site: Site | None) -> None:
+    def _rewrite(
+        self, kind: type, arguments: dict[str, Any], takes: bool, site: Site | None, callee: str
+    ) -> None:
         cls = kind.__name__
         why = self._why_not(cls, arguments) if takes else f"{cls} does not take {self.keyword}"
         if why:
@@ -135,8 +144,9 @@ class _OptimizerLever:
         arguments[self.keyword] = self.value
         self.changed[cls] += 1
         if self.site is None:
-            self.site, self.callee = site, cls
-            self.generic = f"{'torch.optim.' if kind.__module__.startswith('torch.optim') else ''}{cls}"
+            self.site, self.callee = site, callee
+            prefix = "torch.optim." if kind.__module__.startswith("torch.optim") else ""
+            self.generic = "super().__init__(params, " if callee == "__init__" else f"{prefix}{cls}(params, "
 
     def _why_not(self, cls: str, arguments: dict[str, Any]) -> str:
         raise NotImplementedError
@@ -151,7 +161,7 @@ class _OptimizerLever:
         detail = f"{total} optimizer{'s' if total > 1 else ''}: {names}"
         if self.kept:
             detail += f" (left as they were: {'; '.join(self.kept)})"
-        generic = f"{self.generic}(params, {self.keyword}={self.value})"
+        generic = f"{self.generic}{self.keyword}={self.value})"
         site, change = self.site, generic
         if site is not None:
             change = call_with_keyword(site.text, self.callee, self.keyword, self.value, generic)
