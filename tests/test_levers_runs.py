@@ -363,3 +363,17 @@ def test_levers_combined_save_what_both_changes_written_by_hand_save(in_process,
     assert by_hand.read_text().count("torch.") == script.read_text().count("torch.") + 3
     hand = simulate(in_process, tmp_path, by_hand, "by-hand")
     assert (combined.peak, combined.reserved_peak) == (hand.peak, hand.reserved_peak)
+
+
+def test_autocast_to_float32_in_the_script_is_not_mixed_precision(in_process, tmp_path):
+    text = TRAIN.replace(
+        "    out = model(x)\n",
+        '    with torch.autocast("cuda", dtype=torch.float32):\n        out = model(x)\n',
+    )
+    script = write(tmp_path / "train.py", text)
+    with_lever = simulate(in_process, tmp_path, script, "lever", "--lever", "autocast")
+    [report] = read_levers(tmp_path / "reports" / "lever")
+    assert (report.applied, report.detail) == (True, "bfloat16")
+    assert report.change == 'with torch.autocast("cuda", dtype=torch.bfloat16): out = model(x)'
+    by_hand = simulate(in_process, tmp_path, edited(script, report), "by-hand")
+    assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)

@@ -6,9 +6,11 @@ the GPU supports it (``torch.cuda.is_bf16_supported(including_emulation=False)``
 compute capability 8.0 and up; the simulated GPU answers for its capability), else
 float16, which in training needs a ``GradScaler`` that this lever does not add (the
 memory is the same; the report says so). A call the script already runs under CUDA
-autocast is left as it is; when every call was, the lever is not applied. The loss,
-computed outside the model, stays outside autocast, as with the one-line change the
-report gives.
+autocast to a lower precision is left as it is (when every call was, the lever is not
+applied); one under autocast to float32 (which changes nothing, as nanoGPT's
+``--dtype=float32`` does) gets the lever's autocast inside it, as the one-line change
+would. The loss, computed outside the model, stays outside autocast, as with the
+one-line change the report gives.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class AutocastLever:
 
         if not any(True for _ in module.parameters()):
             return  # a loss or an activation module, not a model
-        if torch.is_autocast_enabled("cuda"):
+        if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != torch.float32:
             self.already += 1
             self.already_dtype = _name(torch.get_autocast_dtype("cuda"))
             return
