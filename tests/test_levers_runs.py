@@ -377,3 +377,19 @@ def test_autocast_to_float32_in_the_script_is_not_mixed_precision(in_process, tm
     assert report.change == 'with torch.autocast("cuda", dtype=torch.bfloat16): out = model(x)'
     by_hand = simulate(in_process, tmp_path, edited(script, report), "by-hand")
     assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+
+
+def test_autocast_names_every_place_the_model_is_called(in_process, tmp_path):
+    warm = "with torch.no_grad():\n    model(torch.randn(8, 256, device='cuda'))\n"
+    script = write(
+        tmp_path / "train.py", TRAIN.replace("optimizer = torch.optim", warm + "optimizer = torch.optim")
+    )
+    simulate(in_process, tmp_path, script, "r", "--lever", "autocast")
+    [report] = read_levers(tmp_path / "reports" / "r")
+    lines = script.read_text().splitlines()
+    assert report.where == f"{script}:{lines.index('    out = model(x)') + 1}"  # the training forward
+    evaluation = lines.index("    model(torch.randn(8, 256, device='cuda'))") + 1
+    assert (
+        report.detail
+        == f"bfloat16 (the model is also called at {script}:{evaluation}: the change goes there too)"
+    )

@@ -10,6 +10,7 @@ over several lines, a line that cannot be read).
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import os
 import sys
@@ -45,6 +46,7 @@ class Site:
         return f"{self.file}:{self.line}"
 
 
+@functools.lru_cache(maxsize=1024)
 def _library(filename: str) -> bool:
     """Whether ``filename`` is this package's, torch's or the standard library's."""
     if filename.startswith("<"):
