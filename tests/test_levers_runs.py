@@ -393,3 +393,15 @@ def test_autocast_names_every_place_the_model_is_called(in_process, tmp_path):
         report.detail
         == f"bfloat16 (the model is also called at {script}:{evaluation}: the change goes there too)"
     )
+
+
+def test_the_scripts_own_mistake_reads_as_torchs_under_a_lever(in_process, tmp_path):
+    script = write(tmp_path / "bad.py", MODEL + "torch.optim.AdamW(model.parameters(), lrr=1e-3)\n")
+    out = tmp_path / "reports"
+    done = in_process(
+        "run", "--simulate", GPU, "--lever", "fused", "--out-dir", out, "--run-name", "r", script
+    )
+    assert done.returncode == 1
+    assert "TypeError: AdamW.__init__() got an unexpected keyword argument 'lrr'" in done.stderr
+    [report] = read_levers(out / "r")
+    assert report.reason == "the script built no torch.optim optimizer while it ran"

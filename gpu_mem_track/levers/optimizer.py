@@ -74,7 +74,10 @@ class OptimizerBuilds:
                 return init(optimizer, *args, **kwargs)
             builds._local.inside = True
             try:
-                bound = signature.bind(optimizer, *args, **kwargs)
+                try:
+                    bound = signature.bind(optimizer, *args, **kwargs)
+                except TypeError:  # the script's own mistake: torch's own message tells it
+                    return init(optimizer, *args, **kwargs)
                 _read_iterators(bound.arguments)
                 site = caller(sys._getframe(1))
                 kind = type(optimizer)
@@ -224,7 +227,10 @@ class GradsToNoneLever:
         lever = self
 
         def zero_grad(owner: Any, *args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(owner, *args, **kwargs)
+            try:
+                bound = signature.bind(owner, *args, **kwargs)
+            except TypeError:  # the script's own mistake: torch's own message tells it
+                return original(owner, *args, **kwargs)
             if bound.arguments.get("set_to_none", True):
                 lever.kept += 1
                 return original(owner, *args, **kwargs)
