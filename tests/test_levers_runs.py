@@ -405,3 +405,14 @@ def test_the_scripts_own_mistake_reads_as_torchs_under_a_lever(in_process, tmp_p
     assert "TypeError: AdamW.__init__() got an unexpected keyword argument 'lrr'" in done.stderr
     [report] = read_levers(out / "r")
     assert report.reason == "the script built no torch.optim optimizer while it ran"
+
+
+def test_checkpoint_finds_the_model_past_a_small_module_called_first(in_process, tmp_path):
+    text = TRAIN.replace("    out = model(x)\n", "    x = scale(x)\n    out = model(x)\n")
+    text = text.replace(
+        "model = Net().cuda()\n", "model = Net().cuda()\nscale = nn.Linear(256, 256).cuda()\n"
+    )
+    script = write(tmp_path / "two.py", text)
+    simulate(in_process, tmp_path, script, "r", "--lever", "checkpoint")
+    [report] = read_levers(tmp_path / "reports" / "r")
+    assert (report.applied, report.detail) == (True, "4 x Block in h (12 block call(s) checkpointed)")
