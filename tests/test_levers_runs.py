@@ -242,9 +242,20 @@ rms.step()
 
 def test_fused_is_set_only_where_torch_has_it_and_the_parameters_are_on_cuda(in_process, tmp_path):
     script = write(tmp_path / "others.py", OTHERS)
-    [fused, autocast] = simulate(
-        in_process, tmp_path, script, "r", "--lever", "fused", "--lever", "autocast", gpu="2GiB:sm75"
+    [fused, autocast, foreach] = simulate(
+        in_process,
+        tmp_path,
+        script,
+        "r",
+        "--lever=fused",
+        "--lever=autocast",
+        "--lever=no-foreach",
+        gpu="2GiB:sm75",
     ).levers
+    assert foreach["detail"] == (
+        "1 optimizer: RMSprop (left as they were: Adam's parameters are not all on CUDA: torch's default "
+        "there is foreach=False already)"
+    )
     assert not fused["applied"]
     assert fused["reason"] == (
         "RMSprop does not take fused; Adam's parameters are not all floating-point CUDA tensors"

@@ -195,6 +195,8 @@ class NoForeachLever(_OptimizerLever):
             return f"{cls} is fused (fused=True): foreach does not apply"
         if arguments.get("foreach") is False:
             return f"{cls} already sets foreach=False"
+        if arguments.get("foreach") is None and not all(t.is_cuda for t in _tensors(arguments)):
+            return f"{cls}'s parameters are not all on CUDA: torch's default there is foreach=False already"
         return ""
 
 
