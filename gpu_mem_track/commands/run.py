@@ -214,6 +214,8 @@ COMMAND = Command(
     "steady (or at --max-iterations) the loop is left as a break would and the script goes on after it "
     "(--end-script ends the script there instead); --max-seconds ends the script (exit code 0; the "
     "report says where and how many iterations were skipped). "
+    "With --lever NAME (repeatable; CUDA, real or simulated) the script runs with that change made "
+    "for it, unedited; meta.json's levers say what each did, what it costs and the line to write. "
     "Under torchrun every rank writes reports/<launch>/rank<k>/ (one launch folder for all "
     "ranks, with ranks.csv and report.txt comparing them), measures its own device, and only "
     "rank 0 prints.",

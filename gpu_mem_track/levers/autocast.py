@@ -5,14 +5,19 @@ Every outermost call of a module that has parameters (the script calling its mod
 the GPU supports it (``torch.cuda.is_bf16_supported(including_emulation=False)``,
 compute capability 8.0 and up; the simulated GPU answers for its capability), else
 float16, which in training needs a ``GradScaler`` that this lever does not add (the
-memory is the same; the report says so). A call the script already runs under CUDA
-autocast is left as it is; when every call was, the lever is not applied. The loss,
-computed outside the model, stays outside autocast, as with the one-line change the
-report gives.
+memory is the same; the report says so). The report's change is for the first call site
+seen while autograd records (the training forward), and its detail names the other call
+sites (an evaluation's), where the change goes too. A call the script already runs under
+CUDA autocast to a lower precision is left as it is (when every call was, the lever is
+not applied); one under autocast to float32 (which changes nothing, as nanoGPT's
+``--dtype=float32`` does) gets the lever's autocast inside it, as the one-line change
+would. The loss, computed outside the model, stays outside autocast, as with the
+one-line change the report gives.
 """
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from typing import Any
 
@@ -35,23 +40,28 @@ class AutocastLever:
         self.already = 0
         self.already_dtype = ""
         self.dtype: Any = None
-        self.site: Site | None = None
+        self.site: Site | None = None  # the first training call's, else the first call's
+        self.sites: dict[str, Site | None] = {}  # every call site (file:line), in order
+        self.trained = False  # a call with autograd recording was seen
 
     def _outer(self, module: Any, stack: ExitStack) -> None:
         import torch
 
         if not any(True for _ in module.parameters()):
             return  # a loss or an activation module, not a model
-        if torch.is_autocast_enabled("cuda"):
+        if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != torch.float32:
             self.already += 1
             self.already_dtype = _name(torch.get_autocast_dtype("cuda"))
             return
         if self.dtype is None:
             self.dtype = _dtype(torch)
-        if self.site is None:
-            import sys
-
-            self.site = caller(sys._getframe(1))
+        site = caller(sys._getframe(1))
+        key = site.where if site is not None else ""
+        if key not in self.sites:
+            self.sites[key] = site
+            if self.site is None or (torch.is_grad_enabled() and not self.trained):
+                self.site = site
+        self.trained = self.trained or torch.is_grad_enabled()
         self.applied += 1
         stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
 
@@ -65,6 +75,9 @@ class AutocastLever:
             return LeverReport(self.name, False, why, cost=info.cost, changes_results=True)
         dtype = _name(self.dtype)
         detail = dtype
+        others = [key for key in self.sites if self.site is None or key != self.site.where]
+        if others:
+            detail += f" (the model is also called at {', '.join(others)}: the change goes there too)"
         if self.already:
             detail += f" ({self.already} call(s) already under autocast kept)"
         if dtype == "float16":

@@ -1,15 +1,18 @@
 """The ``checkpoint`` lever: activation checkpointing of the model's repeated blocks.
 
 The model is the first module with parameters called from outside any module's forward
-while autograd records (``calls.ModuleCalls``' outer hooks). Its blocks: of its
-``ModuleList`` and ``Sequential`` containers (itself included) with at least two
-children, all of one class, the one with the most parameters (the first found on a
-tie; containers without parameters are left out). From then on, each call of one of
+while autograd records (``calls.ModuleCalls``' outer hooks) that has repeated blocks (a
+script that calls a small module first, an embedding, still has its model found). Its
+blocks: of its ``ModuleList`` and ``Sequential`` containers (itself included) with at
+least two children, all of one class, the one with the most parameters (the first found
+on a tie; containers without parameters are left out). From then on, each call of one of
 those children made inside a forward while autograd records runs as
 ``torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, **kwargs)``, as
 the one-line change the report gives would; under ``no_grad`` (evaluation) the blocks
-run as before. Where the change goes: the line that called the first block (the loop
-over the container, in the model's forward).
+run as before. Where the change goes: the line that called the first block (in the loop
+over the container, in the model's forward), or, for a ``Sequential`` that calls its
+blocks itself, the line that called the container (``x = self.h(x)`` becomes ``for block
+in self.h: x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 from .calls import ModuleCalls
 from .catalog import describe
 from .records import LeverReport
-from .source import Site, caller, wrapped_call
+from .source import Site, called_from_user, caller, looped_call, wrapped_call
 
 __all__ = ["CheckpointLever", "repeated_blocks"]
 
@@ -56,19 +59,25 @@ class CheckpointLever:
         calls.inner.append(self._inner)
         self.model: str = ""
         self.found: tuple[str, Any] | None = None
+        self.seen: set[int] = set()  # ids of the modules looked into
         self.blocks: list[Any] = []  # held, so their ids stay theirs
         self.ids: frozenset[int] = frozenset()
         self.calls = 0
         self.site: Site | None = None
+        self.direct = True  # the user's code calls each block (not Sequential.forward)
 
     def _outer(self, module: Any, stack: Any) -> None:
         import torch
 
-        if self.model or not torch.is_grad_enabled() or not any(True for _ in module.parameters()):
+        if self.found is not None or id(module) in self.seen or not torch.is_grad_enabled():
             return
-        self.model = type(module).__name__
+        self.seen.add(id(module))
+        if not any(True for _ in module.parameters()):
+            return
+        self.model = self.model or type(module).__name__
         self.found = repeated_blocks(module)
         if self.found is not None:
+            self.model = type(module).__name__
             self.blocks = list(self.found[1].children())
             self.ids = frozenset(id(block) for block in self.blocks)
 
@@ -81,6 +90,7 @@ class CheckpointLever:
             return None
         if self.site is None:
             self.site = caller(sys._getframe(1))
+            self.direct = called_from_user(sys._getframe(1))
         self.calls += 1
         return _through_checkpoint
 
@@ -104,7 +114,8 @@ class CheckpointLever:
         detail += f" ({self.calls} block call(s) checkpointed)"
         site, change = self.site, info.change
         if site is not None:
-            change = wrapped_call(site.text, _FUNCTION, "use_reentrant=False", change)
+            edit = wrapped_call if self.direct else looped_call
+            change = edit(site.text, _FUNCTION, "use_reentrant=False", change)
         return LeverReport(self.name, True, "", detail, change, site.where if site else "", info.cost)
 
 

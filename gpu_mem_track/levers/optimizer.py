@@ -1,21 +1,23 @@
 """The optimizer levers: ``fused``, ``no-foreach`` and ``grads-to-none``.
 
 ``fused`` and ``no-foreach`` rewrite the arguments of optimizers built while the run
-goes on: every ``torch.optim`` class whose ``__init__`` takes the keyword is patched
-(``OptimizerBuilds``), so ``torch.optim.AdamW(params, lr=...)`` is built as
+goes on: the ``__init__`` of every ``torch.optim`` class is patched
+(``OptimizerBuilds``; a class whose ``__init__`` lacks the keyword is left as it is, and
+the report says so), so ``torch.optim.AdamW(params, lr=...)`` is built as
 ``torch.optim.AdamW(params, lr=..., fused=True)`` would be; a subclass that calls its
 base's ``__init__`` is rewritten there, once (the outermost patched ``__init__``).
-Optimizers built before the run started, and classes outside ``torch.optim`` that do
-not call one of its ``__init__``, are not changed. A parameter iterator (such as
+Optimizers built before the run started, and classes outside ``torch.optim`` that do not
+call one of its ``__init__``, are not changed. A parameter iterator (such as
 ``model.parameters()``) is read into a list first, so its devices can be checked (as the
 optimizer itself would read it).
 
 ``fused`` is set where the class takes it and every parameter is a floating-point CUDA
 tensor (the simulated GPU's included); not where the script set ``fused=True`` already,
-``foreach=True`` or ``differentiable=True``. ``no-foreach`` sets ``foreach=False`` unless
-the script set it or the optimizer is fused. ``grads-to-none`` makes
+``foreach=True`` or ``differentiable=True``. ``no-foreach`` sets ``foreach=False``
+unless the script set it or the optimizer is fused. ``grads-to-none`` makes
 ``Optimizer.zero_grad`` and ``Module.zero_grad`` set gradients to None when the script
-asked ``set_to_none=False`` (torch's default is True since 2.0, so only such calls change).
+asked ``set_to_none=False`` (torch's default is True since 2.0, so only such calls
+change).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from .source import Site, call_with_keyword, caller
 
 __all__ = ["FusedLever", "GradsToNoneLever", "NoForeachLever", "OptimizerBuilds"]
 
-#: A rewrite: (the optimizer's class, bound arguments, whether the class takes its keyword, the
-#: user's line that built the optimizer) -> None; it changes the arguments in place.
-Rewrite = Callable[[type, dict[str, Any], bool, "Site | None"], None]
+#: A rewrite: (the optimizer's class, bound arguments, whether the class takes its keyword,
+#: the user's line that built the optimizer, the name called there) -> None; it changes
+#: the arguments in place.
+Rewrite = Callable[[type, dict[str, Any], bool, "Site | None", str], None]
 
 
 class OptimizerBuilds:
@@ -53,18 +56,17 @@ class OptimizerBuilds:
         for value in vars(torch.optim).values():
             init = vars(value).get("__init__") if isinstance(value, type) else None
             if init is not None and issubclass(value, torch.optim.Optimizer):
-                taken = set(inspect.signature(init).parameters)
-                if any(keyword in taken for keyword, _ in self.rewrites):
-                    self._saved.append((value, init))
-                    value.__init__ = self._patched(init, taken)  # type: ignore[misc]
+                self._saved.append((value, init))  # every class: those without the keyword are told
+                value.__init__ = self._patched(value, init)  # type: ignore[misc]
 
     def uninstall(self) -> None:
         for cls, init in reversed(self._saved):
             cls.__init__ = init  # type: ignore[misc]
         self._saved.clear()
 
-    def _patched(self, init: Any, taken: set[str]) -> Any:
+    def _patched(self, owner: type, init: Any) -> Any:
         signature = inspect.signature(init)
+        taken = set(signature.parameters)
         builds = self
 
         def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
@@ -72,11 +74,19 @@ class OptimizerBuilds:
                 return init(optimizer, *args, **kwargs)
             builds._local.inside = True
             try:
-                bound = signature.bind(optimizer, *args, **kwargs)
+                try:
+                    bound = signature.bind(optimizer, *args, **kwargs)
+                except TypeError:  # the script's own mistake: torch's own message tells it
+                    return init(optimizer, *args, **kwargs)
                 _read_iterators(bound.arguments)
                 site = caller(sys._getframe(1))
+                kind = type(optimizer)
+                # a subclass with an __init__ of its own: the change goes in its super().__init__(...)
+                own = next(c for c in kind.__mro__ if "__init__" in vars(c)) is not owner
                 for keyword, rewrite in builds.rewrites:
-                    rewrite(type(optimizer), bound.arguments, keyword in taken, site)
+                    rewrite(
+                        kind, bound.arguments, keyword in taken, site, "__init__" if own else kind.__name__
+                    )
                 return init(*bound.args, **bound.kwargs)
             finally:
                 builds._local.inside = False
@@ -126,7 +136,9 @@ class _OptimizerLever:
         self.callee = ""
         self.generic = ""
 
-    def _rewrite(self, kind: type, arguments: dict[str, Any], takes: bool, site: Site | None) -> None:
+    def _rewrite(
+        self, kind: type, arguments: dict[str, Any], takes: bool, site: Site | None, callee: str
+    ) -> None:
         cls = kind.__name__
         why = self._why_not(cls, arguments) if takes else f"{cls} does not take {self.keyword}"
         if why:
@@ -135,8 +147,9 @@ class _OptimizerLever:
         arguments[self.keyword] = self.value
         self.changed[cls] += 1
         if self.site is None:
-            self.site, self.callee = site, cls
-            self.generic = f"{'torch.optim.' if kind.__module__.startswith('torch.optim') else ''}{cls}"
+            self.site, self.callee = site, callee
+            prefix = "torch.optim." if kind.__module__.startswith("torch.optim") else ""
+            self.generic = "super().__init__(params, " if callee == "__init__" else f"{prefix}{cls}(params, "
 
     def _why_not(self, cls: str, arguments: dict[str, Any]) -> str:
         raise NotImplementedError
@@ -151,7 +164,7 @@ class _OptimizerLever:
         detail = f"{total} optimizer{'s' if total > 1 else ''}: {names}"
         if self.kept:
             detail += f" (left as they were: {'; '.join(self.kept)})"
-        generic = f"{self.generic}(params, {self.keyword}={self.value})"
+        generic = f"{self.generic}{self.keyword}={self.value})"
         site, change = self.site, generic
         if site is not None:
             change = call_with_keyword(site.text, self.callee, self.keyword, self.value, generic)
@@ -182,6 +195,8 @@ class NoForeachLever(_OptimizerLever):
             return f"{cls} is fused (fused=True): foreach does not apply"
         if arguments.get("foreach") is False:
             return f"{cls} already sets foreach=False"
+        if arguments.get("foreach") is None and not all(t.is_cuda for t in _tensors(arguments)):
+            return f"{cls}'s parameters are not all on CUDA: torch's default there is foreach=False already"
         return ""
 
 
@@ -214,7 +229,10 @@ class GradsToNoneLever:
         lever = self
 
         def zero_grad(owner: Any, *args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(owner, *args, **kwargs)
+            try:
+                bound = signature.bind(owner, *args, **kwargs)
+            except TypeError:  # the script's own mistake: torch's own message tells it
+                return original(owner, *args, **kwargs)
             if bound.arguments.get("set_to_none", True):
                 lever.kept += 1
                 return original(owner, *args, **kwargs)

@@ -1,8 +1,8 @@
 """Where in the user's code a lever acted, and the line to write there instead.
 
 ``caller`` finds the innermost frame of the user's code (not torch, not the standard
-library, not this package); ``call_with_keyword``, ``wrapped_call`` and ``prefixed``
-turn that frame's source line into the edited line a user would write. Each falls back
+library, not this package); ``call_with_keyword``, ``wrapped_call``, ``looped_call`` and
+``prefixed`` turn that frame's source line into the edited line a user would write. Each falls back
 to the lever's generic change when the line is not one simple statement (a call spread
 over several lines, a line that cannot be read).
 """
@@ -10,13 +10,22 @@ over several lines, a line that cannot be read).
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import os
 import sys
 import sysconfig
 from types import FrameType
 
-__all__ = ["Site", "call_with_keyword", "caller", "prefixed", "wrapped_call"]
+__all__ = [
+    "Site",
+    "call_with_keyword",
+    "called_from_user",
+    "caller",
+    "looped_call",
+    "prefixed",
+    "wrapped_call",
+]
 
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
@@ -37,6 +46,7 @@ class Site:
         return f"{self.file}:{self.line}"
 
 
+@functools.lru_cache(maxsize=1024)
 def _library(filename: str) -> bool:
     """Whether ``filename`` is this package's, torch's or the standard library's."""
     if filename.startswith("<"):
@@ -65,6 +75,17 @@ def caller(frame: FrameType | None) -> Site | None:
             return Site(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None
+
+
+def called_from_user(frame: FrameType | None) -> bool:
+    """Whether the first frame from ``frame`` outwards that is not this package's runs
+    the user's code (False: torch's, as ``Sequential.forward`` calling its children)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not os.path.realpath(name).startswith(_OURS + os.sep):
+            return not _library(name)
+        frame = frame.f_back
+    return False
 
 
 def _parsed(text: str) -> ast.Module | None:
@@ -126,6 +147,23 @@ def wrapped_call(text: str, function: str, extra: str, fallback: str) -> str:
         value = ast.get_source_segment(text, k.value) or ""
         parts.append(f"**{value}" if k.arg is None else f"{k.arg}={value}")
     return _splice(text, call, f"{function}({', '.join([*parts, extra])})")
+
+
+def looped_call(text: str, function: str, extra: str, fallback: str) -> str:
+    """``text`` (``x = blocks(x)``: a container called on the name it assigns) as
+    ``for block in blocks: x = function(block, x, extra)``; ``fallback`` otherwise."""
+    tree = _parsed(text)
+    node = tree.body[0] if tree is not None and len(tree.body) == 1 else None
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.value, ast.Call):
+        return fallback
+    call = node.value
+    if len(call.args) != 1 or call.keywords:
+        return fallback
+    target, arg = ast.get_source_segment(text, node.targets[0]), ast.get_source_segment(text, call.args[0])
+    if target != arg:
+        return fallback
+    blocks = ast.get_source_segment(text, call.func)
+    return f"for block in {blocks}: {arg} = {function}(block, {arg}, {extra})"
 
 
 def prefixed(text: str, prefix: str, fallback: str) -> str:

@@ -238,18 +238,20 @@ def read_meta(path: Path) -> RunInfo:
         info,
         simulation=None if simulation is None else _simulation(simulation, where),
         stopped=None if stopped is None else _stopped(stopped, where),
-        levers=_levers(data.get("levers", []), where),
+        levers=_levers(data.get("levers") or [], where),
     )
 
 
 #: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule,
 #: ``run --lever``).
 _NESTED = ("simulation", "stopped", "levers")
+#: What a lever's report must hold (``levers.LeverReport``; the other keys are text).
+_LEVER_KEYS = {"name": str, "applied": bool}
+_LEVER_TEXT = ("reason", "detail", "change", "where", "cost")
 #: What the report reads of a simulated run's records: the keys each needs, with types.
 _GPU_KEYS = {"name": str, "total_memory": int, "context_bytes": int, "cublas_workspace": int}
 _READ_KEYS = {"filename": str, "line": int, "op": str, "count": int}
 _BOUND_KEYS = {**_READ_KEYS, "bound": int}
-_LEVER_KEYS = {"name": str, "applied": bool, "reason": str, "change": str}
 _OOM_KEYS = {"filename": str, "line": int, "request": int, "allocated": int, "reserved": int, "capacity": int}
 
 
@@ -275,10 +277,14 @@ def _simulation(value: Any, where: str) -> SimulationInfo:
 
 
 def _levers(value: Any, where: str) -> tuple[dict[str, Any], ...]:
-    """A ``meta.json``'s ``levers`` (``run --lever``), each with the keys the reports read."""
+    """A ``meta.json``'s ``levers``: a list of lever reports, checked key by key."""
     if not isinstance(value, list):
         raise BadInput(f"{where}: 'levers' is not a list")
-    return tuple(_keyed(item, _LEVER_KEYS, where, "levers") for item in value)
+    reports = tuple(_keyed(item, _LEVER_KEYS, where, "levers") for item in value)
+    for report in reports:
+        if any(not isinstance(report.get(key, ""), str) for key in _LEVER_TEXT):
+            raise BadInput(f"{where}: 'levers' holds a report with a value that is not text")
+    return reports
 
 
 def _stopped(value: Any, where: str) -> StopInfo:

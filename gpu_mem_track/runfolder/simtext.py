@@ -1,4 +1,5 @@
-"""Text on a simulated run and on an early stop, for the run's report and summary.
+"""Text on a simulated run, an early stop and ``run --lever``'s levers, for the run's
+report and summary.
 
 Renderers: they take the run's description (``records.RunInfo``) and return strings.
 """
@@ -20,7 +21,7 @@ _LISTED = 20
 
 def simulation_lines(info: RunInfo) -> list[str]:
     """The few lines the summary and the report's header add: the GPU, where it would run
-    out of memory, and where the run was stopped early."""
+    out of memory, where the run was stopped early and the levers it ran with."""
     out = []
     sim = info.simulation
     if sim is not None:
