@@ -29,6 +29,10 @@ def fit_cli(*argv: str, cwd) -> subprocess.CompletedProcess[str]:
             "gpu_mem_track: unknown lever 'bf16': choose from expandable,",
         ),
         (
+            ("--html=nowhere/fit.html", "2GiB:sm80", "train.py"),
+            "gpu_mem_track: --html nowhere/fit.html: no such folder",
+        ),
+        (
             ("--batch-arg=--batch_size", "2GiB:sm80", "train.py", "--lr=1"),
             "gpu_mem_track: --batch-arg --batch_size: the script's arguments do not hold it",
         ),

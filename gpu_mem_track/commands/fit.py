@@ -103,8 +103,14 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the trials, print the table (or JSON), write the page; 0 fits, 1 nothing fits."""
+    from pathlib import Path
+
     from ..advisor.api import fit
     from ..advisor.render import render_fit
+    from ..errors import UsageError
+
+    if args.html and not Path(args.html).resolve().parent.is_dir():
+        raise UsageError(f"--html {args.html}: no such folder for the page")  # before any trial runs
 
     def progress(line: str) -> None:  # one write per line: trials end in several threads
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
