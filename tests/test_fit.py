@@ -318,6 +318,7 @@ def test_read_trial_reads_a_run_folder(tmp_path):
         "levers": [
             {"name": "checkpoint", "applied": True, "change": "c", "cost": "w", "changes_results": False}
         ],
+        "stopped": {"reason": "max-iterations", "line": 3},
     }
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "meta.json").write_text(json.dumps(meta))
@@ -325,6 +326,7 @@ def test_read_trial_reads_a_run_folder(tmp_path):
     assert trial.oom == OutOfMemory("a.py:5", 300, 600, 700, 850)
     assert (trial.oom.shortfall, trial.capacity, trial.fits(0.9)) == (150, 850, "no")
     assert trial.notes == (LeverNote("checkpoint", True, change="c", cost="w"),)
+    assert trial.stopped == "max-iterations"
     missing = read_trial(tmp_path / "none", (), None, 2)
     assert missing.fits(0.9) == "failed" and "no run description" in missing.error
 
@@ -344,3 +346,17 @@ def test_gpu_mem_track_fit_is_the_function():
     import gpu_mem_track
 
     assert gpu_mem_track.fit is fit and "fit" in gpu_mem_track.__all__
+
+
+def test_rows_cut_short_by_a_bound_say_so(script):
+    def bounded(spec):
+        trial = FakeRunner(per=50)(spec)
+        return Trial(**{**trial.__dict__, "stopped": "max-iterations"})
+
+    result = fit(script, gpu="2GiB:sm80", runner=bounded, max_iterations=3)
+    assert result.rows[0].stopped == "max-iterations"
+    assert "Note: stopped by --max-iterations or --max-seconds, not once steady: as it is." in render_fit(
+        result
+    )
+    steady = fit(script, gpu="2GiB:sm80", runner=FakeRunner(per=50))
+    assert "Note: stopped" not in render_fit(steady)

@@ -114,4 +114,5 @@ def make_row(trial: Trial, threshold: float) -> FitRow:
         change="; ".join(n.change for n in applied if n.change),
         changes_results=any(n.changes_results for n in applied),
         folder=trial.folder,
+        stopped=trial.stopped,
     )

@@ -88,7 +88,8 @@ class Trial:
     ``peak_at`` the line of the peak (``"file:line"``), ``oom`` the first
     out-of-memory (None: none), ``capacity`` the bytes the allocator may reserve,
     ``notes`` the levers' reports, ``error`` why it failed when it did not run out of
-    memory ("" otherwise)."""
+    memory ("" otherwise), ``stopped`` why the runner stopped its loop (``"steady"``,
+    ``"max-iterations"``, ``"max-seconds"``; "" when it did not)."""
 
     levers: tuple[str, ...]
     batch: int | None
@@ -101,6 +102,7 @@ class Trial:
     capacity: int = 0
     notes: tuple[LeverNote, ...] = ()
     error: str = ""
+    stopped: str = ""
 
     @property
     def completed(self) -> bool:
@@ -139,6 +141,7 @@ class Trial:
             capacity=int(data.get("capacity", 0)),
             notes=tuple(LeverNote.from_dict(n) for n in data.get("notes", ())),
             error=str(data.get("error", "")),
+            stopped=str(data.get("stopped", "")),
         )
 
 
@@ -177,7 +180,8 @@ class FitRow:
     which is then at least that much: ``at_least``), ``line`` (of the peak, or of the
     out-of-memory), ``cost`` and ``change`` (the levers' words and lines, joined with
     "; "), ``changes_results``, ``folder`` (the trial's run folder) and ``batch`` (with
-    a batch argument: the largest batch that fits with these levers)."""
+    a batch argument: the largest batch that fits with these levers), ``stopped`` (as
+    ``Trial.stopped``)."""
 
     label: str
     levers: tuple[str, ...]
@@ -192,6 +196,7 @@ class FitRow:
     changes_results: bool
     folder: str
     batch: BatchAnswer | None = None
+    stopped: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -202,11 +207,13 @@ class FitRow:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FitRow:
         batch = data.get("batch")
-        values = {f.name: data[f.name] for f in fields(cls) if f.name not in ("levers", "batch")}
+        skip = ("levers", "batch", "stopped")
+        values = {f.name: data[f.name] for f in fields(cls) if f.name not in skip}
         return cls(
             **values,
             levers=tuple(data["levers"]),
             batch=None if batch is None else BatchAnswer.from_dict(batch),
+            stopped=str(data.get("stopped", "")),
         )
 
 

@@ -12,7 +12,7 @@ from pathlib import PurePath
 from ..units import format_bytes
 from .records import FitResult, FitRow
 
-__all__ = ["margin_text", "render_fit", "short_line", "verdict_lines"]
+__all__ = ["bound_lines", "margin_text", "render_fit", "short_line", "verdict_lines"]
 
 
 def short_line(line: str) -> str:
@@ -117,6 +117,15 @@ def _batch_line(row: FitRow, result: FitResult, with_what: str) -> list[str]:
     return [f"{sentence} ({result.batch_arg}; you run {result.batch})."]
 
 
+def bound_lines(result: FitResult) -> list[str]:
+    """A note naming the rows whose run was stopped by ``--max-iterations`` or
+    ``--max-seconds`` rather than left once steady: their figures go up to that point."""
+    cut = [row.label for row in result.rows if row.stopped in ("max-iterations", "max-seconds")]
+    if not cut:
+        return []
+    return [f"Note: stopped by --max-iterations or --max-seconds, not once steady: {', '.join(cut)}."]
+
+
 def render_fit(result: FitResult) -> str:
     """The whole answer as text, ending with a newline."""
     non = result.total_memory - result.capacity
@@ -129,6 +138,7 @@ def render_fit(result: FitResult) -> str:
     ]
     for name, reason in result.not_applied:
         lines.append(f"Not applied: {name}: {reason}")
+    lines.extend(bound_lines(result))
     lines.append(
         f"{result.trials} simulated trial(s) in {result.seconds:.1f} s; run folders under {result.folder}/"
     )

@@ -73,7 +73,7 @@ def read_trial(
         int(gpu.get("total_memory", 0)) - int(gpu.get("context_bytes", 0)) - int(gpu.get("library_bytes", 0))
     )
     oom = _oom(simulation.get("out_of_memory"))
-    code = data.get("exit_code")
+    code, stopped = data.get("exit_code"), data.get("stopped")
     return Trial(
         levers=levers,
         batch=batch,
@@ -86,6 +86,7 @@ def read_trial(
         capacity=oom.capacity if oom is not None else max(capacity, 0),
         notes=tuple(LeverNote.from_dict(n) for n in data.get("levers") or () if isinstance(n, dict)),
         error="" if code == 0 or oom is not None else f"the script exited with {code}",
+        stopped=str(stopped.get("reason", "")) if isinstance(stopped, dict) else "",
     )
 
 
