@@ -29,6 +29,7 @@ sizes of the blocks before it (blocks tile their segment in order); a block with
 
 from __future__ import annotations
 
+import gc
 import io
 import math
 import os
@@ -39,12 +40,15 @@ from typing import Any, BinaryIO, Callable, NoReturn
 
 from .. import inputs
 from ..errors import BadInput, TooLarge
+from .guard import MEMORY_BUDGET, MemoryGuard, OverBudget
 from .records import Block, Frame, Segment, Snapshot, TraceEntry
+from .scan import scan
 from .stream import SnapshotStream
 
 __all__ = [
     "MAX_BYTES",
     "MAX_VALUE",
+    "MEMORY_BUDGET",
     "load_snapshot",
     "loads_snapshot",
     "snapshot_from_data",
@@ -82,17 +86,50 @@ class _PlainUnpickler(pickle.Unpickler):
         raise _RefusedGlobal("a persistent object")
 
 
-def unpickle_plain(data: bytes, name: str = "snapshot", limit: int | None = None) -> Any:
+def unpickle_plain(
+    data: bytes,
+    name: str = "snapshot",
+    limit: int | None = None,
+    *,
+    memory_budget: int | None = MEMORY_BUDGET,
+    rss: Callable[[], int] | None = None,
+) -> Any:
     """Unpickle ``data`` (gunzipped first, to at most ``limit`` bytes, default
     ``MAX_BYTES``, if it starts with the gzip magic) allowing only plain values; ``name``
-    labels the ``BadInput`` raised on any failure."""
-    return _unpickle(io.BytesIO(data), name, MAX_BYTES if limit is None else limit, None)
+    labels the ``BadInput`` raised on any failure. ``memory_budget`` and ``rss``: as for
+    ``load_snapshot``."""
+    limit = MAX_BYTES if limit is None else limit
+    return _unpickle(io.BytesIO(data), name, limit, None, memory_budget, rss)
 
 
-def _unpickle(source: BinaryIO, name: str, limit: int, read_limit: int | None) -> Any:
-    """Unpickle the stream of ``source`` (see ``SnapshotStream``) allowing only plain
-    values, then read the rest of it through."""
-    stream = SnapshotStream(source, name, limit=limit, read_limit=read_limit, max_read=MAX_VALUE)
+def _unpickle(
+    source: BinaryIO,
+    name: str,
+    limit: int,
+    read_limit: int | None,
+    budget: int | None = None,
+    rss: Callable[[], int] | None = None,
+) -> Any:
+    """Unpickle ``source`` (seekable, at its start) allowing only plain values. Past the
+    memory ``budget`` (bytes of growth of the resident set ``rss``; None: no bound), stop,
+    check the file's shape with ``scan`` (``BadInput`` if it is not a snapshot's) and
+    unpickle it again with no bound."""
+    if budget is not None:
+        try:
+            return _unpickle_once(source, name, limit, read_limit, MemoryGuard(budget, rss))
+        except OverBudget:
+            pass  # what the unpickler built is freed as the exception leaves it
+        gc.collect()
+        source.seek(0)
+        scan(_stream(source, name, limit, read_limit), name, MAX_VALUE)
+        source.seek(0)
+    return _unpickle_once(source, name, limit, read_limit, None)
+
+
+def _stream(
+    source: BinaryIO, name: str, limit: int, read_limit: int | None, guard: MemoryGuard | None = None
+) -> SnapshotStream:
+    stream = SnapshotStream(source, name, limit=limit, read_limit=read_limit, max_read=MAX_VALUE, watch=guard)
     first = stream.peek(len(_ZIP_MAGIC))
     if not first:
         raise BadInput(
@@ -102,9 +139,18 @@ def _unpickle(source: BinaryIO, name: str, limit: int, read_limit: int | None) -
         )
     if first[: len(_ZIP_MAGIC)] == _ZIP_MAGIC:
         raise BadInput(f"{name}: a zip archive (torch.save output?), not a memory snapshot")
+    return stream
+
+
+def _unpickle_once(
+    source: BinaryIO, name: str, limit: int, read_limit: int | None, guard: MemoryGuard | None
+) -> Any:
+    """Unpickle the stream of ``source`` (see ``SnapshotStream``) allowing only plain
+    values, then read the rest of it through; ``guard`` watches memory while unpickling."""
+    stream = _stream(source, name, limit, read_limit, guard)
     try:
         value = _PlainUnpickler(stream).load()
-    except BadInput:
+    except (BadInput, OverBudget):
         raise  # the stream's own (bounds, cut gzip): already one line naming the file
     except _RefusedGlobal as exc:
         raise BadInput(f"{name}: not a memory snapshot: it asks for {exc}; refused, nothing run") from None
@@ -117,6 +163,7 @@ def _unpickle(source: BinaryIO, name: str, limit: int, read_limit: int | None) -
         raise BadInput(f"{name}: not a pickle ({text})") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
         raise BadInput(f"{name}: not a pickle ({type(exc).__name__}: {_line(exc)})") from None
+    stream.watch = None
     stream.drain()
     return value
 
@@ -125,23 +172,41 @@ def _line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def load_snapshot(path: str | Path, max_bytes: int | None = None) -> Snapshot:
+def load_snapshot(
+    path: str | Path,
+    max_bytes: int | None = None,
+    *,
+    memory_budget: int | None = MEMORY_BUDGET,
+    rss: Callable[[], int] | None = None,
+) -> Snapshot:
     """Read the snapshot at ``path`` (plain or gzip-compressed pickle); ``BadInput``
     (one line) for anything but a regular file holding one, ``errors.TooLarge`` (a
     ``BadInput``) for one over ``max_bytes`` bytes (None: ``MAX_BYTES``, 4 GiB) on disk
-    or once gunzipped."""
+    or once gunzipped. Once unpickling has grown the resident set (``rss()``, bytes;
+    default ``guard.resident_bytes``) by ``memory_budget`` bytes (default
+    ``MEMORY_BUDGET``, 512 MiB), the file's shape is checked in little memory first
+    (``scan``) and it is read again only if it is a snapshot's; None: no budget."""
     limit = MAX_BYTES if max_bytes is None else max_bytes
     with inputs.open_regular(path, "a memory snapshot") as handle:
         if os.fstat(handle.fileno()).st_size > limit:
             raise TooLarge(f"{path}: larger than {limit:,} bytes, the most read as a memory snapshot")
-        data = _unpickle(handle, str(path), limit, limit)
+        data = _unpickle(handle, str(path), limit, limit, memory_budget, rss)
     return snapshot_from_data(data, str(path))
 
 
-def loads_snapshot(data: bytes, source: str = "snapshot", max_bytes: int | None = None) -> Snapshot:
+def loads_snapshot(
+    data: bytes,
+    source: str = "snapshot",
+    max_bytes: int | None = None,
+    *,
+    memory_budget: int | None = MEMORY_BUDGET,
+    rss: Callable[[], int] | None = None,
+) -> Snapshot:
     """Read a snapshot from the bytes of its file (gunzipped to at most ``max_bytes``,
-    None: ``MAX_BYTES``); ``source`` names it in errors."""
-    return snapshot_from_data(unpickle_plain(data, source, max_bytes), source)
+    None: ``MAX_BYTES``); ``source`` names it in errors; ``memory_budget`` and ``rss``:
+    as for ``load_snapshot``."""
+    data_ = unpickle_plain(data, source, max_bytes, memory_budget=memory_budget, rss=rss)
+    return snapshot_from_data(data_, source)
 
 
 def snapshot_from_data(data: Any, source: str = "snapshot") -> Snapshot:
