@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 
 from ..errors import BadInput
 from . import shape as sh
+from .scanops import Node as _Node
 from .scanops import run
 from .stream import SnapshotStream
 
@@ -47,22 +48,6 @@ def scan(stream: SnapshotStream, name: str, max_value: int) -> None:
     place unless it has the shape of a memory snapshot. ``max_value``: the longest single
     value (string, frame) allowed, as for the unpickler."""
     _Scanner(stream, name, max_value).run()
-
-
-class _Node:
-    """An open container: its kind, the roles it can still fill (lists) or its known
-    keys' shapes (dicts), and how many values it holds (``weight``, all levels)."""
-
-    __slots__ = ("counted", "frozen", "items", "kind", "length", "memo", "pool", "roles", "weight", "why")
-
-    def __init__(self, kind: str) -> None:
-        self.kind, self.roles, self.length, self.weight, self.counted, self.pool = kind, 0, 0, 0, 0, 0
-        self.items: dict[int, int] = {}
-        self.why: dict[int, tuple[int, int]] = {}
-        self.memo: list[int] = []
-        self.frozen = -1  # its shape once a memo reference repeated it: it may not change then
-        if kind in ("list", "tuple"):
-            self.roles = sh.LIST_ROLES
 
 
 class _Scanner:
@@ -168,7 +153,7 @@ class _Scanner:
         if self.loose > MAX_LOOSE:
             self.fail(
                 f"more than {MAX_LOOSE:,} values outside its records (lists of anything but records, "
-                f"unknown keys, settings) by byte {self.base:,} of the pickle"
+                f"unknown keys, settings) within its first {self.read:,} bytes"
             )
 
     def append(self, node: Any, value: Any) -> None:
@@ -183,10 +168,11 @@ class _Scanner:
         roles = node.roles
         if roles:
             keep = roles & self.shapes.all[shape].as_element
-            if node.length > sh.MAX_STACK:
-                keep &= ~sh.FRAMES
-                if roles & sh.FRAMES:
-                    node.why[sh.FRAMES] = (-1, -1)
+            if node.length > sh.MAX_STACK:  # a stack, a block's history: never this long
+                keep &= ~(sh.FRAMES | sh.HISTORY)
+                for bit in (sh.FRAMES, sh.HISTORY):
+                    if roles & bit:
+                        node.why[bit] = (-1, -1)
             if keep != roles:
                 for bit in sh.ELEMENT:
                     if roles & bit and not keep & bit and bit not in node.why:

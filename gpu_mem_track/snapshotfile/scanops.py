@@ -14,12 +14,33 @@ from . import shape as sh
 if TYPE_CHECKING:
     from .scan import _Scanner
 
-__all__ = ["run"]
+#: Shapes below this are scalars (key names included), never a memo reference's own.
+_NAMED = len(sh.SCALAR)
+#: The key names the loader reads, but the settings (whose values are counted as loose).
+_KNOWN = frozenset(sh.KEY_IDS.values()) - {sh.KEY_IDS["allocator_settings"]}
+
+__all__ = ["Node", "run"]
 
 _u32 = Struct("<I").unpack_from
 _i32 = Struct("<i").unpack_from
 _u64 = Struct("<Q").unpack_from
 _f64 = Struct(">d").unpack_from
+
+
+class Node:
+    """An open container: its kind, the roles it can still fill (lists) or its known
+    keys' shapes (dicts), and how many values it holds (``weight``, all levels)."""
+
+    __slots__ = ("counted", "frozen", "items", "kind", "length", "memo", "pool", "roles", "weight", "why")
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.roles, self.length, self.weight, self.counted, self.pool = kind, 0, 0, 0, 0, 0
+        self.items: dict[int, int] = {}
+        self.why: dict[int, tuple[int, int]] = {}
+        self.memo: list[int] = []
+        self.frozen = -1  # its shape once a memo reference repeated it: it may not change then
+        if kind in ("list", "tuple"):
+            self.roles = sh.LIST_ROLES
 
 
 def _int_shape(value: int) -> int:
@@ -62,7 +83,7 @@ def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
     buf, pos, avail = s.refill(b"", 0, 0, 1)
     safe = avail - (1 if s.eof else 16)
     memo_get, append, setitem = s.memo_get, s.append, s.setitem
-    key_bytes, u32 = sh.KEY_BYTES, _u32
+    key_bytes, u32, memo, named, known = sh.KEY_BYTES, _u32, s.memo, _NAMED + 2, _KNOWN
     stack = s.stack
     push = stack.append
     while True:
@@ -71,14 +92,22 @@ def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
             safe = avail - (1 if s.eof else 16)
         op = buf[pos]
         pos += 1
-        if op == 0x6A:  # LONG_BINGET
-            push(memo_get(u32(buf, pos)[0]))
-            pos += 4
-        elif op == 0x68:  # BINGET
-            push(memo_get(buf[pos]))
-            pos += 1
+        if op == 0x6A or op == 0x68:  # LONG_BINGET, BINGET
+            if op == 0x6A:
+                index = u32(buf, pos)[0]
+                pos += 4
+            else:
+                index = buf[pos]
+                pos += 1
+            code = memo[index] if index < len(memo) else 0
+            push(code - 2 if 2 <= code < named else memo_get(index))  # a string: as is
         elif op == 0x94:  # MEMOIZE
-            s.memo_put(s.memo_len)
+            value = stack[-1] if stack else None
+            if type(value) is int and value + 2 < named and s.memo_len == len(memo):
+                memo.append(value + 2)
+                s.memo_len += 1
+            else:
+                s.memo_put(s.memo_len)
         elif op == 0x28:  # MARK
             s.metastack.append(stack)
             stack = s.stack = []
@@ -119,11 +148,20 @@ def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
             if op == 0x65:
                 for item in items:
                     append(target, item)
-            else:
-                if len(items) % 2:
-                    s.not_pickle("odd number of items for SETITEMS")
+            elif len(items) % 2:
+                s.not_pickle("odd number of items for SETITEMS")
+            elif type(target) is Node and target.kind == "dict" and target.frozen < 0:
+                into, done = target.items, 0
                 for i in range(0, len(items), 2):
-                    setitem(target, items[i], items[i + 1])
+                    key, value = items[i], items[i + 1]
+                    if type(value) is int and key in known:  # a scalar under a key read
+                        into[key] = value
+                        done += 1
+                    else:
+                        setitem(target, key, value)
+                target.weight += done
+            else:
+                setitem(target, items[0] if items else None, items[1] if items else None)
         elif op == 0x4A:  # BININT
             push(_int_shape(_i32(buf, pos)[0]))
             pos += 4

@@ -14,7 +14,7 @@ in ``[0, 2**64)`` or a whole float, a line number under ``2**31``...), and no li
 dict under a key the loader uses elsewhere. A value that a memo reference (``GET``)
 repeats has a shape of its own: only frame dicts, lists of frames and a segment's pool
 id may be shared, as torch's pickles share stacks; a snapshot's other records are
-each its own object. A list of more than :data:`MAX_STACK` frames is no stack.
+each its own object. A list of more than :data:`MAX_STACK` frames (or history entries) is neither.
 
 Being a summary, a shape cannot know a value's content beyond its kind and range (an
 empty string, which fields a ``or`` lets default); where the loader accepts such a
@@ -28,7 +28,8 @@ from typing import Any
 
 __all__ = ["MAX_SHAPES", "MAX_STACK", "Shape", "ShapeError", "Shapes"]
 
-#: Most frames in one stack (a list of frames): Python's recursion limit is 1,000 by default.
+#: Most frames in one stack, and entries in one block's history (Python's recursion limit
+#: is 1,000 by default; torch keeps a few history entries a block).
 MAX_STACK = 1 << 16
 #: Most distinct shapes in one file: a snapshot has a few dozen.
 MAX_SHAPES = 1 << 16
@@ -40,16 +41,16 @@ _SCALARS = (
     "None",
     "False",
     "True",
-    "0",
-    "an int under 2**31",
-    "an int under 2**53",
-    "an int under 2**64",
+    "an int",
+    "an int",
+    "an int of 2**31 or more",
+    "an int of 2**53 or more",
     "a negative int",
     "an int of more than 64 bits",
     "a float",
-    "a float",
-    "a float",
-    "a float",
+    "a float of 2**31 or more",
+    "a float of 2**53 or more",
+    "a float that is no count",
     "a str",
     "a bytes",
     "a bytearray",
@@ -294,7 +295,7 @@ class Shapes:
             return f"{path} is {value.name}, not {_ROLE_NAMES[role]}"
         index, element = self.why.get(shape, {}).get(role, (-1, -1))
         if index < 0:
-            return f"{path} holds more than {MAX_STACK:,} frames, not a stack"
+            return f"{path} holds more than {MAX_STACK:,} values, not {_ROLE_NAMES[role]}"
         where, inner = f"{path}[{index}]", self.all[element]
         need = ELEMENT[role]
         if inner.kind == "shared":
