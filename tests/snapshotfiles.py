@@ -134,7 +134,7 @@ BOMBS = {
     "deep": "n lists, each in the one before",
     "int-dict": "{i: 0 for i in range(n)}",
     "shared-entries": '{"segments": [], "device_traces": [[entry] * n]}: one entry repeated',
-    "long-stack": 'a trace entry whose frames are one frame repeated n times',
+    "long-stack": "a trace entry whose frames are one frame repeated n times",
 }
 _BATCH = 1000
 
@@ -169,7 +169,13 @@ def _bomb_parts(kind: str, n: int) -> Iterator[bytes]:
     elif kind == "int-dict":
         yield b"}\x94"
         for start in range(0, n, _BATCH):
-            yield b"(" + b"".join(b"J" + i.to_bytes(4, "little") + b"K\x00" for i in range(start, min(n, start + _BATCH))) + b"u"
+            yield (
+                b"("
+                + b"".join(
+                    b"J" + i.to_bytes(4, "little") + b"K\x00" for i in range(start, min(n, start + _BATCH))
+                )
+                + b"u"
+            )
     elif kind in ("shared-entries", "long-stack"):
         frame = (  # USER_FRAME, memo 11-17 (the dict, its keys and values)
             b"}\x94(\x8c\x08filename\x94\x8c\x0d/src/train.py\x94\x8c\x04line\x94K\x0c"

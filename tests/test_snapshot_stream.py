@@ -248,7 +248,9 @@ def test_bombs_past_the_budget_are_refused_by_their_shape(tmp_path, monkeypatch,
     scan refuses it in one line naming the file, long before its end."""
     path = sf.write_bomb(tmp_path / f"{kind}.pickle.gz", kind, 1_200_000)
     scans = Scans(monkeypatch)
-    with pytest.raises(BadInput, match=rf"^{tmp_path}/{kind}\.pickle\.gz: not a memory snapshot: {message}") as info:
+    with pytest.raises(
+        BadInput, match=rf"^{tmp_path}/{kind}\.pickle\.gz: not a memory snapshot: {message}"
+    ) as info:
         load_snapshot(path, **tripped())
     assert "\n" not in str(info.value) and scans.count == 1
 
@@ -276,7 +278,9 @@ def big_snapshot(entries: int) -> dict:
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
-def test_a_snapshot_past_the_budget_is_scanned_then_loaded_as_without_it(tmp_path, monkeypatch, protocol) -> None:
+def test_a_snapshot_past_the_budget_is_scanned_then_loaded_as_without_it(
+    tmp_path, monkeypatch, protocol
+) -> None:
     path = tmp_path / "big.pickle.gz"
     path.write_bytes(gzip.compress(pickle.dumps(big_snapshot(3000), protocol=protocol)))
     expected = load_snapshot(path, memory_budget=None)
@@ -298,7 +302,9 @@ def test_a_global_or_a_cut_past_the_budget_is_refused_by_the_scan(tmp_path) -> N
     raw = pickle.dumps(big_snapshot(500))
     evil = tmp_path / "evil.pickle"
     evil.write_bytes(raw[:-2] + b"cos\nsystem\n" + raw[-2:])  # a global where the last value was
-    with pytest.raises(BadInput, match=r"evil\.pickle: not a memory snapshot: it asks for os\.system; refused"):
+    with pytest.raises(
+        BadInput, match=r"evil\.pickle: not a memory snapshot: it asks for os\.system; refused"
+    ):
         load_snapshot(evil, **tripped())
     cut = tmp_path / "cut.pickle"
     cut.write_bytes(raw[: len(raw) // 2])

@@ -74,6 +74,7 @@ _ROLE_NAMES = {
     ENTRY: "a trace entry",
     FRAME: "a frame",
     HIST: "a history entry",
+    TOP: "the top level",
     SEGS: "a list of segments",
     BLOCKS: "a list of blocks",
     TRACE: "a list of trace entries",
@@ -208,7 +209,10 @@ class Shapes:
     def sequence(self, roles: int, kind: str, why: dict[int, tuple[int, int]]) -> int:
         """The shape of a list (or tuple, set: ``kind``) able to fill ``roles``; ``why``:
         for each list role it cannot fill, the index and shape of the element that ruled it out."""
-        shape = self._intern(("seq", kind, roles), lambda: Shape(kind, f"a {kind}", roles))
+        # The places are part of the shape, so a message names this list's own (torch's
+        # lists lose their roles at their first element: few shapes).
+        key = ("seq", kind, roles, frozenset(why.items()))
+        shape = self._intern(key, lambda: Shape(kind, f"a {kind}", roles))
         if why and shape not in self.why:
             self.why[shape] = dict(why)
         return shape
