@@ -103,9 +103,7 @@ class _Scanner:
 
     def check_bounds(self) -> None:
         if self.memo_len > max(MEMO_FREE, self.read // MEMO_BYTES):
-            self.fail(
-                f"{self.memo_len:,} memo entries in {self.read:,} bytes, far more than a snapshot has"
-            )
+            self.fail(f"{self.memo_len:,} memo entries in {self.read:,} bytes, far more than a snapshot has")
         pending = len(self.stack) + sum(map(len, self.metastack))
         if pending > MAX_PENDING:
             self.fail(
