@@ -12,7 +12,20 @@ Bounded (see ``inputs``): only regular files are read, at most ``max_bytes`` of 
 it). The file is unpickled as a stream (``stream.SnapshotStream``: read and gunzipped a
 chunk at a time as the unpickler asks, never whole in memory), so a file that is not a
 pickle, such as a gzip bomb of zeros, is refused within its first chunk; no single value
-(a string, a pickle frame) may be longer than ``MAX_VALUE``. After the pickle the rest
+(a string, a pickle frame) may be longer than ``MAX_VALUE``. A valid pickle that is no
+snapshot (``[0] * 200_000_000``, a dict repeated by memo references, deep nesting) is
+bounded too: while the C unpickler builds the value, the resident set is read at every
+chunk (``guard``), and once it has grown by ``memory_budget`` bytes (``MEMORY_BUDGET``,
+512 MiB) the unpickler is stopped, what it built is dropped, and the file is read again
+by ``scan``, which checks the shape of a snapshot opcode by opcode while building
+nothing (its memory is bounded whatever the file holds; see ``scan`` and ``shape``): a
+file that is not a snapshot's is refused in one line naming the place
+(``segments[0] is an int, not a segment``), so refusing any file peaks under 1 GiB. A
+file that passes is unpickled once more, unbounded: a real snapshot that large takes
+4-8 bytes of memory per byte of pickle, and about 4x the time of a plain load (the
+scan is pure Python). Past the budget the scan is stricter than the loader in one way:
+a list or dict under a key the loader reads in other records only (a segment's
+``history``) is refused. After the pickle the rest
 of the file is read through, keeping nothing, so the bounds and the gzip checks hold
 for all of it. Every size, address and stream must lie in ``[0, 2**64)``, every time in
 ``[0, 2**53)`` microseconds, line numbers and devices in ``[0, 2**31)``, and the
