@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import snapshotfiles as sf  # noqa: E402
 from fixtures import fixtures_folder, shown  # noqa: E402
 
+from gpu_mem_track.snapshotfile.guard import MEMORY_BUDGET  # noqa: E402
 from gpu_mem_track.units import parse_bytes  # noqa: E402
 
 #: Run in a child: load each file ``repeat`` times (guarded or not), print times and peak.
@@ -222,7 +223,7 @@ def render(result: dict) -> str:
         f"`python scripts/bench_snapshot_load.py {result['args']}` (Python {result['python']}, "
         f"{result['cores']} CPU cores shared with other work, load average {result['load']:.1f} at the end). "
         "Each load in a fresh interpreter; peak = its VmHWM. *Before*: `memory_budget=None` (no guard, "
-        "the loader as it was); *after*: the default budget of 512 MiB.",
+        f"the loader as it was); *after*: the default budget of {result['budget'] // 2**20} MiB.",
         "",
         "## Recorded snapshots (medians of the repeats)",
         "",
@@ -289,6 +290,7 @@ def main() -> None:
         "python": platform.python_version(),
         "cores": os.cpu_count(),
         "before_limit": limit,
+        "budget": MEMORY_BUDGET,
         "fixtures": fixtures_part(folders, args.repeat),
     }
     print(result["fixtures"], flush=True)

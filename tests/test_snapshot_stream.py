@@ -312,6 +312,50 @@ def test_a_global_or_a_cut_past_the_budget_is_refused_by_the_scan(tmp_path) -> N
         load_snapshot(cut, **tripped())
 
 
+#: Loads each file with the memory budget given (bytes, or "none") and prints what came
+#: of each and the peak resident set (KiB).
+BUDGETED = """
+import json, sys
+from gpu_mem_track.errors import BadInput
+from gpu_mem_track.snapshotfile import load_snapshot
+budget = None if sys.argv[1] == "none" else int(sys.argv[1])
+outcome = []
+for path in sys.argv[2:]:
+    try:
+        outcome.append(len(load_snapshot(path, memory_budget=budget).segments))
+    except BadInput as exc:
+        outcome.append(str(exc))
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(json.dumps([outcome, peak]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc (Linux)")
+def test_a_small_budget_bounds_the_peak_of_real_bombs(tmp_path) -> None:
+    """In fresh interpreters, with the resident set really read: three bombs of 20 MB
+    unpacked, which the unpickler alone grows by 100 MiB and more, are refused under a
+    16 MiB budget with the peak far under theirs unguarded."""
+    paths = [
+        sf.write_bomb(tmp_path / "ints.pickle.gz", "ints", 10_000_000),
+        sf.write_bomb(tmp_path / "shared.pickle.gz", "shared-dicts", 10_000_000),
+        sf.write_bomb(tmp_path / "fresh.pickle.gz", "fresh-dicts", 2_000_000),
+    ]
+    peaks = {}
+    for budget in ("none", str(16 * MIB)):
+        done = subprocess.run(
+            [sys.executable, "-c", BUDGETED, budget, *map(str, paths)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        outcome, peaks[budget] = json.loads(done.stdout)
+        assert all(isinstance(o, str) and "not a memory snapshot" in o for o in outcome), outcome
+    assert peaks["none"] > 2 * peaks[str(16 * MIB)], peaks  # measured: 169 MiB against 60
+    assert peaks[str(16 * MIB)] < 96 * 1024, peaks
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="reads ru_maxrss (resource)")
 def test_the_cli_refuses_a_400_mb_list_bomb_under_1_gib(tmp_path) -> None:

@@ -19,10 +19,11 @@ from typing import Callable
 __all__ = ["MEMORY_BUDGET", "MemoryGuard", "OverBudget", "resident_bytes"]
 
 #: How far the resident set may grow (bytes) while a snapshot is unpickled before its
-#: shape is checked: real snapshots of up to about 60-120 MB unpacked stay under it
-#: (they take 4-8 bytes of memory per byte of pickle), and a file that is not one is
-#: stopped here, far under 1 GiB.
-MEMORY_BUDGET = 512 * 2**20
+#: shape is checked: real snapshots of up to about 50-90 MB unpacked stay under it
+#: (they take 4-8 bytes of memory per byte of pickle). A file that is not one is stopped
+#: here, though a dict growing its table at that moment may briefly take about as much
+#: again: the peak stays under 1 GiB.
+MEMORY_BUDGET = 384 * 2**20
 
 
 class OverBudget(Exception):

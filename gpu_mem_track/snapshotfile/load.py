@@ -16,7 +16,7 @@ pickle, such as a gzip bomb of zeros, is refused within its first chunk; no sing
 snapshot (``[0] * 200_000_000``, a dict repeated by memo references, deep nesting) is
 bounded too: while the C unpickler builds the value, the resident set is read at every
 chunk (``guard``), and once it has grown by ``memory_budget`` bytes (``MEMORY_BUDGET``,
-512 MiB) the unpickler is stopped, what it built is dropped, and the file is read again
+384 MiB) the unpickler is stopped, what it built is dropped, and the file is read again
 by ``scan``, which checks the shape of a snapshot opcode by opcode while building
 nothing (its memory is bounded whatever the file holds; see ``scan`` and ``shape``): a
 file that is not a snapshot's is refused in one line naming the place
@@ -185,7 +185,7 @@ def load_snapshot(
     ``BadInput``) for one over ``max_bytes`` bytes (None: ``MAX_BYTES``, 4 GiB) on disk
     or once gunzipped. Once unpickling has grown the resident set (``rss()``, bytes;
     default ``guard.resident_bytes``) by ``memory_budget`` bytes (default
-    ``MEMORY_BUDGET``, 512 MiB), the file's shape is checked in little memory first
+    ``MEMORY_BUDGET``, 384 MiB), the file's shape is checked in little memory first
     (``scan``) and it is read again only if it is a snapshot's; None: no budget."""
     limit = MAX_BYTES if max_bytes is None else max_bytes
     with inputs.open_regular(path, "a memory snapshot") as handle:

@@ -31,6 +31,7 @@ def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
     safe = avail - (1 if s.eof else 16)
     memo_get, append, setitem = s.memo_get, s.append, s.setitem
     key_bytes, u32, memo, named, known = sh.KEY_BYTES, _u32, s.memo, _NAMED + 2, _KNOWN
+    max_stack = sh.MAX_STACK
     stack = s.stack
     push = stack.append
     while True:
@@ -93,8 +94,25 @@ def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
                 s.not_pickle("no container for the items")
             target = stack[-1]
             if op == 0x65:
-                for item in items:
-                    append(target, item)
+                if type(target) is Node and target.kind == "list" and target.frozen < 0:
+                    shapes = s.shapes.all
+                    for item in items:
+                        roles, n = target.roles, target.length
+                        # A scalar or memo reference that keeps every role the list has:
+                        # only the count changes (append() does the rest).
+                        if (
+                            type(item) is int
+                            and 2 <= n < max_stack
+                            and roles
+                            and shapes[item].as_element & roles == roles
+                        ):
+                            target.length = n + 1
+                            target.weight += 1
+                        else:
+                            append(target, item)
+                else:
+                    for item in items:
+                        append(target, item)
             elif len(items) % 2:
                 s.not_pickle("odd number of items for SETITEMS")
             elif type(target) is Node and target.kind == "dict" and target.frozen < 0:
