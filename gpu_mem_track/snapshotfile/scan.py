@@ -267,7 +267,7 @@ class _Scanner:
         shape = self.close(top)[0]
         value = self.shapes.all[shape]
         fits = value.roles & sh.TOP if value.kind == "dict" else value.roles & sh.SEGS
-        if value.kind in ("list", "tuple", "dict") and fits:
+        if value.kind in ("list", "dict") and fits:  # a bare list of segments, as the loader
             return
         self.fail(self.shapes.explain_top(shape))
 

@@ -268,7 +268,7 @@ class Shapes:
         """Why a file whose pickle holds a value of ``shape`` is not a memory snapshot
         (the value's roles lack the top level's)."""
         top = self.all[shape]
-        if top.kind in ("list", "tuple"):
+        if top.kind == "list":
             return self._explain_list(shape, SEGS, "segments")
         if top.kind != "dict":
             kind = "list" if top.kind == "shared" else top.name.split(" ", 1)[-1]
