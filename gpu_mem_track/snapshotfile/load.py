@@ -20,10 +20,11 @@ chunk (``guard``), and once it has grown by ``memory_budget`` bytes (``MEMORY_BU
 by ``scan``, which checks the shape of a snapshot opcode by opcode while building
 nothing (its memory is bounded whatever the file holds; see ``scan`` and ``shape``): a
 file that is not a snapshot's is refused in one line naming the place
-(``segments[0] is an int, not a segment``), so refusing any file peaks under 1 GiB. A
+(``segments[0] is an int, not a segment``): refusing a file peaks at about the budget
+(twice it at most, where a dict grows its table as the budget is crossed), under 1 GiB. A
 file that passes is unpickled once more, unbounded: a real snapshot that large takes
-4-8 bytes of memory per byte of pickle, and about 4x the time of a plain load (the
-scan is pure Python). Past the budget the scan is stricter than the loader in one way:
+4-8 bytes of memory per byte of pickle, and about twice the time of a plain load
+(the scan is pure Python; ``scripts/bench_snapshot_load.py``). Past the budget the scan is stricter than the loader in one way:
 a list or dict under a key the loader reads in other records only (a segment's
 ``history``) is refused. After the pickle the rest
 of the file is read through, keeping nothing, so the bounds and the gzip checks hold
