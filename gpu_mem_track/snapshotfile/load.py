@@ -24,10 +24,10 @@ file that is not a snapshot's is refused in one line naming the place
 (twice it at most, where a dict grows its table as the budget is crossed), under 1 GiB. A
 file that passes is unpickled once more, unbounded: a real snapshot that large takes
 4-8 bytes of memory per byte of pickle, and about twice the time of a plain load
-(the scan is pure Python; ``scripts/bench_snapshot_load.py``). Past the budget the scan is stricter than the loader in one way:
-a list or dict under a key the loader reads in other records only (a segment's
-``history``) is refused. After the pickle the rest
-of the file is read through, keeping nothing, so the bounds and the gzip checks hold
+(the scan is pure Python; ``scripts/bench_snapshot_load.py``). Past the budget the
+scan is stricter than the loader in one way: a list or dict under a key the loader
+reads in other records only (a segment's ``history``) is refused. After the pickle the
+rest of the file is read through, keeping nothing, so the bounds and the gzip checks hold
 for all of it. Every size, address and stream must lie in ``[0, 2**64)``, every time in
 ``[0, 2**53)`` microseconds, line numbers and devices in ``[0, 2**31)``, and the
 settings nest at most ``inputs.MAX_DEPTH`` deep with integers of at most 64 bits. Names
@@ -207,5 +207,5 @@ def loads_snapshot(
     """Read a snapshot from the bytes of its file (gunzipped to at most ``max_bytes``,
     None: ``MAX_BYTES``); ``source`` names it in errors; ``memory_budget`` and ``rss``:
     as for ``load_snapshot``."""
-    data_ = unpickle_plain(data, source, max_bytes, memory_budget=memory_budget, rss=rss)
-    return snapshot_from_data(data_, source)
+    plain = unpickle_plain(data, source, max_bytes, memory_budget=memory_budget, rss=rss)
+    return snapshot_from_data(plain, source)
