@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +121,88 @@ def _fixtures() -> Path | None:
 
 #: The folder of real snapshots recorded on GPUs, or None (tests using it skip).
 FIXTURES = _fixtures()
+
+
+# -- pickles that are not snapshots, written as a stream (never whole in memory) ------
+
+#: What each bomb holds, by name: the values it repeats ``n`` times, and how.
+BOMBS = {
+    "ints": "[0] * n: a list of n zeros",
+    "segment-ints": '{"segments": [0] * n}',
+    "shared-dicts": '{"segments": [{}] * n}: n memo references to one dict',
+    "fresh-dicts": '{"segments": [{} for _ in range(n)]}',
+    "deep": "n lists, each in the one before",
+    "int-dict": "{i: 0 for i in range(n)}",
+    "shared-entries": '{"segments": [], "device_traces": [[entry] * n]}: one entry repeated',
+    "long-stack": "a trace entry whose frames are one frame repeated n times",
+}
+_BATCH = 1000
+
+
+def _batches(n: int, item: bytes, op: bytes, per: int = 1) -> Iterator[bytes]:
+    """MARK, up to 1,000 values, ``op`` (APPENDS, SETITEMS), as pickle batches them."""
+    while n > 0:
+        k = min(n, _BATCH)
+        yield b"(" + item * (k // per) + op
+        n -= k
+
+
+def _bomb_parts(kind: str, n: int) -> Iterator[bytes]:
+    segments = b"}\x94\x8c\x08segments\x94]\x94"  # memo 0: top, 1: "segments", 2: the list
+    if kind == "ints":
+        yield b"]\x94"
+        yield from _batches(n, b"K\x00", b"e")
+    elif kind == "segment-ints":
+        yield segments
+        yield from _batches(n, b"K\x00", b"e")
+        yield b"s"
+    elif kind == "shared-dicts":
+        yield segments + b"(}\x94" + b"h\x03" * min(n - 1, _BATCH - 1) + b"e"
+        yield from _batches(n - _BATCH, b"h\x03", b"e")
+        yield b"s"
+    elif kind == "fresh-dicts":
+        yield segments
+        yield from _batches(n, b"}", b"e")
+        yield b"s"
+    elif kind == "deep":
+        yield b"]" * n + b"a" * (n - 1)
+    elif kind == "int-dict":
+        yield b"}\x94"
+        for start in range(0, n, _BATCH):
+            yield (
+                b"("
+                + b"".join(
+                    b"J" + i.to_bytes(4, "little") + b"K\x00" for i in range(start, min(n, start + _BATCH))
+                )
+                + b"u"
+            )
+    elif kind in ("shared-entries", "long-stack"):
+        frame = (  # USER_FRAME, memo 11-17 (the dict, its keys and values)
+            b"}\x94(\x8c\x08filename\x94\x8c\x0d/src/train.py\x94\x8c\x04line\x94K\x0c"
+            b"\x8c\x04name\x94\x8c\x04step\x94u"
+        )
+        if kind == "shared-entries":
+            yield b"}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94]\x94"  # memo 0-5
+            entry = b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x06frames\x94]\x94(" + frame + b"eu"
+            yield b"(" + entry + b"h\x06" * min(n - 1, _BATCH - 1) + b"e"
+            yield from _batches(n - _BATCH, b"h\x06", b"e")
+            yield b"au"
+        else:
+            yield b"}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94]\x94"
+            yield b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x06frames\x94]\x94(" + frame
+            yield b"h\x0b" * min(n - 1, _BATCH - 1) + b"e"  # the frame dict, repeated
+            yield from _batches(n - _BATCH, b"h\x0b", b"e")
+            yield b"uaau"
+    else:
+        raise ValueError(kind)
+
+
+def write_bomb(path: Path, kind: str, n: int) -> Path:
+    """A gzip-compressed protocol-4 pickle of the ``kind`` of :data:`BOMBS`, its value
+    repeated ``n`` times, written a batch at a time."""
+    with gzip.open(path, "wb", compresslevel=6) as out:
+        out.write(b"\x80\x04")
+        for part in _bomb_parts(kind, n):
+            out.write(part)
+        out.write(b".")
+    return path

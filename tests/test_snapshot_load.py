@@ -4,6 +4,7 @@ one-line errors for bad files, and the recorded fixtures when ../shared is prese
 from __future__ import annotations
 
 import gzip
+import itertools
 import pathlib
 import pickle
 from collections import Counter
@@ -204,3 +205,111 @@ def test_recorded_segments_only_and_forward() -> None:
     assert sum(s.total_size for s in only.segments) > 75 * 10**9
     amp = load_snapshot(FIXTURES / "transformer-2.7b-ctx128-forward-amp.pickle.gz")
     assert len(amp.device_traces[0]) == 5992
+
+
+# -- the shape scan (files past the memory budget) agrees with the loader ------------------
+
+
+def _seg(d: dict) -> dict:
+    return d["segments"][1]
+
+
+def _entry(d: dict) -> dict:
+    return d["device_traces"][0][1]
+
+
+#: Changes to a snapshot, each with what both the loader and the scan make of it:
+#: None (loads) or a part of the scan's message (both refuse).
+VARIANTS = {
+    "as recorded": (lambda d: None, None),
+    "address a whole float": (lambda d: _seg(d).update(address=float(2**40)), None),
+    "blocks a tuple": (lambda d: _seg(d).update(blocks=tuple(_seg(d)["blocks"])), None),
+    "stream None, pool a list": (lambda d: _seg(d).update(stream=None, segment_pool_id=[1, -2]), None),
+    "unknown key holding a list": (lambda d: _seg(d).update(foo=[1, 2]), None),
+    "torch 2.0 history": (
+        lambda d: _seg(d)["blocks"][0].update(
+            frames=None, history=[{"addr": 1, "real_size": 5, "frames": []}]
+        ),
+        None,
+    ),
+    "no traces, settings None": (lambda d: d.update(device_traces=None, allocator_settings=None), None),
+    "an empty frame": (lambda d: _entry(d)["frames"].append({}), None),
+    "address text": (
+        lambda d: _seg(d).update(address="0x10"),
+        r"segments\[1\]\.address is a str, not an integer",
+    ),
+    "address negative": (lambda d: _seg(d).update(address=-1), r"segments\[1\]\.address is a negative int"),
+    "no blocks": (lambda d: _seg(d).pop("blocks"), r"segments\[1\] has no 'blocks' key"),
+    "device None": (
+        lambda d: _seg(d).update(device=None),
+        r"segments\[1\]\.device is None, not a device number",
+    ),
+    "pool of one": (
+        lambda d: _seg(d).update(segment_pool_id=(1,)),
+        r"segments\[1\]\.segment_pool_id is a tuple, not a pair",
+    ),
+    "frames of ints": (
+        lambda d: _seg(d).update(frames=[1]),
+        r"segments\[1\]\.frames\[0\] is an int, not a frame",
+    ),
+    "block size text": (
+        lambda d: _seg(d)["blocks"][0].update(size="1"),
+        r"segments\[1\]\.blocks\[0\]\.size is a str",
+    ),
+    "history of ints": (
+        lambda d: _seg(d)["blocks"][0].update(frames=None, history=[5]),
+        r"segments\[1\]\.blocks\[0\]\.history\[0\] is an int, not a history entry",
+    ),
+    "entry without action": (
+        lambda d: _entry(d).pop("action"),
+        r"device_traces\[0\]\[1\] has no 'action' key",
+    ),
+    "time past 2**53": (
+        lambda d: _entry(d).update(time_us=2**53),
+        r"device_traces\[0\]\[1\]\.time_us is an int of",
+    ),
+    "line past 2**31": (
+        lambda d: _entry(d)["frames"][-1].update(line=2**31),
+        r"device_traces\[0\]\[1\]\.frames\[2\]\.line is an int of 2\*\*31 or more",
+    ),
+    "a trace a dict": (lambda d: d["device_traces"].append({}), r"device_traces\[1\] is a dict, not a list"),
+    "settings a list": (
+        lambda d: d.update(allocator_settings=[1]),
+        "allocator_settings is a list, not a dict",
+    ),
+    "no segments": (lambda d: d.pop("segments"), "no 'segments' key at the top level"),
+}
+
+
+@pytest.mark.parametrize("change", VARIANTS)
+@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
+def test_the_scan_past_the_budget_agrees_with_the_loader(change: str, protocol: int) -> None:
+    mutate, refused = VARIANTS[change]
+    data = _two_segments()
+    mutate(data)
+    raw = pickle.dumps(data, protocol=protocol)
+    if refused is None:
+        assert loads_snapshot(raw, "s", **_tripped()) == loads_snapshot(raw, "s", memory_budget=None)
+        return
+    with pytest.raises(UsageError, match="^s: not a memory snapshot: "):
+        loads_snapshot(raw, "s", memory_budget=None)
+    with pytest.raises(UsageError, match=rf"^s: not a memory snapshot: {refused}"):
+        loads_snapshot(raw, "s", **_tripped())
+
+
+def test_the_scan_refuses_a_list_under_a_key_read_only_elsewhere() -> None:
+    """Stricter than the loader, which ignores it: a segment's ``history`` (a block's
+    key) holding a list. Its size would be unchecked, and torch never writes it."""
+    data = _two_segments()
+    _seg(data)["history"] = [{"frames": []}]
+    raw = pickle.dumps(data)
+    assert len(loads_snapshot(raw, "s", memory_budget=None).segments) == 2
+    with pytest.raises(
+        UsageError, match=r"segments\[1\]\.history is a list, where a segment has no list or dict$"
+    ):
+        loads_snapshot(raw, "s", **_tripped())
+
+
+def _tripped() -> dict:
+    """Load arguments whose memory guard trips at the first chunk."""
+    return {"memory_budget": 0, "rss": itertools.count(0, 4096).__next__}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import pickle
 import subprocess
@@ -17,6 +18,7 @@ import snapshotfiles as sf
 
 from gpu_mem_track.errors import BadInput, TooLarge, UsageError
 from gpu_mem_track.snapshotfile import load, load_snapshot, loads_snapshot
+from gpu_mem_track.snapshotfile import scan as scan_module
 from gpu_mem_track.snapshotfile.stream import CHUNK, SnapshotStream
 
 MIB = sf.MIB
@@ -200,3 +202,180 @@ def test_the_cli_refuses_a_bomb_in_one_line(tmp_path) -> None:
     ]
     assert not (tmp_path / "out").exists()
     assert issubclass(BadInput, UsageError)
+
+
+# -- past the memory budget: the shape is scanned, building nothing ------------------------
+
+
+def tripped() -> dict:
+    """Load arguments whose memory guard trips at the first chunk: a resident set that
+    grows a page each time it is read, and no budget."""
+    return {"memory_budget": 0, "rss": itertools.count(0, 4096).__next__}
+
+
+class Scans:
+    """Counts the loader's shape scans."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = load.scan
+
+        def counted(*args, **kwargs) -> None:
+            self.count += 1
+            real(*args, **kwargs)
+
+        monkeypatch.setattr(load, "scan", counted)
+
+
+LOOSE = rf"more than {scan_module.MAX_LOOSE:,} values outside its records \(lists of anything but records"
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("ints", LOOSE),
+        ("segment-ints", LOOSE),
+        ("shared-dicts", LOOSE),  # a list of one dict repeated: frames at most, and only 65,536
+        ("fresh-dicts", LOOSE),  # {} can be a frame or a history entry: not 65,536 of them
+        ("int-dict", LOOSE),
+        ("shared-entries", LOOSE),  # a trace entry is its own dict, never a memo reference
+        ("long-stack", LOOSE),
+        ("deep", rf"more than {scan_module.MAX_OPEN:,} containers open at once"),
+    ],
+)
+def test_bombs_past_the_budget_are_refused_by_their_shape(tmp_path, monkeypatch, kind, message) -> None:
+    """Each bomb (1.2 million of its value: 2-8 MB unpacked) trips the guard, and the
+    scan refuses it in one line naming the file, long before its end."""
+    path = sf.write_bomb(tmp_path / f"{kind}.pickle.gz", kind, 1_200_000)
+    scans = Scans(monkeypatch)
+    with pytest.raises(
+        BadInput, match=rf"^{tmp_path}/{kind}\.pickle\.gz: not a memory snapshot: {message}"
+    ) as info:
+        load_snapshot(path, **tripped())
+    assert "\n" not in str(info.value) and scans.count == 1
+
+
+def test_small_bombs_under_the_budget_are_refused_as_before(tmp_path, monkeypatch) -> None:
+    """Under the budget nothing is scanned: the loader's own shape check refuses."""
+    scans = Scans(monkeypatch)
+    with pytest.raises(BadInput, match=r"segments\[0\] is malformed \(TypeError"):
+        load_snapshot(sf.write_bomb(tmp_path / "b.pickle.gz", "segment-ints", 5000))
+    with pytest.raises(BadInput, match=r"segments\[0\] has no 'address' key"):
+        load_snapshot(sf.write_bomb(tmp_path / "d.pickle.gz", "shared-dicts", 5000))
+    assert scans.count == 0
+
+
+def big_snapshot(entries: int) -> dict:
+    """A snapshot in torch's shape with ``entries`` trace entries sharing a few stacks
+    (torch's pickles share each stack list and each frame dict)."""
+    stacks = [sf.frames(line) for line in range(10, 40)]
+    trace = []
+    for i in range(entries):
+        entry = sf.entry("alloc" if i % 2 == 0 else "free_requested", sf.BASE + 512 * i, 512, 1000 + i)
+        entry["frames"] = stacks[i % len(stacks)]
+        trace.append(entry)
+    return {**small_snapshot(), "device_traces": [trace, []]}
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_snapshot_past_the_budget_is_scanned_then_loaded_as_without_it(
+    tmp_path, monkeypatch, protocol
+) -> None:
+    path = tmp_path / "big.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(big_snapshot(3000), protocol=protocol)))
+    expected = load_snapshot(path, memory_budget=None)
+    scans = Scans(monkeypatch)
+    assert load_snapshot(path, **tripped()) == expected
+    assert scans.count == 1 and len(expected.device_traces[0]) == 3000
+
+
+@pytest.mark.skipif(sf.FIXTURES is None, reason="needs the recorded snapshots in ../shared/fixtures")
+def test_recorded_snapshots_pass_the_scan(monkeypatch) -> None:
+    scans = Scans(monkeypatch)
+    paths = sorted(sf.FIXTURES.glob("*.pickle.gz")) + sorted(sf.FIXTURES.parent.glob("h200/*.pickle.gz"))
+    for path in paths:
+        assert load_snapshot(path, **tripped()) == load_snapshot(path, memory_budget=None), path
+    assert scans.count == len(paths) >= 3
+
+
+def test_a_global_or_a_cut_past_the_budget_is_refused_by_the_scan(tmp_path) -> None:
+    raw = pickle.dumps(big_snapshot(500))
+    evil = tmp_path / "evil.pickle"
+    evil.write_bytes(raw[:-2] + b"cos\nsystem\n" + raw[-2:])  # a global where the last value was
+    with pytest.raises(
+        BadInput, match=r"evil\.pickle: not a memory snapshot: it asks for os\.system; refused"
+    ):
+        load_snapshot(evil, **tripped())
+    cut = tmp_path / "cut.pickle"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(BadInput, match=r"cut\.pickle: truncated pickle \(ran out of data\)"):
+        load_snapshot(cut, **tripped())
+
+
+#: Loads each file with the memory budget given (bytes, or "none") and prints what came
+#: of each and the peak resident set (KiB).
+BUDGETED = """
+import json, sys
+from gpu_mem_track.errors import BadInput
+from gpu_mem_track.snapshotfile import load_snapshot
+budget = None if sys.argv[1] == "none" else int(sys.argv[1])
+outcome = []
+for path in sys.argv[2:]:
+    try:
+        outcome.append(len(load_snapshot(path, memory_budget=budget).segments))
+    except BadInput as exc:
+        outcome.append(str(exc))
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(json.dumps([outcome, peak]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc (Linux)")
+def test_a_small_budget_bounds_the_peak_of_real_bombs(tmp_path) -> None:
+    """In fresh interpreters, with the resident set really read: three bombs of 20 MB
+    unpacked, which the unpickler alone grows by 100 MiB and more, are refused under a
+    16 MiB budget with the peak far under theirs unguarded."""
+    paths = [
+        sf.write_bomb(tmp_path / "ints.pickle.gz", "ints", 10_000_000),
+        sf.write_bomb(tmp_path / "shared.pickle.gz", "shared-dicts", 10_000_000),
+        sf.write_bomb(tmp_path / "fresh.pickle.gz", "fresh-dicts", 2_000_000),
+    ]
+    peaks = {}
+    for budget in ("none", str(16 * MIB)):
+        done = subprocess.run(
+            [sys.executable, "-c", BUDGETED, budget, *map(str, paths)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        outcome, peaks[budget] = json.loads(done.stdout)
+        assert all(isinstance(o, str) and "not a memory snapshot" in o for o in outcome), outcome
+    assert peaks["none"] > 2 * peaks[str(16 * MIB)], peaks  # measured: 169 MiB against 60
+    assert peaks[str(16 * MIB)] < 96 * 1024, peaks
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="reads ru_maxrss (resource)")
+def test_the_cli_refuses_a_400_mb_list_bomb_under_1_gib(tmp_path) -> None:
+    """The issue's bomb: a 0.8 MB gzip of a valid pickle of [0] * 200,000,000 (400 MB
+    unpacked; the C unpickler alone would take 1.6 GB and more). ``snapshot`` refuses
+    it in one line, its peak resident set under 1 GiB."""
+    import resource
+
+    path = sf.write_bomb(tmp_path / "ints.pickle.gz", "ints", 200_000_000)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", "snapshot", str(path), "--out-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"gpu_mem_track: {path}: not a memory snapshot: more than 1,048,576 values outside its records "
+        "(lists of anything but records, unknown keys, settings) within its first 3,145,728 bytes"
+    ]
+    assert peak_kib < 1024 * 1024, f"peak {peak_kib} KiB"

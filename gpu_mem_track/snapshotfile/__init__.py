@@ -1,6 +1,8 @@
 """The PyTorch memory snapshot format (``torch.cuda.memory._dump_snapshot`` pickles): its
 records (``records``: segments, blocks, trace entries, frames) and a safe reader
-(``load``, unpickling the file as ``stream`` reads and gunzips it). The allocator model
+(``load``, unpickling the file as ``stream`` reads and gunzips it, under a memory
+``guard`` past which ``scan`` checks the pickle's ``shape`` building nothing; ``convert``
+makes the records). The allocator model
 (``allocator``) and the snapshot report (``snapshots``) both read it; it imports
 neither, and no torch."""
 

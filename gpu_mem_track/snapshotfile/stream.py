@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from ..errors import BadInput, TooLarge
 
@@ -35,8 +35,10 @@ class SnapshotStream:
     ``limit``: the most bytes made by gunzip; ``read_limit``: the most read from
     ``source`` (None: no bound, for bytes already in memory); ``max_read``: the most one
     ``read`` or ``readline`` may ask for; ``name``: the file in messages; ``what``: the
-    content expected, in the message of a file over ``read_limit``. ``gzipped`` tells
-    whether it was.
+    content expected, in the message of a file over ``read_limit``; ``watch``: called
+    after each chunk is made (``CHUNK`` bytes, fewer at the end), a memory guard that may
+    raise to stop the reader (``guard.MemoryGuard``); None or ``watch = None`` for none.
+    ``gzipped`` tells whether it was.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class SnapshotStream:
         read_limit: int | None,
         max_read: int,
         what: str = "a memory snapshot",
+        watch: Callable[[], None] | None = None,
     ) -> None:
         self._source = source
         self._limit = limit
@@ -55,6 +58,7 @@ class SnapshotStream:
         self._max_read = max_read
         self._name = name
         self._what = what
+        self.watch = watch
         self.consumed = 0  # bytes read from the source
         self.produced = 0  # bytes made (after gunzip when gzipped)
         first = self._take()
@@ -138,6 +142,8 @@ class SnapshotStream:
 
     def _made(self, data: bytes) -> bytes:
         self.produced += len(data)
+        if self.watch is not None:
+            self.watch()
         if self.gzipped and self.produced > self._limit:
             raise TooLarge(f"{self._name}: expands past {self._limit:,} bytes when gunzipped: refused")
         return data
