@@ -145,6 +145,7 @@ def test_the_commands_are_listed_in_order_and_version_prints(in_process):
         "plot",
         "estimate",
         "batch-size",
+        "fit",
         "snapshot",
         "html",
         "gpus",

@@ -44,7 +44,7 @@ class Command:
 
 def all_commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``--help`` lists them."""
-    from . import batch_size, compare, estimate, gpus, html, plot, probe, ranks, run, show, snapshot
+    from . import batch_size, compare, estimate, fit, gpus, html, plot, probe, ranks, run, show, snapshot
 
     return (
         run.COMMAND,
@@ -55,6 +55,7 @@ def all_commands() -> tuple[Command, ...]:
         plot.COMMAND,
         estimate.COMMAND,
         batch_size.COMMAND,
+        fit.COMMAND,
         snapshot.COMMAND,
         html.COMMAND,
         gpus.COMMAND,

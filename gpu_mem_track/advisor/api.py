@@ -1,0 +1,250 @@
+"""``fit(script, ...)``: what would make a script fit on a simulated GPU.
+
+The order of trials (each a simulated run of the unmodified script, ``trials``): the
+script as it is first. When it fails for a reason other than memory, nothing else is
+tried. When it fits (completed, peak reserved at most ``threshold`` of the capacity),
+that is the answer. Otherwise each lever runs alone (in parallel), then, when none fits
+alone, the cheapest combination (``plan.cheapest_combination``). With a batch argument
+the largest batch that fits is searched for the script as it is and for every row whose
+levers applied (``batch.find_batch``; the searches run side by side, each started as soon
+as its row's trial is known, their trials share the pool, and the trial at the user's
+batch is reused). Every "fits" is a trial that ran.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import UsageError
+from .batch import BatchArg, find_batch
+from .plan import cheapest_combination, label, make_row, parse_levers, rank
+from .records import BatchAnswer, FitResult, FitRow, Trial
+from .trials import SubprocessRunner, TrialPool, TrialSpec
+
+__all__ = ["default_jobs", "fit"]
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def fit(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    gpu: str,
+    levers: str | Sequence[str] | None = None,
+    batch_arg: str | int | None = None,
+    threshold: float = 0.9,
+    jobs: int | None = None,
+    out_dir: str | os.PathLike[str] = "reports",
+    max_batch: int | None = None,
+    include: Sequence[str] = (),
+    max_iterations: int | None = None,
+    max_seconds: float | None = None,
+    run_to_end: bool = False,
+    end_script: bool = False,
+    engine: str = "auto",
+    runner: Callable[[TrialSpec], Trial] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
+    """What would make ``script`` (run with ``args``) fit on the simulated GPU ``gpu``.
+
+    ``gpu``: a name the ``gpus`` command lists, or ``SIZE:smXY``. ``levers``: the levers
+    to try (``"a,b"`` or names; None: all of ``plan.LEVERS``). ``batch_arg``: where
+    ``args`` set the batch (``"--batch_size"`` for ``--batch_size=32`` or
+    ``--batch_size 32``, or an index into ``args``); with it every row also gets the
+    largest batch that fits, at most ``max_batch`` (default: no limit). ``threshold``:
+    the fraction of the capacity (bytes the allocator may reserve: total memory less the
+    CUDA context and libraries) above which a completed run's peak reserved counts as
+    too tight, so levers are tried. ``jobs``: trials run at once (None: the cores
+    available). Trial run folders go under ``out_dir/fit-<script>-<date>-<time>/``, one
+    per trial (``baseline``, ``checkpoint``, ``expandable_checkpoint-b48``, ...), each a
+    full ``run`` report. ``include``, ``max_iterations``, ``max_seconds``,
+    ``run_to_end``, ``end_script`` and ``engine`` are passed to every trial as ``run``'s
+    options of those names. ``runner(spec)`` replaces the child process that runs a
+    trial (for tests); ``progress(line)`` is told of each trial started and finished.
+    Returns a :class:`~gpu_mem_track.advisor.records.FitResult` (``.rows``, ``.to_dict()``,
+    ``.exit_code``). ``UsageError`` for a bad GPU name, a missing script, a batch
+    argument the args do not hold, or a bad option.
+    """
+    started = time.monotonic()
+    from ..simgpu.catalog import parse_gpu
+
+    spec = parse_gpu(gpu)
+    chosen = parse_levers(levers)
+    if not 0 < threshold <= 1:
+        raise UsageError(f"--threshold takes a fraction in (0, 1], not {threshold}")
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
+    if max_batch is not None and max_batch < 1:
+        raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
+    if not Path(script).is_file():
+        raise UsageError(f"no such script: {script}")
+    args = tuple(str(a) for a in args)
+    where = BatchArg.parse(batch_arg) if batch_arg is not None else None
+    user_batch = where.value(args) if where is not None else None
+    folder = _session_folder(Path(out_dir), Path(script))
+    options = _run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
+    runner = runner or SubprocessRunner(str(script), args, gpu, folder, options, where)
+    say = progress or (lambda line: None)
+    pool = TrialPool(runner, jobs, say)
+    try:
+        baseline = pool.run(TrialSpec(()))
+        searches = None
+        if where is not None and baseline.fits(threshold) != "failed":
+            searches = _Searches(pool, user_batch, baseline.capacity, max_batch, say)
+            searches.start(())
+        verdict, rows, recommended, not_applied = _advise(pool, chosen, threshold, jobs, say, searches)
+        if searches is not None:
+            rows = searches.finish(rows)
+    finally:
+        pool.close()
+    capacity = pool.run(TrialSpec(())).capacity or spec.capacity  # what the trials saw
+    return FitResult(
+        script=str(script),
+        args=args,
+        gpu=spec.name,
+        total_memory=spec.total_memory,
+        capacity=capacity,
+        threshold=threshold,
+        verdict=verdict,
+        rows=tuple(rows),
+        recommended=recommended,
+        not_applied=tuple(not_applied),
+        folder=str(folder),
+        trials=pool.count,
+        seconds=round(time.monotonic() - started, 1),
+        batch_arg=None if where is None else str(batch_arg),
+        batch=user_batch,
+    )
+
+
+def _advise(
+    pool: TrialPool,
+    chosen: tuple[str, ...],
+    threshold: float,
+    jobs: int,
+    say: Callable[[str], None],
+    searches: _Searches | None,
+) -> tuple[str, list[FitRow], str | None, list[tuple[str, str]]]:
+    """(verdict, rows, recommended label, levers not applied with why); the batch
+    ``searches`` of the levers that applied start before the combination runs."""
+    baseline = pool.run(TrialSpec(()))
+    first = make_row(baseline, threshold)
+    if first.fits in ("failed", "yes"):
+        return ("fits" if first.fits == "yes" else "failed"), [first], None, []
+    say(f"as it is: {'too tight' if first.fits == 'tight' else 'out of memory'}; trying {', '.join(chosen)}")
+    singles = pool.run_all(TrialSpec((name,)) for name in chosen)
+    not_applied, tried = [], []
+    for trial in singles:
+        note = next((n for n in trial.notes if n.name == trial.levers[0]), None)
+        if note is not None and not note.applied:
+            not_applied.append((note.name, note.reason or "not applied"))
+        else:
+            tried.append(trial)
+            if searches is not None and trial.fits(threshold) != "failed":
+                searches.start(trial.levers)
+    if not any(t.fits(threshold) == "yes" for t in tried):
+        applied = [t.levers[0] for t in tried if t.fits(threshold) != "failed"]
+        if len(applied) >= 2:
+            say(f"no lever fits alone; combining {' + '.join(applied)}")
+            combos, _ = cheapest_combination(pool, applied, threshold, jobs)
+            tried.extend(combos)
+    rows = [first, *(make_row(t, threshold) for t in tried)]
+    verdict, recommended = _verdict(rows)
+    return verdict, rows, recommended, not_applied
+
+
+def _verdict(rows: list[FitRow]) -> tuple[str, str | None]:
+    """(verdict, recommended label) from the rows (the first is the script as it is)."""
+    changes = sorted(rows[1:], key=lambda r: rank(r.levers))
+    for wanted in ("yes", "tight"):
+        found = next((r for r in changes if r.fits == wanted), None)
+        if found is not None and (wanted == "yes" or rows[0].fits != "tight"):
+            return "found", found.label
+    return ("tight", None) if rows[0].fits == "tight" else ("none", None)
+
+
+class _Searches:
+    """The batch searches, each in its own thread, started as soon as its row's trial is
+    known (the script as it is: while the levers run; each lever: while the combination
+    runs), so the pool's workers are not left idle; their trials share the pool."""
+
+    def __init__(
+        self, pool: TrialPool, batch: int, capacity: int, max_batch: int | None, say: Callable[[str], None]
+    ) -> None:
+        self.pool, self.batch, self.capacity, self.say = pool, batch, capacity, say
+        self.max_batch = max_batch or 1 << 20
+        self.answers: dict[tuple[str, ...], BatchAnswer] = {}
+        self.threads: dict[tuple[str, ...], threading.Thread] = {}
+
+    def start(self, levers: tuple[str, ...]) -> None:
+        """Start the search for ``levers`` (once)."""
+        if levers not in self.threads:
+            self.say(f"batch search from batch {self.batch}: {label(levers)}")
+            thread = threading.Thread(target=self._search, args=(levers,), daemon=True)
+            self.threads[levers] = thread
+            thread.start()
+
+    def _search(self, levers: tuple[str, ...]) -> None:
+        def spec(b: int) -> TrialSpec:
+            return TrialSpec(levers, None if b == self.batch else b)
+
+        run = lambda b: self.pool.run(spec(b))  # noqa: E731
+        self.answers[levers] = find_batch(run, self.batch, self.capacity, max_batch=self.max_batch)
+
+    def finish(self, rows: list[FitRow]) -> list[FitRow]:
+        """The rows with the largest batch that fits with each one's levers (not for
+        rows that failed), once every search has ended."""
+        for row in rows:
+            if row.fits != "failed":
+                self.start(row.levers)
+        for thread in self.threads.values():
+            thread.join()
+        missing = [row.label for row in rows if row.fits != "failed" and row.levers not in self.answers]
+        if missing:
+            raise RuntimeError(f"the batch search failed for {', '.join(missing)}")
+        return [replace(row, batch=self.answers.get(row.levers)) for row in rows]
+
+
+def _session_folder(out_dir: Path, script: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = out_dir / f"fit-{script.stem}-{stamp}"
+    n = 2
+    while folder.exists():
+        folder, n = out_dir / f"fit-{script.stem}-{stamp}-{n}", n + 1
+    return folder
+
+
+def _run_options(
+    include: Sequence[str],
+    max_iterations: int | None,
+    max_seconds: float | None,
+    run_to_end: bool,
+    end_script: bool,
+    engine: str,
+) -> tuple[str, ...]:
+    """``run``'s options for every trial."""
+    out: list[str] = [token for path in include for token in ("--include", str(path))]
+    if max_iterations is not None:
+        out += ["--max-iterations", str(max_iterations)]
+    if max_seconds is not None:
+        out += ["--max-seconds", str(max_seconds)]
+    if run_to_end:
+        out.append("--run-to-end")
+    if end_script:
+        out.append("--end-script")
+    if engine != "auto":
+        out += ["--engine", engine]
+    return tuple(out)

@@ -1,0 +1,161 @@
+"""The batch argument (where the script's arguments set the batch) and the batch search.
+
+``BatchArg.parse("--batch_size")`` names an option, given as ``--batch_size=32`` or
+``--batch_size 32`` (the last occurrence wins, as argparse reads it);
+``BatchArg.parse("0")`` a positional index into the arguments. The search reuses
+``estimator.batchsize.search_batch_size``: peaks at a few batches, a fitted line, a jump
+to the batch it predicts, a confirmation there and at the next batch. Every batch it
+evaluates is a simulated trial; a trial that runs out of memory (or fails) does not fit.
+The budget is the capacity (a trial fits when it completes within it); the trial at the
+user's batch, already run, is reused as one of the points, and when it does not fit the
+batch is halved until one does (``start_batches``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from .records import BatchAnswer, Trial
+
+__all__ = ["BatchArg", "find_batch", "start_batches"]
+
+
+@dataclass(frozen=True)
+class BatchArg:
+    """Where the batch is in a script's arguments: an ``option`` (``"--batch_size"``)
+    or a positional ``index`` (0: the first argument after the script)."""
+
+    option: str | None = None
+    index: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | int) -> BatchArg:
+        """``"--batch_size"`` (anything starting with ``-``) or an index ``>= 0``."""
+        text = str(text).strip()
+        if text.startswith("-") and len(text) > 1 and not text.lstrip("-").isdigit():
+            return cls(option=text.split("=", 1)[0])
+        try:
+            index = int(text)
+        except ValueError:
+            index = -1
+        if index < 0:
+            raise UsageError(
+                f"--batch-arg takes an option (e.g. --batch_size) or an index >= 0, not {text!r}"
+            )
+        return cls(index=index)
+
+    def __str__(self) -> str:
+        return self.option if self.option is not None else f"argument {self.index}"
+
+    def _position(self, args: Sequence[str]) -> tuple[int, bool]:
+        """``(index of the token holding the value, whether it is ``option=value``)``."""
+        if self.index is not None:
+            if self.index >= len(args):
+                raise UsageError(f"--batch-arg {self.index}: the script has {len(args)} argument(s)")
+            return self.index, False
+        found: tuple[int, bool] | None = None
+        for i, token in enumerate(args):
+            if token == "--":
+                break
+            if token.startswith(f"{self.option}="):
+                found = (i, True)
+            elif token == self.option:
+                if i + 1 >= len(args):
+                    raise UsageError(
+                        f"--batch-arg {self.option}: no value follows it in the script's arguments"
+                    )
+                found = (i + 1, False)
+        if found is None:
+            raise UsageError(f"--batch-arg {self.option}: the script's arguments do not hold it")
+        return found
+
+    def value(self, args: Sequence[str]) -> int:
+        """The batch the arguments set; ``UsageError`` when they do not hold it or it is
+        not a positive integer."""
+        at, joined = self._position(args)
+        text = args[at].split("=", 1)[1] if joined else args[at]
+        try:
+            batch = int(text)
+        except ValueError:
+            batch = 0
+        if batch < 1:
+            raise UsageError(f"--batch-arg {self}: its value {text!r} is not a positive integer")
+        return batch
+
+    def with_batch(self, args: Sequence[str], batch: int) -> tuple[str, ...]:
+        """``args`` with the batch set to ``batch`` (nothing else changed)."""
+        at, joined = self._position(args)
+        out = list(args)
+        out[at] = f"{self.option}={batch}" if joined else str(batch)
+        return tuple(out)
+
+
+def start_batches(run: Callable[[int], Trial], batch: int) -> tuple[int, ...]:
+    """The batches the search starts from, ascending, their trials run by ``run(b)``:
+    half of ``batch`` and ``batch`` when it fits there (two points give the line);
+    else ``batch`` is halved until a trial fits, and the search starts from that batch
+    and the one above it in the halving that did not fit; ``()`` when not even batch 1
+    fits."""
+    failing = None
+    while not run(batch).completed:
+        if batch == 1:
+            return ()
+        failing, batch = batch, batch // 2
+    if failing is not None:
+        return (batch, failing)
+    return (batch // 2, batch) if batch > 1 else (batch,)
+
+
+def find_batch(
+    trial_at: Callable[[int], Trial],
+    batch: int,
+    capacity: int,
+    *,
+    max_batch: int = 1 << 20,
+    max_trials: int = 10,
+) -> BatchAnswer:
+    """The largest batch ``<= max_batch`` whose trial completes within ``capacity``.
+
+    ``trial_at(b)`` runs (or recalls) the trial at batch ``b``; ``batch`` is the user's,
+    whose trial is one of the points (``start_batches``). A trial that ran out of memory
+    counts, for the line, as needing what it had reserved plus the request that failed
+    (a lower bound: it stopped there); one that failed otherwise does not fit. At most
+    ``max_trials`` batches are evaluated after the start.
+    """
+    from ..estimator.batchsize import search_batch_size  # imports torch
+
+    trials: dict[int, Trial] = {}
+
+    def run(b: int) -> Trial:
+        trials[b] = trial_at(b)
+        return trials[b]
+
+    def peak_of(b: int) -> int | None:
+        trial = run(b)
+        if trial.completed:
+            return trial.reserved_peak
+        if trial.oom is not None:
+            return max(trial.oom.reserved + trial.oom.request, capacity + 1)
+        return None
+
+    samples = start_batches(run, min(batch, max_batch))
+    if not samples:
+        return BatchAnswer(batch=0, reserved_peak=None, folder="", tried=tuple(trials))
+    result = search_batch_size(
+        peak_of,
+        capacity,
+        samples=samples,
+        max_batch=max_batch,
+        max_probes=max_trials + len(samples),
+        confirm_above=True,
+        source="simulated trials",
+    )
+    best = trials.get(result.batch)
+    return BatchAnswer(
+        batch=result.batch,
+        reserved_peak=None if best is None else best.reserved_peak,
+        folder="" if best is None else best.folder,
+        tried=tuple(trials),
+    )

@@ -1,0 +1,81 @@
+"""The advisor's answer as one self-contained HTML page: the GPU and its capacity, the
+table, the recommendation, the levers not applied and why. The house style sheet
+(``html/report.css``) is inlined; the page has no script and fetches nothing.
+``render_fit_page`` returns the text; ``write_fit_page`` writes it.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path, PurePath
+
+from ..errors import UsageError
+from ..units import format_bytes
+from .records import FitResult
+from .render import batch_text, cost_text, margin_text, short_line, verdict_lines
+
+__all__ = ["render_fit_page", "write_fit_page"]
+
+_CSS = Path(__file__).resolve().parent.parent / "html" / "report.css"
+_NUMERIC = {"peak allocated", "peak reserved", "headroom", "largest batch"}
+
+
+def _cells(values: list[str], header: list[str], tag: str) -> str:
+    out = []
+    for name, value in zip(header, values):
+        klass = " class='num'" if name in _NUMERIC else (" class='code'" if name == "to make it" else "")
+        out.append(f"<{tag}{klass}>{html.escape(value)}</{tag}>")
+    return "<tr>" + "".join(out) + "</tr>"
+
+
+def render_fit_page(result: FitResult) -> str:
+    """The page's text for ``result``."""
+    header = ["change", "peak allocated", "peak reserved", "fits", "headroom", "line", "cost"]
+    if result.batch_arg is not None:
+        header.append("largest batch")
+    header.append("to make it")
+    rows = []
+    for row in result.rows:
+        values = [
+            row.label,
+            format_bytes(row.peak) if row.peak is not None else "-",
+            format_bytes(row.reserved_peak) if row.reserved_peak is not None else "-",
+            row.fits,
+            margin_text(row, result.capacity),
+            short_line(row.line) or "-",
+            cost_text(row),
+        ]
+        if result.batch_arg is not None:
+            values.append(batch_text(row))
+        values.append(row.change or "-")
+        rows.append(_cells(values, header, "td"))
+    title = html.escape(f"gpu_mem_track fit: {PurePath(result.script).name} on {result.gpu}")
+    answer = "".join(f"<p>{html.escape(line)}</p>" for line in verdict_lines(result))
+    skipped = "".join(
+        f"<li><b>{html.escape(name)}</b>: {html.escape(reason)}</li>" for name, reason in result.not_applied
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        f"<title>{title}</title>\n<style>\n{_CSS.read_text(encoding='utf-8')}</style>\n</head>\n<body>\n"
+        f"<header><h1>{title}</h1><p>simulated {html.escape(result.gpu)}: capacity "
+        f"{format_bytes(result.capacity)} of {format_bytes(result.total_memory)}; a run above "
+        f"{result.threshold:.0%} of the capacity counts as tight; every row is a simulated run</p></header>\n"
+        f"<main>\n<section><h2>Answer</h2>{answer}</section>\n"
+        f"<section><h2>Trials</h2><table class='fit'><thead>{_cells(header, header, 'th')}</thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        f"<p class='note'>{result.trials} simulated trial(s) in {result.seconds:.1f} s; run folders under "
+        f"{html.escape(result.folder)}/</p></section>\n"
+        + (f"<section><h2>Not applied</h2><ul>{skipped}</ul></section>\n" if skipped else "")
+        + "</main>\n</body>\n</html>\n"
+    )
+
+
+def write_fit_page(result: FitResult, out: str | Path) -> Path:
+    """Write the page for ``result`` to ``out``; returns the path. ``UsageError`` when it
+    cannot be written."""
+    target = Path(out)
+    try:
+        target.write_text(render_fit_page(result), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return target

@@ -1,0 +1,159 @@
+"""``fit``: what would make a script fit on a simulated GPU (``fit.api.fit``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import Command, count, print_result
+
+__all__ = ["COMMAND"]
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"not a fraction in (0, 1]: {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a count >= 1: {text!r}")
+    return value
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("gpu", help="the simulated GPU: a name the gpus command lists, or SIZE:smXY")
+    parser.add_argument("script", help="the Python script (our options go before it)")
+    rest = parser.add_argument(
+        "args", nargs=argparse.REMAINDER, help="arguments passed to the script, verbatim"
+    )
+    rest.required = False
+    parser.add_argument(
+        "--threshold",
+        type=_fraction,
+        default=0.9,
+        metavar="F",
+        help="a run whose peak reserved is above F of the capacity counts as too tight, and the levers "
+        "are tried (default: 0.9)",
+    )
+    parser.add_argument(
+        "--levers",
+        metavar="A,B",
+        help="the levers of run --lever to try, comma-separated (default: all: expandable, grads-to-none, "
+        "no-foreach, fused, gc-threshold, autocast, checkpoint; tried in that order, cheapest first)",
+    )
+    parser.add_argument(
+        "--batch-arg",
+        metavar="ARG",
+        help="the script's argument that sets the batch: an option (--batch-arg=--batch_size for "
+        "--batch_size=32 or --batch_size 32 in the script's arguments; write it with =) or an index into "
+        "the script's arguments; each row then gets the largest batch that fits, found by simulated trials",
+    )
+    parser.add_argument("--max-batch", type=_positive, metavar="N", help="the largest batch the search tries")
+    parser.add_argument(
+        "--jobs", type=_positive, metavar="N", help="trials run at once (default: the cores available)"
+    )
+    parser.add_argument(
+        "--out-dir",
+        default="reports",
+        help="folder under which fit-<script>-<date>-<time>/ keeps each trial's run folder "
+        "(default: reports)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON instead of the table")
+    parser.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page to PATH")
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATH_OR_MODULE",
+        help="passed to each trial's run: also trace this file, folder, module or package (repeatable)",
+    )
+    parser.add_argument(
+        "--max-iterations",
+        type=count,
+        metavar="N",
+        help="passed to each trial's run: leave a loop after N iterations",
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, metavar="S", help="passed to each trial's run: stop it after S seconds"
+    )
+    parser.add_argument(
+        "--run-to-end",
+        action="store_true",
+        help="passed to each trial's run: do not stop the loop once its memory is steady",
+    )
+    parser.add_argument(
+        "--end-script",
+        action="store_true",
+        help="passed to each trial's run: end the script where its loop is stopped",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "monitoring", "settrace"),
+        default="auto",
+        help="passed to each trial's run: where line events come from (default: auto)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the trials, print the table (or JSON), write the page; 0 fits, 1 nothing fits."""
+    from pathlib import Path
+
+    from ..advisor.api import fit
+    from ..advisor.render import render_fit
+    from ..errors import UsageError
+
+    if args.html and not Path(args.html).resolve().parent.is_dir():
+        raise UsageError(f"--html {args.html}: no such folder for the page")  # before any trial runs
+
+    def progress(line: str) -> None:  # one write per line: trials end in several threads
+        sys.stderr.write(f"gpu_mem_track fit: {line}\n")
+        sys.stderr.flush()
+
+    result = fit(
+        args.script,
+        tuple(args.args),
+        gpu=args.gpu,
+        levers=args.levers,
+        batch_arg=args.batch_arg,
+        threshold=args.threshold,
+        jobs=args.jobs,
+        out_dir=args.out_dir,
+        max_batch=args.max_batch,
+        include=tuple(args.include),
+        max_iterations=args.max_iterations,
+        max_seconds=args.max_seconds,
+        run_to_end=args.run_to_end,
+        end_script=args.end_script,
+        engine=args.engine,
+        progress=progress,
+    )
+    print_result(result, args.json, render_fit)
+    if args.html:
+        from ..advisor.page import write_fit_page
+
+        print(f"Wrote {write_fit_page(result, args.html)}", file=sys.stderr)
+    return result.exit_code
+
+
+COMMAND = Command(
+    name="fit",
+    help="what would make a script fit on a simulated GPU",
+    description="Run SCRIPT with ARGS on the simulated GPU (see run --simulate), each trial in its own run "
+    "folder. If its peak reserved is within --threshold of the capacity (the GPU's memory less the CUDA "
+    "context and libraries), say so with the headroom and the line of the peak. Otherwise run it with each "
+    "lever of run --lever alone, in parallel, then the cheapest combination that fits, and print one table: "
+    "peak allocated and reserved, fits (yes, tight, no), the headroom or the shortfall, the line of the peak "
+    "(or of the out-of-memory), the cost, the change to make in the script, and with --batch-arg the largest "
+    "batch that fits. Every 'fits' is a simulated run that completed within the capacity. Exit code: 0 it "
+    "fits as it is or a change that fits was found, 1 nothing tried fits or the script failed for another "
+    "reason, 2 a usage mistake.",
+    prepare_parser=prepare_parser,
+    run=run,
+)

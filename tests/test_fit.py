@@ -1,0 +1,362 @@
+"""The advisor (``gpu_mem_track fit``) on a fake trial runner: the plan, the combination,
+the batch argument and search, the records, the text, JSON and HTML answers."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from gpu_mem_track.advisor import fit
+from gpu_mem_track.advisor.batch import BatchArg, find_batch, start_batches
+from gpu_mem_track.advisor.page import render_fit_page
+from gpu_mem_track.advisor.plan import LEVERS, cheapest_combination, parse_levers
+from gpu_mem_track.advisor.records import FitResult, LeverNote, OutOfMemory, Trial
+from gpu_mem_track.advisor.render import render_fit
+from gpu_mem_track.advisor.trials import TrialPool, TrialSpec, read_trial
+from gpu_mem_track.errors import UsageError
+
+MiB = 1 << 20
+CAPACITY = 1000 * MiB
+
+#: Saved bytes per sample by each lever the fake models; the others do not apply.
+SAVES = {"expandable": 5, "checkpoint": 60, "grads-to-none": 0}
+CHANGES = {
+    "expandable": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "checkpoint": "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+    "grads-to-none": "optimizer.zero_grad(set_to_none=True)",
+}
+
+
+class FakeRunner:
+    """A script whose peak reserved is ``base + per * batch`` MiB (batch 10 when not
+    set), less each applied lever's ``SAVES`` per sample; above the capacity it runs out
+    of memory. ``fail`` makes the script raise."""
+
+    def __init__(
+        self, base: int = 200, per: int = 100, fail: bool = False, saves: dict | None = None
+    ) -> None:
+        self.base, self.per, self.fail = base, per, fail
+        self.saves = SAVES if saves is None else saves
+        self.calls: list[TrialSpec] = []
+        self.lock = threading.Lock()
+
+    def reserved(self, levers: tuple[str, ...], batch: int) -> int:
+        per = self.per - sum(self.saves.get(n, 0) for n in levers)
+        return (self.base + per * batch) * MiB
+
+    def __call__(self, spec: TrialSpec) -> Trial:
+        with self.lock:
+            self.calls.append(spec)
+        batch = 10 if spec.batch is None else spec.batch
+        notes = tuple(
+            LeverNote(n, True, change=CHANGES[n], cost="none" if n != "checkpoint" else "one more forward")
+            if n in self.saves
+            else LeverNote(n, False, reason=f"{n} does not apply here")
+            for n in spec.levers
+        )
+        folder = f"/runs/{spec.name}"
+        if self.fail:
+            return Trial(spec.levers, spec.batch, folder, 1, capacity=CAPACITY, notes=notes, error="exited 1")
+        reserved = self.reserved(spec.levers, batch)
+        if reserved > CAPACITY:
+            oom = OutOfMemory("/s/train.py:7", 64 * MiB, CAPACITY - 100 * MiB, CAPACITY - 16 * MiB, CAPACITY)
+            return Trial(spec.levers, spec.batch, folder, 1, oom=oom, capacity=CAPACITY, notes=notes)
+        return Trial(
+            spec.levers,
+            spec.batch,
+            folder,
+            0,
+            reserved - 8 * MiB,
+            reserved,
+            "/s/train.py:9",
+            None,
+            CAPACITY,
+            notes,
+        )
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('never run: the runner is fake')\n")
+    return path
+
+
+def test_levers_are_ordered_cheapest_first_and_checked():
+    assert parse_levers(None) == LEVERS
+    assert parse_levers("checkpoint, expandable") == ("expandable", "checkpoint")
+    with pytest.raises(UsageError, match="unknown lever 'bf16'"):
+        parse_levers("bf16")
+    with pytest.raises(UsageError, match="twice"):
+        parse_levers("fused,fused")
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "value", "moved"),
+    [
+        ("--batch_size", ["--batch_size=32", "--x=1"], 32, ("--batch_size=48", "--x=1")),
+        ("--batch_size", ["--batch_size", "32", "--x", "1"], 32, ("--batch_size", "48", "--x", "1")),
+        ("1", ["data", "16"], 16, ("data", "48")),
+    ],
+)
+def test_the_batch_argument_is_read_and_rewritten(where, args, value, moved):
+    arg = BatchArg.parse(where)
+    assert arg.value(args) == value
+    assert arg.with_batch(args, 48) == moved
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "message"),
+    [
+        ("--batch_size", ["--lr=1"], "do not hold it"),
+        ("--batch_size", ["--batch_size"], "no value follows"),
+        ("--batch_size", ["--batch_size=0"], "'0' is not a positive integer"),
+        ("--batch_size", ["--batch_size=big"], "'big' is not a positive integer"),
+        ("3", ["a"], "the script has 1 argument"),
+        ("x", ["a"], "an option (e.g. --batch_size) or an index"),
+    ],
+)
+def test_a_bad_batch_argument_is_one_usage_error(where, args, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        BatchArg.parse(where).value(args)
+
+
+def test_the_search_starts_from_the_users_batch_halving_it_until_one_fits():
+    fake = FakeRunner()  # 200 + 100 b MiB within 1000 MiB: batch 8 fits, 9 does not
+    ran = []
+
+    def run(b):
+        ran.append(b)
+        return fake(TrialSpec((), b))
+
+    assert start_batches(run, 8) == (4, 8) and ran == [8]
+    ran.clear()
+    assert start_batches(run, 40) == (5, 10) and ran == [40, 20, 10, 5]
+    assert start_batches(lambda b: FakeRunner(base=2000)(TrialSpec((), b)), 4) == ()
+
+
+def test_a_search_from_far_above_finds_the_batch_and_counts_every_trial():
+    fake = FakeRunner()
+    answer = find_batch(lambda b: fake(TrialSpec((), b)), 40, CAPACITY)
+    assert answer.batch == 8 and answer.tried[:4] == (40, 20, 10, 5) and 9 in answer.tried
+    assert find_batch(lambda b: FakeRunner(base=2000)(TrialSpec((), b)), 2, CAPACITY).batch == 0
+
+
+def test_the_batch_search_finds_the_largest_batch_that_fits_and_proves_the_next_does_not():
+    fake = FakeRunner()  # 200 + 100 b MiB within 1000 MiB: batch 8 fits, 9 does not
+
+    def trial_at(b):
+        return fake(TrialSpec((), None if b == 10 else b))
+
+    answer = find_batch(trial_at, 10, CAPACITY)
+    assert answer.batch == 8
+    assert answer.reserved_peak == 1000 * MiB
+    assert 9 in answer.tried and 8 in answer.tried
+    assert answer.folder == "/runs/baseline-b8"
+
+
+def test_the_combination_accumulates_then_drops_what_is_not_needed():
+    fake = FakeRunner(base=0, per=120, saves={"expandable": 10, "grads-to-none": 1, "checkpoint": 15})
+    pool = TrialPool(fake, jobs=2)
+    # 1200 MiB at batch 10: each alone is short; expandable + checkpoint (950 MiB) fits
+    run, found = cheapest_combination(pool, ["expandable", "grads-to-none", "checkpoint"], 0.99, jobs=2)
+    pool.close()
+    assert found is not None and found.levers == ("expandable", "checkpoint")
+    assert [t.levers for t in run] == [
+        ("expandable", "grads-to-none"),
+        ("expandable", "grads-to-none", "checkpoint"),
+        ("grads-to-none", "checkpoint"),
+        ("expandable", "checkpoint"),
+    ]
+
+
+def test_fit_tries_each_lever_and_recommends_the_cheapest_that_fits(script):
+    fake = FakeRunner()  # 1200 MiB at batch 10; checkpoint alone: 600 MiB
+    result = fit(script, ["--batch_size=10"], gpu="2GiB:sm80", runner=fake, jobs=3)
+    assert result.verdict == "found" and result.exit_code == 0
+    assert result.recommended == "checkpoint"
+    assert [r.label for r in result.rows] == ["as it is", "expandable", "grads-to-none", "checkpoint"]
+    first, _, _, best = result.rows
+    assert (first.fits, first.margin, first.at_least, first.line) == ("no", -48 * MiB, True, "/s/train.py:7")
+    assert (best.fits, best.reserved_peak, best.margin) == ("yes", 600 * MiB, 400 * MiB)
+    assert best.change == CHANGES["checkpoint"]
+    assert dict(result.not_applied) == {
+        n: f"{n} does not apply here" for n in ("gc-threshold", "no-foreach", "fused", "autocast")
+    }
+    assert result.trials == 1 + len(LEVERS)  # no combination: a lever fits alone
+    assert result.capacity == CAPACITY
+
+
+def test_fit_with_a_batch_argument_gives_each_row_its_largest_batch(script):
+    fake = FakeRunner()
+    result = fit(
+        script,
+        ["--batch_size=10"],
+        gpu="2GiB:sm80",
+        runner=fake,
+        batch_arg="--batch_size",
+        levers="expandable,checkpoint",
+    )
+    batches = {r.label: r.batch.batch for r in result.rows}
+    assert batches == {"as it is": 8, "expandable": 8, "checkpoint": 20}  # (1000-200)/40 = 20
+    assert sum(1 for s in fake.calls if s == TrialSpec(("checkpoint",), None)) == 1  # reused, not rerun
+    text = render_fit(result)
+    assert "With checkpoint, batch 20 fits (--batch_size; you run 10)." in text
+
+
+def test_a_script_that_fits_runs_one_trial(script):
+    fake = FakeRunner(per=50)  # 700 MiB at batch 10: 70%
+    result = fit(script, gpu="2GiB:sm80", runner=fake)
+    assert (result.verdict, result.trials, result.exit_code) == ("fits", 1, 0)
+    assert "It fits as it is: 300.00 MiB (30%) headroom, peak at train.py:9." in render_fit(result)
+
+
+def test_a_tight_script_tries_the_levers(script):
+    fake = FakeRunner(per=75)  # 950 MiB: above 90%
+    result = fit(script, gpu="2GiB:sm80", runner=fake, levers="expandable,checkpoint")
+    assert result.rows[0].fits == "tight"
+    # expandable's 900 MiB is exactly 90% of the capacity: it fits, and is cheaper than checkpoint
+    assert (result.row("expandable").fits, result.row("checkpoint").fits) == ("yes", "yes")
+    assert result.recommended == "expandable"
+
+
+def test_a_script_that_fails_for_another_reason_tries_nothing(script):
+    fake = FakeRunner(fail=True)
+    result = fit(script, gpu="2GiB:sm80", runner=fake)
+    assert (result.verdict, result.exit_code, result.trials) == ("failed", 1, 1)
+    assert (
+        "failed for a reason other than memory (exited 1); no levers tried. See /runs/baseline"
+        in render_fit(result)
+    )
+
+
+def test_nothing_fits_exits_1(script):
+    fake = FakeRunner(base=2000)
+    result = fit(script, gpu="2GiB:sm80", runner=fake, levers="expandable,checkpoint")
+    assert (result.verdict, result.exit_code) == ("none", 1)
+    assert [r.label for r in result.rows][-1] == "expandable + checkpoint"
+    assert "Nothing tried fits" in render_fit(result)
+    smaller = fit(
+        script,
+        ["--bs=10"],
+        gpu="2GiB:sm80",
+        runner=FakeRunner(base=500),
+        levers="expandable",
+        batch_arg="--bs",
+    )
+    assert smaller.verdict == "none"
+    assert "As it is, batch 5 fits (--bs; you run 10)." in render_fit(smaller).splitlines()  # (1000-500)/100
+
+
+def test_the_answer_round_trips_through_json_and_renders_the_same(script):
+    result = fit(script, ["--batch_size=10"], gpu="2GiB:sm80", runner=FakeRunner(), batch_arg="--batch_size")
+    again = FitResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again == result
+    assert render_fit(again) == render_fit(result)
+
+
+def test_the_table_text(script):
+    result = fit(script, gpu="2GiB:sm80", runner=FakeRunner(), levers="expandable,checkpoint", jobs=1)
+    lines = render_fit(result).splitlines()
+    assert lines[1].split() == [
+        "change",
+        "peak",
+        "allocated",
+        "peak",
+        "reserved",
+        "fits",
+        "headroom",
+        "line",
+        "cost",
+        "to",
+        "make",
+        "it",
+    ]
+    assert lines[2].split()[:8] == ["as", "it", "is", "900.00", "MiB", "984.00", "MiB", "no"]
+    assert "short >= 48.00 MiB" in lines[2] and "train.py:7" in lines[2]
+    assert lines[4].split()[:9] == [
+        "checkpoint",
+        "592.00",
+        "MiB",
+        "600.00",
+        "MiB",
+        "yes",
+        "400.00",
+        "MiB",
+        "(40%)",
+    ]
+    assert lines[5] == f"Recommended: checkpoint (cheapest change that fits): {CHANGES['checkpoint']}"
+
+
+def test_the_html_page_holds_the_table_and_the_answer(script):
+    result = fit(script, gpu="2GiB:sm80", runner=FakeRunner(), levers="expandable,checkpoint")
+    page = render_fit_page(result)
+    assert page.count("<tr>") == 4  # header and three rows
+    assert "Recommended: checkpoint" in page and "<style>" in page and "<script" not in page
+
+
+def test_read_trial_reads_a_run_folder(tmp_path):
+    meta = {
+        "format": "gpu_mem_track run",
+        "exit_code": 1,
+        "peak": 10,
+        "reserved_peak": 20,
+        "peak_at": "a.py:3",
+        "simulation": {
+            "gpu": {"total_memory": 1000, "context_bytes": 100, "library_bytes": 50},
+            "out_of_memory": {
+                "filename": "a.py",
+                "line": 5,
+                "request": 300,
+                "allocated": 600,
+                "reserved": 700,
+                "capacity": 850,
+            },
+        },
+        "levers": [
+            {"name": "checkpoint", "applied": True, "change": "c", "cost": "w", "changes_results": False}
+        ],
+        "stopped": {"reason": "max-iterations", "line": 3},
+    }
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "meta.json").write_text(json.dumps(meta))
+    trial = read_trial(tmp_path / "t", ("checkpoint",), 4)
+    assert trial.oom == OutOfMemory("a.py:5", 300, 600, 700, 850)
+    assert (trial.oom.shortfall, trial.capacity, trial.fits(0.9)) == (150, 850, "no")
+    assert trial.notes == (LeverNote("checkpoint", True, change="c", cost="w"),)
+    assert trial.stopped == "max-iterations"
+    missing = read_trial(tmp_path / "none", (), None, 2)
+    assert missing.fits(0.9) == "failed" and "no run description" in missing.error
+
+
+def test_the_advisor_imports_no_torch():
+    """The advisor only runs trials in child processes: importing it (and the command)
+    leaves torch unimported, so ``fit --help`` and its usage errors are quick."""
+    import subprocess
+    import sys
+
+    code = "import sys, gpu_mem_track.advisor, gpu_mem_track.commands.fit; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+def test_gpu_mem_track_fit_is_the_function():
+    import gpu_mem_track
+
+    assert gpu_mem_track.fit is fit and "fit" in gpu_mem_track.__all__
+
+
+def test_rows_cut_short_by_a_bound_say_so(script):
+    def bounded(spec):
+        trial = FakeRunner(per=50)(spec)
+        return Trial(**{**trial.__dict__, "stopped": "max-iterations"})
+
+    result = fit(script, gpu="2GiB:sm80", runner=bounded, max_iterations=3)
+    assert result.rows[0].stopped == "max-iterations"
+    assert "Note: stopped by --max-iterations or --max-seconds, not once steady: as it is." in render_fit(
+        result
+    )
+    steady = fit(script, gpu="2GiB:sm80", runner=FakeRunner(per=50))
+    assert "Note: stopped" not in render_fit(steady)

@@ -1,0 +1,80 @@
+"""``gpu-mem-track fit`` on the command line: a user's mistake is one line and exit 2,
+before any trial runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def fit_cli(*argv: str, cwd) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", "fit", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("H900", "train.py"), "gpu_mem_track: unknown GPU 'H900': choose one of"),
+        (("2GiB:sm80", "missing.py"), "gpu_mem_track: no such script: missing.py"),
+        (
+            ("--levers=bf16", "2GiB:sm80", "train.py"),
+            "gpu_mem_track: unknown lever 'bf16': choose from expandable,",
+        ),
+        (
+            ("--html=nowhere/fit.html", "2GiB:sm80", "train.py"),
+            "gpu_mem_track: --html nowhere/fit.html: no such folder",
+        ),
+        (
+            ("--batch-arg=--batch_size", "2GiB:sm80", "train.py", "--lr=1"),
+            "gpu_mem_track: --batch-arg --batch_size: the script's arguments do not hold it",
+        ),
+        (
+            ("--batch-arg=--bs", "2GiB:sm80", "train.py", "--bs", "-4"),
+            "gpu_mem_track: --batch-arg --bs: its value '-4' is not a positive integer",
+        ),
+    ],
+)
+def test_a_usage_mistake_is_one_line_and_exit_2(tmp_path, argv, message):
+    (tmp_path / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    done = fit_cli(*argv, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith(message)
+    assert not (tmp_path / "reports").exists()  # no trial ran
+
+
+def test_the_script_keeps_its_own_options(tmp_path):
+    """Everything after the script is the script's, even a name fit itself takes."""
+    (tmp_path / "train.py").write_text("")
+    done = fit_cli("--batch-arg=--json", "H900", "train.py", "--json=3", cwd=tmp_path)
+    assert done.returncode == 2 and "unknown GPU 'H900'" in done.stderr  # --json=3 went to the script
+
+
+def test_help_names_every_option(tmp_path):
+    done = fit_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    for option in (
+        "--threshold",
+        "--levers",
+        "--batch-arg",
+        "--max-batch",
+        "--jobs",
+        "--out-dir",
+        "--json",
+        "--html",
+        "--include",
+        "--max-iterations",
+        "--max-seconds",
+        "--run-to-end",
+        "--end-script",
+        "--engine",
+    ):
+        assert option in done.stdout
