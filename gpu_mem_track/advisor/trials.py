@@ -2,7 +2,8 @@
 batch, in its own run folder.
 
 ``SubprocessRunner`` runs ``python -m gpu_mem_track run --simulate GPU --lever ...``
-in a child process (its output goes to ``<folder>.log``) and reads the run folder's
+in a child process (forked from a server that imported torch once: ``forked``; its
+output goes to ``<folder>.log``) and reads the run folder's
 ``meta.json`` into a ``Trial``; ``read_trial`` is that reader alone. ``TrialPool`` is
 what the advisor calls: it runs trials through any runner (a ``Callable[[TrialSpec],
 Trial]``, so tests inject a fake one), at most ``jobs`` at a time, remembers each
@@ -11,7 +12,6 @@ Trial]``, so tests inject a fake one), at most ``jobs`` at a time, remembers eac
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import BadInput
 from ..units import format_bytes
+from .forked import run_forked
 from .records import LeverNote, OutOfMemory, Trial
 
 __all__ = ["SubprocessRunner", "TrialPool", "TrialSpec", "read_trial", "trial_name"]
@@ -107,7 +108,8 @@ class SubprocessRunner:
     """Runs a trial as ``python -m gpu_mem_track run --simulate gpu --out-dir folder
     --run-name NAME [run_options] [--lever L ...] -- script args`` with the batch set
     by ``batch_arg`` (an object with ``with_batch(args, batch)``), in the current
-    folder and environment; its output goes to ``folder/NAME.log``."""
+    folder and environment (a fork of ``forked``'s server, else a new interpreter); its
+    output goes to ``folder/NAME.log``."""
 
     script: str
     args: tuple[str, ...]
@@ -140,10 +142,8 @@ class SubprocessRunner:
 
     def __call__(self, spec: TrialSpec) -> Trial:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / f"{spec.name}.log", "wb") as log:
-            code = subprocess.run(
-                self.command(spec), stdout=log, stderr=subprocess.STDOUT, check=False
-            ).returncode
+        log = self.folder / f"{spec.name}.log"
+        code = run_forked(self.command(spec)[3:], Path.cwd(), log)  # after "python -m gpu_mem_track"
         trial = read_trial(self.folder / spec.name, spec.levers, spec.batch, code)
         if trial.error.startswith("no run description"):
             tail = _last_line(self.folder / f"{spec.name}.log")
