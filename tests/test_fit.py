@@ -189,6 +189,27 @@ def test_fit_tries_each_lever_and_recommends_the_cheapest_that_fits(script):
     assert result.capacity == CAPACITY
 
 
+def test_a_lever_the_run_never_reached_before_running_out_says_so(script):
+    class NeverReached(FakeRunner):
+        def __call__(self, spec: TrialSpec) -> Trial:
+            trial = super().__call__(spec)
+            if spec.levers == ("fused",):  # out of memory (as it is) before any optimizer was built
+                note = LeverNote(
+                    "fused", False, reason="the script built no torch.optim optimizer while it ran"
+                )
+                return Trial(
+                    spec.levers, spec.batch, trial.folder, 1, oom=trial.oom, capacity=CAPACITY, notes=(note,)
+                )
+            return trial
+
+    result = fit(script, ["--batch_size=10"], gpu="2GiB:sm80", runner=NeverReached(), jobs=3)
+    assert dict(result.not_applied)["fused"] == (
+        "the script built no torch.optim optimizer while it ran (its trial ran out of memory at "
+        "/s/train.py:7 first; not tried in combinations)"
+    )
+    assert dict(result.not_applied)["autocast"] == "autocast does not apply here"  # a trial that ran out too
+
+
 def test_fit_with_a_batch_argument_gives_each_row_its_largest_batch(script):
     fake = FakeRunner()
     result = fit(

@@ -150,7 +150,7 @@ def _advise(
     for trial in singles:
         note = next((n for n in trial.notes if n.name == trial.levers[0]), None)
         if note is not None and not note.applied:
-            not_applied.append((note.name, note.reason or "not applied"))
+            not_applied.append((note.name, _why_not(note.reason, trial)))
         else:
             tried.append(trial)
             if searches is not None and trial.fits(threshold) != "failed":
@@ -164,6 +164,20 @@ def _advise(
     rows = [first, *(make_row(t, threshold) for t in tried)]
     verdict, recommended = _verdict(rows)
     return verdict, rows, recommended, not_applied
+
+
+#: How a lever's report begins when the script never reached what the lever changes.
+_NEVER_REACHED = ("the script called no ", "the script built no ")
+
+
+def _why_not(reason: str, trial: Trial) -> str:
+    """Why a lever did not apply; when the script never reached what it changes because
+    its trial ran out of memory first, that is said too (the lever may apply to a run that
+    gets further, but is not tried in combinations)."""
+    reason = reason or "not applied"
+    if trial.oom is not None and reason.startswith(_NEVER_REACHED):
+        reason += f" (its trial ran out of memory at {trial.oom.at} first; not tried in combinations)"
+    return reason
 
 
 def _verdict(rows: list[FitRow]) -> tuple[str, str | None]:
