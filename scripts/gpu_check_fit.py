@@ -55,8 +55,8 @@ sys.exit(result["exit_code"])
 
 def advise(check: Check, nanogpt: Path, until: float) -> dict[str, Any] | None:
     """Step 1: the advisor's answer (``FitResult.to_dict()``), kept as ``fit.answer``."""
-    argv = [python(), "-m", "gpu_mem_track", "fit", FIT_GPU, "train.py", *ARGS]
-    argv += ["--batch-arg=--batch_size", "--json", "--out-dir", str(check.tmp / "fit")]
+    argv = [python(), "-m", "gpu_mem_track", "fit", "--batch-arg=--batch_size", "--json"]
+    argv += ["--out-dir", str(check.tmp / "fit"), FIT_GPU, "train.py", *ARGS]
     outcome = check.run("fit (simulated)", argv, nanogpt, 240, until)
     start = 0 if outcome.output.startswith("{") else outcome.output.rfind("\n{") + 1  # after the progress
     try:
