@@ -381,3 +381,13 @@ def test_rows_cut_short_by_a_bound_say_so(script):
     )
     steady = fit(script, gpu="2GiB:sm80", runner=FakeRunner(per=50))
     assert "Note: stopped" not in render_fit(steady)
+
+
+def test_a_row_that_ran_out_shows_the_highest_memory_before_it_did():
+    from gpu_mem_track.advisor.plan import make_row
+
+    oom = OutOfMemory("/s/train.py:7", 300 * MiB, 700 * MiB, 900 * MiB, CAPACITY)
+    trial = Trial(("expandable",), None, "/runs/x", 1, 800 * MiB, 950 * MiB, "/s/train.py:5", oom, CAPACITY)
+    row = make_row(trial, 0.9)
+    assert (row.peak, row.reserved_peak) == (800 * MiB, 950 * MiB)  # not the 700/900 at the failed request
+    assert (row.fits, row.margin, row.at_least, row.line) == ("no", -200 * MiB, True, "/s/train.py:7")

@@ -96,7 +96,8 @@ def make_row(trial: Trial, threshold: float) -> FitRow:
     applied = [n for n in trial.notes if n.applied]
     if trial.oom is not None:
         margin, at_least, line = -trial.oom.shortfall, True, trial.oom.at
-        peak, reserved = trial.oom.allocated, trial.oom.reserved
+        peak = max(trial.peak or 0, trial.oom.allocated)  # the highest before it ran out
+        reserved = max(trial.reserved_peak or 0, trial.oom.reserved)
     else:
         done = trial.completed
         margin = trial.capacity - trial.reserved_peak if done and trial.reserved_peak is not None else None

@@ -174,8 +174,8 @@ class BatchAnswer:
 @dataclass(frozen=True)
 class FitRow:
     """One row of the table: ``label`` ("as it is", a lever's name or ``"a + b"``),
-    ``levers`` (names), ``peak`` and ``reserved_peak`` (bytes; at the out-of-memory
-    point for a run that ran out), ``fits`` (one of ``FITS``), ``margin`` (bytes:
+    ``levers`` (names), ``peak`` and ``reserved_peak`` (bytes; for a run that ran out,
+    the highest it reached before it did), ``fits`` (one of ``FITS``), ``margin`` (bytes:
     capacity - reserved peak when it completed; minus the shortfall when it ran out,
     which is then at least that much: ``at_least``), ``line`` (of the peak, or of the
     out-of-memory), ``cost`` and ``change`` (the levers' words and lines, joined with
