@@ -133,11 +133,12 @@ def test_micro_steps_are_cut_short_at_every_step_and_the_step_loop_is_left_once_
     assert info.reason == "steady" and info.action == "left-loop"
     assert info.loop.endswith("script.py:6") and info.iterations == 4 and info.skipped == 4
     assert info.resumed.endswith("script.py:8")  # the step after the micro-steps
-    # 2 steps of warm-up, 2 unchanged; 4 micro-steps of 8 in each
-    assert namespace["counts"] == {"micro": 16, "steps": 4, "after": 4}
+    # 2 steps of warm-up, 2 unchanged; 4 micro-steps of 8 in the first, then 2 in each (a
+    # loop left before: 1 of warm-up, 1 unchanged)
+    assert namespace["counts"] == {"micro": 10, "steps": 4, "after": 4}
     assert namespace["memory"] == ["optimizer state"]
     assert [where.rsplit(":", 1)[1] for where in info.left] == ["5"]
-    assert info.repeats == (f"{tmp_path / 'script.py'}:6 4 times, 16 iteration(s) skipped in all",)
+    assert info.repeats == (f"{tmp_path / 'script.py'}:6 4 times, 22 iteration(s) skipped in all",)
 
 
 def test_batches_inside_an_epoch_loop_are_cut_short_in_every_epoch(tmp_path):
@@ -163,7 +164,7 @@ def test_batches_inside_an_epoch_loop_are_cut_short_in_every_epoch(tmp_path):
     assert info.reason == "steady"
     assert info.loop.endswith("script.py:4") and info.iterations == 5  # the third batch's peak
     counts = namespace["counts"]
-    assert [counts.count(epoch) for epoch in range(1, 6)] == [5, 4, 4, 4, 0]
+    assert [counts.count(epoch) for epoch in range(1, 6)] == [5, 2, 2, 2, 0]
     assert [c for c in counts if isinstance(c, str)] == [
         "tested 1",
         "tested 2",
@@ -173,7 +174,7 @@ def test_batches_inside_an_epoch_loop_are_cut_short_in_every_epoch(tmp_path):
     ]
     assert [where.rsplit(":", 1)[1] for where in info.left] == ["11"]
     assert info.repeats == (
-        f"{tmp_path / 'script.py'}:4 4 times, {495 + 3 * 496:,} iteration(s) skipped in all",
+        f"{tmp_path / 'script.py'}:4 4 times, {495 + 3 * 498:,} iteration(s) skipped in all",
     )
 
 

@@ -305,7 +305,8 @@ def test_an_evaluation_loop_is_left_alone_and_the_training_goes_on(tmp_path):
     stop = left["stopped"]
     assert stop["loop"].endswith("evaluating.py:14") and stop["iterations"] == 4 and stop["skipped"] == 196
     assert [where.rsplit(":", 1)[1] for where in stop["left"]] == ["21"]
-    assert stop["repeats"] == [f"{script}:14 2 times, 392 iteration(s) skipped in all"]  # train, val
+    # train (4 batches), val (2: a loop left before, 1 of warm-up and 1 unchanged)
+    assert stop["repeats"] == [f"{script}:14 2 times, 394 iteration(s) skipped in all"]
     assert end_out.splitlines()[-1] == "trained 101"
     assert (left["peak"], left["reserved_peak"]) == (end["peak"], end["reserved_peak"])
 
@@ -327,12 +328,14 @@ def test_without_autograd_a_left_loop_leaves_no_loop_around_it(tmp_path):
     """
     gpu, watch = run_watched(tmp_path, source, StopRule(), grad=True)
     # each evaluation is left once steady (4 batches: an evaluation does not wait for 64
-    # passes), within the epoch loop's iterations too; the epoch loop around it is not left:
-    # every epoch ran (3, too few to be steady)
-    assert gpu["evaluated"] == 3 * 4 and gpu["after"]
+    # passes; 2 when entered again, a loop left before), within the epoch loop's iterations
+    # too; the epoch loop around it is not left: every epoch ran (3, too few to be steady)
+    assert gpu["evaluated"] == 4 + 2 * 2 and gpu["after"]
     stop = watch.stopped
     assert stop.loop == f"{tmp_path / 'script.py'}:4" and stop.left == ()
-    assert stop.repeats == (f"{tmp_path / 'script.py'}:4 3 times, {3 * 196:,} iteration(s) skipped in all",)
+    assert stop.repeats == (
+        f"{tmp_path / 'script.py'}:4 3 times, {196 + 2 * 198:,} iteration(s) skipped in all",
+    )
 
 
 OOM_RETRIES = """

@@ -65,7 +65,9 @@ state included). *An evaluation loop* (steady while autograd records nothing: un
 ``torch.no_grad()`` or ``inference_mode``, as ``grad_enabled`` reads it), whatever its
 passes: nanoGPT's ``estimate_loss()`` batches, its split loop and the training loop go
 on. *A loop left before* (its ``(code, header)``), each time it is entered again and
-steady again, counted from that entry with warm-up and steady as for any loop, even
+steady again, counted from that entry (it was steady once: ``again_warmup`` of warm-up,
+1, and ``again_steady`` unchanged readings, 1: the micro-step that allocates the
+gradients again after ``zero_grad``, then one that accumulates into them), even
 within an iteration of the watched loop (the 'val' split after the 'train' split, each
 ``estimate_loss()`` call, the micro-steps of each optimizer step); it is never the
 watched loop again. A loop is not left alone at its last pass (nothing to skip), nor
@@ -291,7 +293,7 @@ class LoopWatch:
         state = frame.again.get(header)
         if state is None:
             state = frame.again[header] = Anchor(frame, header, depth)
-        reason = verdict(state, self._rule, self._marks, self._activity)
+        reason = verdict(state, self._rule, self._marks, self._activity, again=True)
         if reason is None or not self._rule.leave_loop:
             return False
         return self._leave_only(frame, self._info(reason, frame.code.co_filename, header, state=state))

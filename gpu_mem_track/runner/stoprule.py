@@ -38,7 +38,10 @@ class StopRule:
     watched loop (None: no limit); ``max_seconds``: wall seconds since the script started
     (None: no limit); ``inner_limit``: passes of an inner loop per pass of its enclosing
     loop above which the inner loop is the iteration; ``leave_loop``: leave the loop as a
-    ``break`` would (True) or end the script (False)."""
+    ``break`` would (True) or end the script (False); ``again_warmup`` and
+    ``again_steady``: iterations, for a loop left before and entered again (it was steady
+    once already: its first pass of the new entry is the warm-up, one unchanged reading
+    after it is enough)."""
 
     until_steady: bool = True
     warmup: int = 2
@@ -47,6 +50,8 @@ class StopRule:
     max_seconds: float | None = None
     inner_limit: int = 64
     leave_loop: bool = True
+    again_warmup: int = 1
+    again_steady: int = 1
 
     @property
     def active(self) -> bool:
@@ -167,10 +172,12 @@ def verdict(
     rule: StopRule,
     marks: Callable[[], Hashable],
     activity: Callable[[], tuple[int, int, int]] | None,
+    again: bool = False,
 ) -> str | None:
     """Count an iteration of the loop ``state`` follows (``marks`` and ``activity`` as
     ``steady.LoopWatch`` reads them): ``"steady"`` or ``"max-iterations"`` when the rule
-    says it may be left, None while it runs on."""
+    says it may be left, None while it runs on. ``again``: a loop left before, entered
+    again (``rule.again_warmup`` and ``rule.again_steady`` apply)."""
     state.iterations += 1
     state.passes += 1
     reading: Hashable = None
@@ -189,10 +196,11 @@ def verdict(
     if not rule.until_steady:
         return None
     reading = (marks(), reading)
-    if state.worked > rule.warmup:
+    warmup, steady = (rule.again_warmup, rule.again_steady) if again else (rule.warmup, rule.steady)
+    if state.worked > warmup:
         state.same = state.same + 1 if reading == state.last else 0
     state.last = reading
-    return "steady" if state.same >= rule.steady else None
+    return "steady" if state.same >= steady else None
 
 
 class Leaves:
