@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,8 @@ from fixtures import shown  # noqa: E402
 #: nanoGPT's arguments here: GPT-2 124M (train.py's defaults: block 1024, 40 micro-steps of
 #: gradient accumulation, bf16 autocast, fused AdamW) without torch.compile, as a user runs it.
 NANOGPT_ARGS = ["--compile=False"]
+#: The temporary folders' paths, left out of the reports (a file is named from the client's folder).
+TEMPORARY = re.compile(r"/\S*?check_fit-[^/]+/(?:nanogpt/|fit/)?")
 CHECKPOINT_IMPORT = ("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.utils.checkpoint\n")
 CHECKPOINT_CALL = (
     "            x = block(x)\n",
@@ -266,7 +269,7 @@ def write_report(
         )
     if missing:
         lines += ["", f"Applied by the advisor with no hand edit here (not checked): {', '.join(missing)}."]
-    out.write_text("\n".join(lines) + "\n")
+    out.write_text(TEMPORARY.sub("", "\n".join(lines) + "\n"))
     data = {
         "gpu": gpu,
         "args": args,
@@ -275,7 +278,7 @@ def write_report(
         "hand": rows,
         "missing": missing,
     }
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".json").write_text(TEMPORARY.sub("", json.dumps(data, indent=1) + "\n"))
 
 
 def main(argv: list[str] | None = None) -> int:
