@@ -2,8 +2,8 @@
 
     python3 scripts/gpu_check.py [--out DIR] [--fixtures DIR] [--budget 300] [--dry] [--only NAMES]
 
-(``make gpu-check`` runs it; ``--only`` takes workload names and ``fit``.) In order, each step in a subprocess with a timeout, with a
-progress line and its elapsed seconds:
+(``make gpu-check`` runs it; ``--only`` takes workload names and ``fit``.) In order, each
+step in a subprocess with a timeout, with a progress line and its elapsed seconds:
 
 1. what this machine has (a subprocess imports torch, so this process never holds a CUDA
    context); the GPU is mapped to the simulated GPU's catalog

@@ -445,9 +445,10 @@ def test_run_simulate_leaves_a_dataloader_loop_and_the_script_runs_to_its_end(tm
     assert done.returncode == 0, done.stderr
     info = read_meta(tmp_path / "reports" / "r" / "meta.json")
     # the batch loop is nested in the epoch loop (through train()): left alone once steady
-    # (4 batches in the first epoch, 2 in the others: a loop left before) in each epoch, the rest of each epoch ran (its print); the epoch loop
-    # ended before its epochs were steady (3 of 2 + 2), the last print ran (PyTorch's MNIST
-    # example's shape: the batch loop is train()'s last statement)
+    # (4 batches in the first epoch, 2 in the others: a loop left before) in each epoch,
+    # the rest of each epoch ran (its print); the epoch loop ended before its epochs were
+    # steady (3 of 2 + 2), the last print ran (PyTorch's MNIST example's shape: the batch
+    # loop is train()'s last statement)
     assert done.stdout.splitlines() == [*(f"epoch {e} ended" for e in range(3)), f"max allocated {info.peak}"]
     stop = info.stopped
     assert stop.action == "left-loop" and stop.loop.endswith("train.py:10") and stop.iterations == 4
