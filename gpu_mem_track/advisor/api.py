@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..levers.allocator import NOT_SIMULATED
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import BatchAnswer, FitResult, FitRow, Trial
@@ -145,12 +146,13 @@ def _advise(
     if first.fits in ("failed", "yes"):
         return ("fits" if first.fits == "yes" else "failed"), [first], None, []
     say(f"as it is: {'too tight' if first.fits == 'tight' else 'out of memory'}; trying {', '.join(chosen)}")
-    singles = pool.run_all(TrialSpec((name,)) for name in chosen)
-    not_applied, tried = [], []
+    singles = pool.run_all(TrialSpec((name,)) for name in chosen if name not in NOT_SIMULATED)
+    why: dict[str, str] = {name: NOT_SIMULATED[name] for name in chosen if name in NOT_SIMULATED}
+    tried: list[Trial] = []
     for trial in singles:
         note = next((n for n in trial.notes if n.name == trial.levers[0]), None)
         if note is not None and not note.applied:
-            not_applied.append((note.name, _why_not(note.reason, trial)))
+            why[note.name] = _why_not(note.reason, trial)
         else:
             tried.append(trial)
             if searches is not None and trial.fits(threshold) != "failed":
@@ -163,7 +165,7 @@ def _advise(
             tried.extend(combos)
     rows = [first, *(make_row(t, threshold) for t in tried)]
     verdict, recommended = _verdict(rows)
-    return verdict, rows, recommended, not_applied
+    return verdict, rows, recommended, [(name, why[name]) for name in chosen if name in why]
 
 
 #: How a lever's report begins when the script never reached what the lever changes.

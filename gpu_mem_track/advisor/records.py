@@ -11,46 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..levers.records import LeverReport as LeverNote  # what a lever did in one trial
+
 __all__ = ["BatchAnswer", "FitResult", "FitRow", "LeverNote", "OutOfMemory", "Trial"]
 
 #: What ``FitRow.fits`` says: a completed run at most ``threshold`` of the capacity
 #: ("yes"), a completed run above it but within the capacity ("tight"), a run that ran
 #: out of memory ("no"), a run that failed for another reason ("failed").
 FITS = ("yes", "tight", "no", "failed")
-
-
-@dataclass(frozen=True)
-class LeverNote:
-    """What a lever did in one trial, as the run's ``meta.json`` ``"levers"`` says:
-    ``applied`` (False: ``reason`` says why), ``detail`` (what it did), ``change`` (the
-    one line to write in the script, or an environment variable), ``where``
-    (``"file:line"`` or ``""``), ``cost`` (in words), ``changes_results`` (True when the
-    script's results change, as with lower precision)."""
-
-    name: str
-    applied: bool
-    reason: str = ""
-    detail: str = ""
-    change: str = ""
-    where: str = ""
-    cost: str = ""
-    changes_results: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LeverNote:
-        return cls(
-            name=str(data.get("name", "")),
-            applied=bool(data.get("applied", False)),
-            reason=str(data.get("reason", "") or ""),
-            detail=str(data.get("detail", "") or ""),
-            change=str(data.get("change", "") or ""),
-            where=str(data.get("where", "") or ""),
-            cost=str(data.get("cost", "") or ""),
-            changes_results=bool(data.get("changes_results", False)),
-        )
 
 
 @dataclass(frozen=True)

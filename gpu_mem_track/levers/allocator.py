@@ -57,6 +57,11 @@ def _value(conf: str, key: str) -> str | None:
     return None
 
 
+#: Levers the simulated allocator does not model, with what their report says under
+#: ``--simulate`` (they are never applied there, so the advisor runs no trial of them).
+NOT_SIMULATED = {"gc-threshold": "the simulation does not model garbage_collection_threshold"}
+
+
 class AllocatorLever:
     """One allocator setting for the run; see the module doc. ``simulated``: the run is
     on the simulated GPU."""
@@ -77,8 +82,8 @@ class AllocatorLever:
         if (_value(conf, self.key) or "").lower() == self.value.lower():
             self.why = f"{ENV} already sets {self.key}:{_value(conf, self.key)}"
             return
-        if self.simulated and self.name == "gc-threshold":
-            self.why = "the simulation does not model garbage_collection_threshold"
+        if self.simulated and self.name in NOT_SIMULATED:
+            self.why = NOT_SIMULATED[self.name]
             return
         self.conf = merge_conf(conf, self.key, self.value)
         os.environ[ENV] = self.conf
