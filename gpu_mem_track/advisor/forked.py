@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import runpy
 import subprocess
 import sys
 import threading
@@ -95,12 +96,12 @@ def _child(argv: list[str], cwd: str, environ: dict[str, str], log: str) -> None
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.argv = [sys.argv[0] if sys.argv else "gpu_mem_track", *argv]
-    from gpu_mem_track.cli import main
-
-    code = 1
-    try:
-        code = main(argv)
+    sys.argv = ["gpu_mem_track", *argv]
+    code: object = 1
+    try:  # as ``python -m gpu_mem_track ARGV`` (its __main__ raises SystemExit(code))
+        runpy.run_module("gpu_mem_track", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
     finally:
         atexit._run_exitfuncs()  # as the interpreter's exit would (the process ends with os._exit)
         sys.stdout.flush()
