@@ -3,7 +3,7 @@
 ``BatchArg.parse("--batch_size")`` names an option, given as ``--batch_size=32`` or
 ``--batch_size 32`` (the last occurrence wins, as argparse reads it);
 ``BatchArg.parse("0")`` a positional index into the arguments. The search reuses
-``estimator.batchsize.search_batch_size``: peaks at a few batches, a fitted line, a jump
+``estimator.search.search_batch_size``: peaks at a few batches, a fitted line, a jump
 to the batch it predicts, a confirmation there and at the next batch. Every batch it
 evaluates is a simulated trial; a trial that runs out of memory (or fails) does not fit.
 The budget is the capacity (a trial fits when it completes within it); the trial at the
@@ -124,7 +124,7 @@ def find_batch(
     (a lower bound: it stopped there); one that failed otherwise does not fit. At most
     ``max_trials`` batches are evaluated after the start.
     """
-    from ..estimator.batchsize import search_batch_size  # imports torch
+    from ..estimator.search import search_batch_size  # no torch: the trials import it
 
     trials: dict[int, Trial] = {}
 
