@@ -362,17 +362,22 @@ def test_the_cli_refuses_a_400_mb_list_bomb_under_1_gib(tmp_path) -> None:
     """The issue's bomb: a 0.8 MB gzip of a valid pickle of [0] * 200,000,000 (400 MB
     unpacked; the C unpickler alone would take 1.6 GB and more). ``snapshot`` refuses
     it in one line, its peak resident set under 1 GiB."""
-    import resource
-
     path = sf.write_bomb(tmp_path / "ints.pickle.gz", "ints", 200_000_000)
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_mem_track", "snapshot", str(path), "--out-dir", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+    # ru_maxrss of RUSAGE_CHILDREN is the largest of every child waited for: a fresh process
+    # whose only child is the command, so no earlier test's child counts
+    measure = (
+        "import resource, subprocess, sys\n"
+        "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "sys.stderr.write(done.stderr)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "sys.exit(done.returncode)\n"
     )
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "gpu_mem_track", "snapshot", str(path), "--out-dir", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-c", measure, *command], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    peak_kib = int(done.stdout.split()[-1])
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"gpu_mem_track: {path}: not a memory snapshot: more than 1,048,576 values outside its records "
