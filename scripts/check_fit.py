@@ -4,7 +4,7 @@ The test client ``clients/nanogpt`` of the H200 fixture folder (``--fixtures``, 
 ``shared/fixtures/h200`` beside the checkout or one level up) is copied to a temporary
 folder and its ``make_data.py`` run there. Then, in subprocesses of this checkout:
 
-1. ``python -m gpu_mem_track fit GPU train.py ARGS --batch-arg=--batch_size --json``:
+1. ``python -m gpu_mem_track fit --batch-arg=--batch_size --json GPU train.py ARGS``:
    the advisor on GPT-2 124M at batch 32 (``--gpu``, default RTX-4090, a 24 GB GPU),
    timed: its wall time is the figure for issue 23's "under 2 minutes here";
 2. for every change the advisor's table holds (each lever it applied, alone or combined,
@@ -237,7 +237,7 @@ def write_report(
         f"`python scripts/check_fit.py --gpu {gpu}` on `{shown(client)}` (GPT-2 124M), "
         f"`train.py {' '.join(args)}` on the simulated {gpu}.",
         "",
-        f"`gpu-mem-track fit {gpu} train.py {' '.join(args)} --batch-arg=--batch_size`: verdict "
+        f"`gpu-mem-track fit --batch-arg=--batch_size {gpu} train.py {' '.join(args)}`: verdict "
         f"**{answer['verdict']}**, recommended: {answer.get('recommended') or '-'}; "
         f"{answer['trials']} simulated trials in **{seconds:.0f} s** wall time on this machine "
         f"({os.cpu_count()} cores).",

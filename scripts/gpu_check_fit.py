@@ -1,6 +1,6 @@
 """gpu_check's fit step: the advisor's suggested change, run for real on this GPU.
 
-1. ``python -m gpu_mem_track fit FIT_GPU train.py ARGS --batch-arg=--batch_size --json``:
+1. ``python -m gpu_mem_track fit --batch-arg=--batch_size --json FIT_GPU train.py ARGS``:
    the advisor on nanoGPT's GPT-2 124M at batch 32 (:data:`ARGS`) for a simulated GPU
    smaller than this one (:data:`FIT_GPU`, an RTX 4090: 24 GB). It runs on the CPU, beside
    the other simulated parts.
@@ -124,7 +124,7 @@ def render(fit: dict[str, Any]) -> str:
         "",
         "## Fit: the advisor's change, run for real",
         "",
-        f"`fit {FIT_GPU} train.py {' '.join(ARGS)} --batch-arg=--batch_size` (nanoGPT GPT-2 124M): "
+        f"`fit --batch-arg=--batch_size {FIT_GPU} train.py {' '.join(ARGS)}` (nanoGPT GPT-2 124M): "
         f"{answer['verdict']}, recommended {answer.get('recommended') or '-'}, {answer['trials']} trials in "
         f"{answer['seconds']:.0f} s. On this GPU each run below was capped at the simulated capacity "
         f"({answer['capacity'] / mib:,.0f} MiB; memory fraction {fit.get('fraction', '-')}).",

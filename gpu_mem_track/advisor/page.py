@@ -12,7 +12,7 @@ from pathlib import Path, PurePath
 from ..errors import UsageError
 from ..units import format_bytes
 from .records import FitResult
-from .render import batch_text, cost_text, margin_text, short_line, verdict_lines
+from .render import table_cells, verdict_lines
 
 __all__ = ["render_fit_page", "write_fit_page"]
 
@@ -30,25 +30,8 @@ def _cells(values: list[str], header: list[str], tag: str) -> str:
 
 def render_fit_page(result: FitResult) -> str:
     """The page's text for ``result``."""
-    header = ["change", "peak allocated", "peak reserved", "fits", "headroom", "line", "cost"]
-    if result.batch_arg is not None:
-        header.append("largest batch")
-    header.append("to make it")
-    rows = []
-    for row in result.rows:
-        values = [
-            row.label,
-            format_bytes(row.peak) if row.peak is not None else "-",
-            format_bytes(row.reserved_peak) if row.reserved_peak is not None else "-",
-            row.fits,
-            margin_text(row, result.capacity),
-            short_line(row.line) or "-",
-            cost_text(row),
-        ]
-        if result.batch_arg is not None:
-            values.append(batch_text(row))
-        values.append(row.change or "-")
-        rows.append(_cells(values, header, "td"))
+    header, body = table_cells(result)
+    rows = [_cells(values, header, "td") for values in body]
     title = html.escape(f"gpu_mem_track fit: {PurePath(result.script).name} on {result.gpu}")
     answer = "".join(f"<p>{html.escape(line)}</p>" for line in verdict_lines(result))
     skipped = "".join(

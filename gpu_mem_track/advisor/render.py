@@ -12,7 +12,7 @@ from pathlib import PurePath
 from ..units import format_bytes
 from .records import FitResult, FitRow
 
-__all__ = ["bound_lines", "margin_text", "render_fit", "short_line", "verdict_lines"]
+__all__ = ["bound_lines", "margin_text", "render_fit", "short_line", "table_cells", "verdict_lines"]
 
 
 def short_line(line: str) -> str:
@@ -54,8 +54,8 @@ def _table(header: Sequence[str], body: list[list[str]]) -> list[str]:
     return lines
 
 
-def table_lines(result: FitResult) -> list[str]:
-    """The table, one line per row under a header."""
+def table_cells(result: FitResult) -> tuple[list[str], list[list[str]]]:
+    """The table's header and each row's cells, as text (the text table and the page)."""
     header = ["change", "peak allocated", "peak reserved", "fits", "headroom", "line", "cost"]
     if result.batch_arg is not None:
         header.append("largest batch")
@@ -75,7 +75,12 @@ def table_lines(result: FitResult) -> list[str]:
             cells.append(batch_text(row))
         cells.append(row.change or "-")
         body.append(cells)
-    return _table(header, body)
+    return header, body
+
+
+def table_lines(result: FitResult) -> list[str]:
+    """The table, one line per row under a header."""
+    return _table(*table_cells(result))
 
 
 def verdict_lines(result: FitResult) -> list[str]:
