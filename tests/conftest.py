@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
@@ -81,6 +82,21 @@ def one_process(monkeypatch):
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     gc.collect()
+
+
+@pytest.fixture
+def fresh_heap():
+    """Free memory given back to the system, for tests whose script must raise the
+    process's RSS: earlier tests' garbage collected (a collection during a line would
+    offset its rise), then glibc's ``malloc_trim(0)``, which releases the pages of the
+    heap's free chunks. Without it a large tensor may land in a free chunk an earlier test
+    left in the heap, whose pages are still resident, and raise the RSS by nothing (glibc
+    takes a free chunk that is large enough before its mmap threshold is considered)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc: nothing to release
+        pass
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ shell, on the CPU and on a (simulated) GPU, and one notebook run through a real 
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
@@ -99,11 +98,8 @@ def test_memtrack_mistakes_print_one_line_and_return_nothing(shell, capsys):
     assert "--census-threshold: not a byte size: 'lots'" in capsys.readouterr().err
 
 
-def test_cell_memtrack_profiles_each_line_and_takes_censuses(shell):
-    # 64 MiB: above glibc's largest mmap threshold (32 MiB), so always fresh pages and an RSS
-    # rise, whatever earlier tests freed (a 4 MiB block could reuse freed heap: no census).
+def test_cell_memtrack_profiles_each_line_and_takes_censuses(shell, fresh_heap):
     cell = "h = model(x)\nbig = torch.ones(4096, 4096)\nb = [torch.ones(10) for _ in range(2)]\ndel big\n"
-    gc.collect()  # earlier tests' garbage, freed by a collection during a line, would offset its rise
     profile = shell.run_cell_magic("memtrack", "--census-threshold 1 --top 2", cell)
     assert isinstance(profile, CellProfile) and profile.source == "process RSS" and profile.top == 2
     cell_lines = sorted((r.line, r.code) for r in profile.lines if r.function == "<module>")
@@ -143,9 +139,8 @@ def test_a_cell_error_propagates_with_the_engine_removed():
         profile_cell("a = 1\nb = a / 0\n", {}, CellOptions())
 
 
-def test_the_first_cell_census_lists_only_what_the_cell_created(shell):
+def test_the_first_cell_census_lists_only_what_the_cell_created(shell, fresh_heap):
     shell.user_ns["old"] = torch.zeros(512, 1024)  # made before the cell: not the cell's
-    gc.collect()  # earlier tests' garbage, freed by a collection during the line, would offset its rise
     profile = shell.run_cell_magic("memtrack", "--census-threshold 1", "big = torch.ones(4096, 4096)\n")
     shell.user_ns.pop("old")
     first = profile.censuses[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import io
 import textwrap
 from pathlib import Path
@@ -80,7 +79,9 @@ def test_stamp_at_names_the_given_frame_and_records_where(quiet_tracker):
         tracker.stamp_at(None, "nowhere")
 
 
-def test_execute_returns_its_censuses_and_the_script_trackers_become_track_rows(tmp_path, monkeypatch):
+def test_execute_returns_its_censuses_and_the_script_trackers_become_track_rows(
+    tmp_path, monkeypatch, fresh_heap
+):
     monkeypatch.chdir(tmp_path)
     script = tmp_path / "train.py"
     script.write_text(
@@ -102,7 +103,6 @@ def test_execute_returns_its_censuses_and_the_script_trackers_become_track_rows(
     prepared = prepare(options)
     before = repr(prepared)
     summary = io.StringIO()
-    gc.collect()  # earlier tests' garbage, freed by a collection during a line, would offset its rise
     result = execute(prepared, stream=summary)
     assert isinstance(result, RunResult) and result.exit_code == 0
     assert repr(prepared) == before and result.folder == prepared.folder.path
