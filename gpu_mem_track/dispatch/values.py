@@ -31,6 +31,7 @@ The twins live on the CPU, outside the tracked device, and are never counted.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .lifetimes import tensor_leaves
+from .metacache import MetaCache
 from .records import ValueRead
 
 __all__ = ["BOUNDED", "LIMIT", "KnownValues"]
@@ -63,7 +65,9 @@ class KnownValues(TorchDispatchMode):
 
     ``where()`` names the module running, for the records of reads. Enter this mode
     *before* (under) the :class:`~gpu_mem_track.dispatch.lifetimes.Lifetimes` mode, so the
-    twins' own ops run with no mode active and are never counted.
+    twins' own ops run with no mode active and are never counted. ``cache``: answer
+    repeated ops on tensors without values from a :class:`~.metacache.MetaCache` (None:
+    yes unless the environment sets ``GPU_MEM_TRACK_META_CACHE=off``).
     """
 
     def __init__(
@@ -71,8 +75,13 @@ class KnownValues(TorchDispatchMode):
         where: Callable[[], str] = lambda: "",
         on_read: Callable[[str, str], None] | None = None,
         on_bound: Callable[[str, int], None] | None = None,
+        cache: bool | None = None,
     ) -> None:
         super().__init__()
+        if cache is None:
+            cache = os.environ.get("GPU_MEM_TRACK_META_CACHE", "on") != "off"
+        #: ops on tensors without values, remembered by their inputs' metadata (None: off)
+        self.cache = MetaCache() if cache else None
         self.where = where
         self.on_read = on_read
         self.on_bound = on_bound
@@ -119,7 +128,7 @@ class KnownValues(TorchDispatchMode):
     def _unknown(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op on a tensor without a value (the usual case): meta runs it alone."""
         try:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if self.cache is None else self.cache.call(func, args, kwargs)
         except (RuntimeError, NotImplementedError):
             if func is _COPY and (kwargs.get("device") or _META) != _META:
                 return self._placeholder_copy(args[0], kwargs)
