@@ -4,12 +4,12 @@ their meta kernels.
 On meta tensors an op computes only its outputs' metadata, but many meta kernels are
 Python (PyTorch's references and decompositions: layer norm, the elementwise ops, their
 backwards) and cost tens of microseconds each; a simulated training step runs thousands,
-the same ones at every step. :class:`MetaCache` keys an op by the op and its arguments
-(each tensor, which must be a meta tensor, by shape, strides, storage offset, dtype and
-device; every other value by its type and value) and the default dtype and keeps, from its first run, what its outputs were: shape,
-strides, storage offset, dtype and the size of the storage under each, and which outputs
-share a storage. A later call with the same key builds fresh meta tensors with that
-metadata, which is all a meta kernel would have given.
+the same ones at every step. :class:`MetaCache` keys an op by the op, its arguments (each
+tensor, which must be a meta tensor, by shape, strides, storage offset, dtype and device;
+every other value by its type and value) and the default dtype, and keeps, from its first
+run, what its outputs were: shape, strides, storage offset, dtype and the size of the
+storage under each, and which outputs share a storage. A later call with the same key
+builds fresh meta tensors with that metadata, which is all a meta kernel would have given.
 
 Only ops whose outputs are new are kept: an op that writes into an argument, returns a
 view of one, or whose output shape depends on data is always run; so is any call whose
