@@ -28,17 +28,18 @@ def described(out):
 
 
 @pytest.mark.parametrize(
-    "func, args, kwargs",
-    [
-        (aten.mm.default, (meta(8, 4), meta(4, 16)), {}),
-        (aten.native_layer_norm.default, (meta(2, 5, 8), [8], meta(8), meta(8), 1e-5), {}),
-        (aten.add.Tensor, (meta(3, 1), meta(1, 4)), {"alpha": 2}),
-        (aten.sum.dim_IntList, (meta(4, 6, dtype=torch.bfloat16), [1]), {"dtype": torch.float32}),
-        (aten.native_dropout.default, (meta(7, 3), 0.1, True), {}),
-        (aten.mul.Tensor, (meta(0, 3), meta(0, 3)), {}),
+    "func, make_args, kwargs",
+    [  # the tensors are made in the test: a meta tensor a parameter list kept would outlive it
+        (aten.mm.default, lambda: (meta(8, 4), meta(4, 16)), {}),
+        (aten.native_layer_norm.default, lambda: (meta(2, 5, 8), [8], meta(8), meta(8), 1e-5), {}),
+        (aten.add.Tensor, lambda: (meta(3, 1), meta(1, 4)), {"alpha": 2}),
+        (aten.sum.dim_IntList, lambda: (meta(4, 6, dtype=torch.bfloat16), [1]), {"dtype": torch.float32}),
+        (aten.native_dropout.default, lambda: (meta(7, 3), 0.1, True), {}),
+        (aten.mul.Tensor, lambda: (meta(0, 3), meta(0, 3)), {}),
     ],
 )
-def test_a_hit_gives_what_the_meta_kernel_gives(func, args, kwargs):
+def test_a_hit_gives_what_the_meta_kernel_gives(func, make_args, kwargs):
+    args = make_args()
     cache = MetaCache()
     first = cache.call(func, args, kwargs)
     again = cache.call(func, args, kwargs)
