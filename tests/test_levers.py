@@ -10,7 +10,7 @@ import pytest
 from gpu_mem_track.errors import UsageError
 from gpu_mem_track.levers import LEVERS, LeverReport, check_levers, describe, read_levers
 from gpu_mem_track.levers.allocator import AllocatorLever, merge_conf, split_conf
-from gpu_mem_track.levers.source import call_with_keyword, prefixed, wrapped_call
+from gpu_mem_track.levers.source import call_with_keyword, callee, prefixed, wrapped_call
 from gpu_mem_track.runfolder.records import RunInfo
 
 
@@ -135,6 +135,10 @@ def test_the_edited_line_keeps_the_users_text():
     amp = 'with torch.autocast("cuda", dtype=torch.bfloat16):'
     assert prefixed("logits, loss = model(X, Y)", amp, "F") == f"{amp} logits, loss = model(X, Y)"
     assert prefixed("if x: y = model(x)", amp, "F") == "F"
+    assert callee("loss = model(input_ids=ids, labels=ids).loss") == "model"
+    assert callee("out = self.net.lm(x)") == "self.net.lm"
+    assert callee("loss = criterion(model(x), y)") is None  # two calls: which is the model's?
+    assert callee("out = models[0](x)") is None and callee("out = model(") is None
 
 
 def test_the_run_command_refuses_levers_it_cannot_apply(in_process, tmp_path):

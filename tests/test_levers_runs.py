@@ -427,3 +427,67 @@ def test_checkpoint_finds_the_model_past_a_small_module_called_first(in_process,
     simulate(in_process, tmp_path, script, "r", "--lever", "checkpoint")
     [report] = read_levers(tmp_path / "reports" / "r")
     assert (report.applied, report.detail) == (True, "4 x Block in h (12 block call(s) checkpointed)")
+
+
+HF_TRAIN = """
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+
+CONFIG = GPT2Config(n_layer=3, n_embd=128, n_head=4, n_positions=128, vocab_size=1000)
+
+
+class Wrapper(nn.Module):  # a script's own module around the library's model
+    def __init__(self):
+        super().__init__()
+        self.lm = GPT2LMHeadModel(CONFIG)
+
+    def forward(self, ids):
+        return self.lm(input_ids=ids, labels=ids).loss
+
+
+model = {model}.cuda()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+for step in range(3):
+    ids = torch.randint(0, 1000, (16, 128), device="cuda")
+    loss = {loss}
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "loss", "target"),
+    [
+        ("GPT2LMHeadModel(CONFIG)", "model(input_ids=ids, labels=ids).loss", "model"),
+        ("Wrapper()", "model(ids)", "model.lm"),
+    ],
+)
+def test_a_hugging_face_model_is_checkpointed_by_its_own_switch(in_process, tmp_path, model, loss, target):
+    """The library's blocks are its code, not the script's: the change is the model's own
+    ``gradient_checkpointing_enable`` call, and the lever makes that call (the library
+    then also stops keeping its key/value cache), so the bytes are those of the script
+    with that line written after the model is built; run with it, the lever is not applied."""
+    transformers = pytest.importorskip("transformers")
+    script = write(tmp_path / "train.py", HF_TRAIN.format(model=model, loss=loss))
+    base = simulate(in_process, tmp_path, script, "base")
+    with_lever = simulate(in_process, tmp_path, script, "lever", "--lever", "checkpoint")
+    [report] = read_levers(tmp_path / "reports" / "lever")
+    assert (report.applied, report.where) == (True, "")
+    # the switch this transformers has: activation_checkpointing_enable from version 5
+    new = hasattr(transformers.PreTrainedModel, "activation_checkpointing_enable")
+    switch = "activation_checkpointing" if new else "gradient_checkpointing"
+    blocks = "transformer.h" if target == "model" else "lm.transformer.h"
+    assert report.detail == f"3 x GPT2Block in {blocks}, by GPT2LMHeadModel.{switch}_enable"
+    assert report.change == f'{target}.{switch}_enable({switch}_kwargs={{"use_reentrant": False}})'
+    text = script.read_text().replace("optimizer = ", f"{report.change}\noptimizer = ", 1)
+    by_hand = simulate(in_process, tmp_path, write(tmp_path / "by_hand.py", text), "by-hand")
+    assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+    assert with_lever.peak < base.peak
+    again = simulate(in_process, tmp_path, tmp_path / "by_hand.py", "again", "--lever", "checkpoint")
+    [report] = read_levers(tmp_path / "reports" / "again")
+    assert not report.applied and report.reason == (
+        "GPT2LMHeadModel checkpoints its blocks already (its activation checkpointing is on)"
+    )
+    assert (again.peak, again.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)

@@ -13,21 +13,38 @@ run as before. Where the change goes: the line that called the first block (in t
 over the container, in the model's forward), or, for a ``Sequential`` that calls its
 blocks itself, the line that called the container (``x = self.h(x)`` becomes ``for block
 in self.h: x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)``).
+
+A Hugging Face model checkpoints its own blocks: where the blocks belong to a module
+with ``supports_gradient_checkpointing`` and a switch for it (the outermost such module
+holding them), the lever calls the switch before the first training forward, and that
+call is the change the report gives (on the name the script called the model by, when its
+line says), as the model's code is the library's, not the script's. The switch is
+``activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant":
+False})`` where the library has it (transformers 5), else
+``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``.
+The library then also stops returning its key/value cache in training, which a wrapper
+around each block would keep. A model whose checkpointing is on already is left as it is.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 from .calls import ModuleCalls
 from .catalog import describe
 from .records import LeverReport
-from .source import Site, called_from_user, caller, looped_call, wrapped_call
+from .source import Site, called_from_user, callee, caller, looped_call, wrapped_call
 
 __all__ = ["CheckpointLever", "repeated_blocks"]
 
 _FUNCTION = "torch.utils.checkpoint.checkpoint"
+#: The Hugging Face switches, newest first: (method, its keyword for checkpoint's arguments).
+_SWITCHES = (
+    ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+    ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+)
 
 
 def repeated_blocks(model: Any) -> tuple[str, Any] | None:
@@ -49,6 +66,33 @@ def repeated_blocks(model: Any) -> tuple[str, Any] | None:
     return None if best is None else (best[1], best[2])
 
 
+def checkpointing_owner(model: Any, container: Any) -> tuple[str, Any, tuple[str, str]] | None:
+    """``(path, module, switch)`` of the outermost module of ``model`` (itself included:
+    path "") that checkpoints its own blocks the Hugging Face way
+    (``supports_gradient_checkpointing`` and one of the ``_SWITCHES``, the first it has)
+    and holds ``container``; None when there is none."""
+    for path, module in model.named_modules():
+        if getattr(module, "supports_gradient_checkpointing", False) is not True:
+            continue
+        switch = next((s for s in _SWITCHES if callable(getattr(module, s[0], None))), None)
+        if switch is not None and any(sub is container for sub in module.modules()):
+            return path, module, switch
+    return None
+
+
+def _checkpointing_on(module: Any) -> bool:
+    """Whether a Hugging Face model's checkpointing is on (by whichever property its
+    version has; the older one warns of its deprecation in transformers 5)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            try:
+                return bool(getattr(module, name))
+            except AttributeError:
+                continue
+    return False
+
+
 class CheckpointLever:
     """See the module doc. ``report()`` once the run ended."""
 
@@ -65,6 +109,10 @@ class CheckpointLever:
         self.calls = 0
         self.site: Site | None = None
         self.direct = True  # the user's code calls each block (not Sequential.forward)
+        #: the Hugging Face way: (the owner's path, its class name, the name the script
+        #: called the model by or None, whether its checkpointing was on already, the
+        #: call that turns it on, without the owner)
+        self.library: tuple[str, str, str | None, bool, str] | None = None
 
     def _outer(self, module: Any, stack: Any) -> None:
         import torch
@@ -80,6 +128,24 @@ class CheckpointLever:
             self.model = type(module).__name__
             self.blocks = list(self.found[1].children())
             self.ids = frozenset(id(block) for block in self.blocks)
+            owner = checkpointing_owner(module, self.found[1])
+            if owner is not None:
+                self._through_library(*owner, caller(sys._getframe(1)))
+
+    def _through_library(self, path: str, owner: Any, switch: tuple[str, str], site: Site | None) -> None:
+        """Turn on the owner's own checkpointing (see the module doc)."""
+        already = _checkpointing_on(owner)
+        name = callee(site.text) if site is not None else None
+        method, keyword = switch
+        self.library = (
+            path,
+            type(owner).__name__,
+            name,
+            already,
+            f'{method}({keyword}={{"use_reentrant": False}})',
+        )
+        if not already:
+            getattr(owner, method)(**{keyword: {"use_reentrant": False}})
 
     def _inner(self, module: Any) -> Any:
         if id(module) not in self.ids:
@@ -87,6 +153,9 @@ class CheckpointLever:
         import torch
 
         if not torch.is_grad_enabled():
+            return None
+        if self.library is not None:  # the model checkpoints its blocks itself
+            self.calls += 1
             return None
         if self.site is None:
             self.site = caller(sys._getframe(1))
@@ -111,12 +180,28 @@ class CheckpointLever:
         name, container = self.found
         children = list(container.children())
         detail = f"{len(children)} x {type(children[0]).__name__} in {name or self.model}"
+        if self.library is not None:
+            return self._library_report(detail, info.cost)
         detail += f" ({self.calls} block call(s) checkpointed)"
         site, change = self.site, info.change
         if site is not None:
             edit = wrapped_call if self.direct else looped_call
             change = edit(site.text, _FUNCTION, "use_reentrant=False", change)
         return LeverReport(self.name, True, "", detail, change, site.where if site else "", info.cost)
+
+    def _library_report(self, detail: str, cost: str) -> LeverReport:
+        assert self.library is not None
+        path, owner, name, already, call = self.library
+        if already:
+            why = f"{owner} checkpoints its blocks already (its activation checkpointing is on)"
+            return LeverReport(self.name, False, why, cost=cost)
+        target = name or "model"
+        if path and all(part.isidentifier() for part in path.split(".")):
+            target += f".{path}"
+        elif path:
+            target += f".get_submodule({path!r})"
+        detail += f", by {owner}.{call.split('(')[0]}"
+        return LeverReport(self.name, True, "", detail, f"{target}.{call}", "", cost)
 
 
 def _through_checkpoint(run: Any, args: tuple, kwargs: dict) -> Any:

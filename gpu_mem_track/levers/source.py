@@ -21,6 +21,7 @@ __all__ = [
     "Site",
     "call_with_keyword",
     "called_from_user",
+    "callee",
     "caller",
     "looped_call",
     "prefixed",
@@ -124,6 +125,21 @@ def call_with_keyword(text: str, callee: str, keyword: str, value: object, fallb
     inside = raw[:end].decode().rstrip()
     comma = "" if inside.endswith(("(", ",")) else ", "
     return f"{inside}{comma}{keyword}={literal}{raw[end:].decode()}"
+
+
+def callee(text: str) -> str | None:
+    """What ``text`` (one line of code) calls when it holds one call only, of a name or
+    an attribute of names (``model`` in ``loss = model(x).loss``, ``self.net`` in
+    ``out = self.net(x)``); None otherwise."""
+    tree = _parsed(text)
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)] if tree is not None else []
+    if len(calls) != 1:
+        return None
+    func = calls[0].func
+    node = func
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return ast.get_source_segment(text, func) if isinstance(node, ast.Name) else None
 
 
 def _splice(text: str, node: ast.expr, replacement: str) -> str:
