@@ -6,6 +6,7 @@ writer that pickles them as ``_dump_snapshot`` does (optionally gzip-compressed)
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import pickle
 from collections.abc import Iterator, Sequence
@@ -132,6 +133,7 @@ BOMBS = {
     "shared-dicts": '{"segments": [{}] * n}: n memo references to one dict',
     "fresh-dicts": '{"segments": [{} for _ in range(n)]}',
     "deep": "n lists, each in the one before",
+    "marks": "n MARK opcodes in a row (nothing is built; the loader keeps each one's place)",
     "int-dict": "{i: 0 for i in range(n)}",
     "shared-entries": '{"segments": [], "device_traces": [[entry] * n]}: one entry repeated',
     "long-stack": "a trace entry whose frames are one frame repeated n times",
@@ -166,6 +168,8 @@ def _bomb_parts(kind: str, n: int) -> Iterator[bytes]:
         yield b"s"
     elif kind == "deep":
         yield b"]" * n + b"a" * (n - 1)
+    elif kind == "marks":
+        yield segments + b"(" * n
     elif kind == "int-dict":
         yield b"}\x94"
         for start in range(0, n, _BATCH):
@@ -206,3 +210,9 @@ def write_bomb(path: Path, kind: str, n: int) -> Path:
             out.write(part)
         out.write(b".")
     return path
+
+
+def tripped() -> dict:
+    """Load arguments whose memory guard trips at the first chunk: a zero budget, and a
+    resident set that grows a page each time it is read."""
+    return {"memory_budget": 0, "rss": itertools.count(0, 4096).__next__}

@@ -4,7 +4,6 @@ one-line errors for bad files, and the recorded fixtures when ../shared is prese
 from __future__ import annotations
 
 import gzip
-import itertools
 import pathlib
 import pickle
 from collections import Counter
@@ -289,12 +288,12 @@ def test_the_scan_past_the_budget_agrees_with_the_loader(change: str, protocol: 
     mutate(data)
     raw = pickle.dumps(data, protocol=protocol)
     if refused is None:
-        assert loads_snapshot(raw, "s", **_tripped()) == loads_snapshot(raw, "s", memory_budget=None)
+        assert loads_snapshot(raw, "s", **sf.tripped()) == loads_snapshot(raw, "s", memory_budget=None)
         return
     with pytest.raises(UsageError, match="^s: not a memory snapshot: "):
         loads_snapshot(raw, "s", memory_budget=None)
     with pytest.raises(UsageError, match=rf"^s: not a memory snapshot: {refused}"):
-        loads_snapshot(raw, "s", **_tripped())
+        loads_snapshot(raw, "s", **sf.tripped())
 
 
 def test_the_scan_refuses_a_list_under_a_key_read_only_elsewhere() -> None:
@@ -307,9 +306,4 @@ def test_the_scan_refuses_a_list_under_a_key_read_only_elsewhere() -> None:
     with pytest.raises(
         UsageError, match=r"segments\[1\]\.history is a list, where a segment has no list or dict$"
     ):
-        loads_snapshot(raw, "s", **_tripped())
-
-
-def _tripped() -> dict:
-    """Load arguments whose memory guard trips at the first chunk."""
-    return {"memory_budget": 0, "rss": itertools.count(0, 4096).__next__}
+        loads_snapshot(raw, "s", **sf.tripped())

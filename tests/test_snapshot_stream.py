@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import itertools
 import json
 import pickle
 import subprocess
@@ -71,16 +70,19 @@ def test_a_non_pickle_plain_file_is_refused_within_its_first_chunk(tmp_path, mon
     assert streams.made[0].consumed <= 2 * CHUNK and not streams.made[0].gzipped
 
 
-#: Loads each file named and prints what came of it and the peak resident set (KiB).
-#: VmHWM is this process's own peak: ``ru_maxrss`` would keep the parent's across exec.
+#: Loads each file named after the memory budget (bytes, "none", or "default": the
+#: loader's own) and prints what came of each and the peak resident set (KiB). VmHWM is
+#: this process's own peak: ``ru_maxrss`` would keep the parent's across exec.
 PEAK = """
 import json, sys
 from gpu_mem_track.errors import BadInput
 from gpu_mem_track.snapshotfile import load_snapshot
+budget = {"default": {}, "none": {"memory_budget": None}}.get(sys.argv[1])
+budget = {"memory_budget": int(sys.argv[1])} if budget is None else budget
 outcome = []
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     try:
-        outcome.append(len(load_snapshot(path).segments))
+        outcome.append(len(load_snapshot(path, **budget).segments))
     except BadInput as exc:
         outcome.append(str(exc))
 with open("/proc/self/status") as status:
@@ -99,7 +101,10 @@ def test_peak_memory_stays_bounded_for_a_bomb_and_for_zeros_after_a_pickle(tmp_p
     zeros = gzip.compress(b"\0" * (64 * MIB), compresslevel=9)
     trailing.write_bytes(gzip.compress(pickle.dumps(small_snapshot())) + zeros * 4)
     done = subprocess.run(
-        [sys.executable, "-c", PEAK, str(big), str(trailing)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PEAK, "default", str(big), str(trailing)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     (refused, segments), peak_kib = json.loads(done.stdout)
@@ -207,12 +212,6 @@ def test_the_cli_refuses_a_bomb_in_one_line(tmp_path) -> None:
 # -- past the memory budget: the shape is scanned, building nothing ------------------------
 
 
-def tripped() -> dict:
-    """Load arguments whose memory guard trips at the first chunk: a resident set that
-    grows a page each time it is read, and no budget."""
-    return {"memory_budget": 0, "rss": itertools.count(0, 4096).__next__}
-
-
 class Scans:
     """Counts the loader's shape scans."""
 
@@ -241,6 +240,7 @@ LOOSE = rf"more than {scan_module.MAX_LOOSE:,} values outside its records \(list
         ("shared-entries", LOOSE),  # a trace entry is its own dict, never a memo reference
         ("long-stack", LOOSE),
         ("deep", rf"more than {scan_module.MAX_OPEN:,} containers open at once"),
+        ("marks", rf"more than {scan_module.MAX_OPEN:,} containers open at once"),
     ],
 )
 def test_bombs_past_the_budget_are_refused_by_their_shape(tmp_path, monkeypatch, kind, message) -> None:
@@ -251,8 +251,17 @@ def test_bombs_past_the_budget_are_refused_by_their_shape(tmp_path, monkeypatch,
     with pytest.raises(
         BadInput, match=rf"^{tmp_path}/{kind}\.pickle\.gz: not a memory snapshot: {message}"
     ) as info:
-        load_snapshot(path, **tripped())
+        load_snapshot(path, **sf.tripped())
     assert "\n" not in str(info.value) and scans.count == 1
+
+
+def test_more_shapes_than_the_scan_keeps_is_one_line() -> None:
+    """Lists nested 70,000 deep under a key no one reads: fewer containers open than the
+    scan allows, but each level a shape of its own."""
+    junk = b"\x8c\x04junk" + b"]" * 70_000 + b"a" * 69_999
+    raw = b"\x80\x04}(\x8c\x08segments]" + junk + b"u."
+    with pytest.raises(BadInput, match=r"^s: not a memory snapshot: more than 65,536 different shapes"):
+        loads_snapshot(raw, "s", **sf.tripped())
 
 
 def test_small_bombs_under_the_budget_are_refused_as_before(tmp_path, monkeypatch) -> None:
@@ -285,7 +294,7 @@ def test_a_snapshot_past_the_budget_is_scanned_then_loaded_as_without_it(
     path.write_bytes(gzip.compress(pickle.dumps(big_snapshot(3000), protocol=protocol)))
     expected = load_snapshot(path, memory_budget=None)
     scans = Scans(monkeypatch)
-    assert load_snapshot(path, **tripped()) == expected
+    assert load_snapshot(path, **sf.tripped()) == expected
     assert scans.count == 1 and len(expected.device_traces[0]) == 3000
 
 
@@ -294,7 +303,7 @@ def test_recorded_snapshots_pass_the_scan(monkeypatch) -> None:
     scans = Scans(monkeypatch)
     paths = sorted(sf.FIXTURES.glob("*.pickle.gz")) + sorted(sf.FIXTURES.parent.glob("h200/*.pickle.gz"))
     for path in paths:
-        assert load_snapshot(path, **tripped()) == load_snapshot(path, memory_budget=None), path
+        assert load_snapshot(path, **sf.tripped()) == load_snapshot(path, memory_budget=None), path
     assert scans.count == len(paths) >= 3
 
 
@@ -305,30 +314,11 @@ def test_a_global_or_a_cut_past_the_budget_is_refused_by_the_scan(tmp_path) -> N
     with pytest.raises(
         BadInput, match=r"evil\.pickle: not a memory snapshot: it asks for os\.system; refused"
     ):
-        load_snapshot(evil, **tripped())
+        load_snapshot(evil, **sf.tripped())
     cut = tmp_path / "cut.pickle"
     cut.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(BadInput, match=r"cut\.pickle: truncated pickle \(ran out of data\)"):
-        load_snapshot(cut, **tripped())
-
-
-#: Loads each file with the memory budget given (bytes, or "none") and prints what came
-#: of each and the peak resident set (KiB).
-BUDGETED = """
-import json, sys
-from gpu_mem_track.errors import BadInput
-from gpu_mem_track.snapshotfile import load_snapshot
-budget = None if sys.argv[1] == "none" else int(sys.argv[1])
-outcome = []
-for path in sys.argv[2:]:
-    try:
-        outcome.append(len(load_snapshot(path, memory_budget=budget).segments))
-    except BadInput as exc:
-        outcome.append(str(exc))
-with open("/proc/self/status") as status:
-    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-print(json.dumps([outcome, peak]))
-"""
+        load_snapshot(cut, **sf.tripped())
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc (Linux)")
@@ -344,7 +334,7 @@ def test_a_small_budget_bounds_the_peak_of_real_bombs(tmp_path) -> None:
     peaks = {}
     for budget in ("none", str(16 * MIB)):
         done = subprocess.run(
-            [sys.executable, "-c", BUDGETED, budget, *map(str, paths)],
+            [sys.executable, "-c", PEAK, budget, *map(str, paths)],
             capture_output=True,
             text=True,
             timeout=300,

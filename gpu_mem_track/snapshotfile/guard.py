@@ -4,10 +4,11 @@ instead (``shape``).
 
 ``resident_bytes`` reads this process's resident set: ``/proc/self/statm`` where it
 exists (Linux: the current size, a few microseconds a read), else the peak from
-``resource.getrusage`` (the growth of the peak is an upper bound of the growth), else
-nothing (0: the budget is never crossed). :class:`MemoryGuard` is called once per chunk
-the stream makes (64 KiB); it raises :class:`OverBudget` the first time the resident set
-has grown past its budget since the guard was made.
+``resource.getrusage`` (the growth of the peak is a lower bound of the growth: in a
+process that peaked higher before, the guard trips late or not at all), else nothing
+(0: the budget is never crossed). :class:`MemoryGuard` is called once per chunk the
+stream makes (64 KiB); it raises :class:`OverBudget` once the resident set has grown
+past its budget since the guard was made.
 """
 
 from __future__ import annotations
@@ -69,9 +70,7 @@ class MemoryGuard:
         self.budget = budget
         self._rss = rss or resident_bytes
         self.start = self._rss()
-        self.crossed = False
 
     def __call__(self) -> None:
         if self._rss() - self.start > self.budget:
-            self.crossed = True
             raise OverBudget(f"the resident set grew past {self.budget:,} bytes")

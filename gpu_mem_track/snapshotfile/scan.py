@@ -104,6 +104,8 @@ class _Scanner:
     def check_bounds(self) -> None:
         if self.memo_len > max(MEMO_FREE, self.read // MEMO_BYTES):
             self.fail(f"{self.memo_len:,} memo entries in {self.read:,} bytes, far more than a snapshot has")
+        if len(self.metastack) > MAX_OPEN:  # marks: containers begun, each an empty list here
+            self.fail(f"more than {MAX_OPEN:,} containers open at once, as no snapshot's pickle has")
         pending = len(self.stack) + sum(map(len, self.metastack))
         if pending > MAX_PENDING:
             self.fail(
@@ -264,6 +266,8 @@ class _Scanner:
             top = run(self)
         except IndexError:  # a pop from an empty stack
             self.not_pickle("unpickling stack underflow")
+        except sh.ShapeError as exc:
+            self.fail(str(exc))
         shape = self.close(top)[0]
         value = self.shapes.all[shape]
         fits = value.roles & sh.TOP if value.kind == "dict" else value.roles & sh.SEGS
