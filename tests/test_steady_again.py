@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 from test_steady_gpu_work import run_watched, simulate
-from watched import Sink, run_main
 
-from gpu_mem_track.runner.steady import LoopWatch, StopRule
+from gpu_mem_track.runner.steady import StopRule
 
 #: nanoGPT's shape in plain torch: an evaluation of two splits (under no_grad) every 3
 #: steps, 16 micro-steps of gradient accumulation per optimizer step (AdamW: its state is
@@ -135,6 +134,16 @@ def test_max_iterations_cuts_the_inner_loop_alone_and_counts_the_outer_loop(tmp_
     assert stop.repeats == (f"{tmp_path / 'script.py'}:6 3 times, {3 * 197} iteration(s) skipped in all",)
 
 
+def test_max_iterations_on_an_inner_loops_last_pass_lets_it_end_and_counts_the_outer_loop(tmp_path):
+    # 3 micro-steps, --max-iterations 3: the third is the last, so nothing is left; the
+    # step loop goes on and is left after 3 steps, as with more micro-steps
+    gpu, watch = run_watched(
+        tmp_path, COUNTING.replace("range(200)", "range(3)"), StopRule(until_steady=False, max_iterations=3)
+    )
+    assert gpu["runs"] == [3, 3, 3] and gpu["after"]
+    assert watch.stopped.reason == "max-iterations" and watch.stopped.loop.endswith("script.py:4")
+
+
 def test_end_script_never_stops_an_inner_loop_before_its_64th_pass(tmp_path):
     gpu, watch = run_watched(tmp_path, COUNTING, StopRule(leave_loop=False))
     assert gpu["runs"] == [] and "after" not in gpu  # ended in the first step's micro-steps
@@ -194,11 +203,8 @@ def test_an_unpadded_loop_ending_its_function_runs_on_when_it_cannot_be_left_alo
         for epoch in range(3):
             evaluate(gpu)
     """
-    gpu = {"allocated": 0, "events": 0, "peak": 0, "ooms": 0}
-    activity = lambda: (gpu["allocated"], gpu["events"], gpu["ooms"])  # noqa: E731
-    watch = LoopWatch(Sink(), StopRule(), lambda: gpu["peak"], activity=activity)
-    _, ended = run_main(tmp_path, source, watch, gpu)
-    assert ended and gpu["batches"] == 64
+    gpu, watch = run_watched(tmp_path, source, StopRule())
+    assert gpu["batches"] == 64
     assert watch.stopped.action == "ended-script" and "did not compile" in watch.stopped.note
 
 

@@ -279,11 +279,12 @@ class LoopWatch:
             raise StopRun(self._record(info))
         evaluation = self._grad_enabled is not None and not self._grad_enabled()
         if evaluation or early:
-            if self._leave_only(self._stack[-1], info):
+            left = self._leave_only(self._stack[-1], info)
+            if left:
                 self._anchor = None  # the loop around it (or a later one) is watched next
                 return True
-            if evaluation or reason == "steady":
-                return False  # no break that leaves it alone: it runs on
+            if left is None or evaluation or reason == "steady":
+                return False  # its last pass, or no break that leaves it alone: it runs on
         return self._stop(info)
 
     def _again(self, frame: WatchedFrame, header: int, depth: int) -> bool:
@@ -296,7 +297,7 @@ class LoopWatch:
         reason = verdict(state, self._rule, self._marks, self._activity, again=True)
         if reason is None or not self._rule.leave_loop:
             return False
-        return self._leave_only(frame, self._info(reason, frame.code.co_filename, header, state=state))
+        return bool(self._leave_only(frame, self._info(reason, frame.code.co_filename, header, state=state)))
 
     # -- stopping -----------------------------------------------------------------------------
 
@@ -322,17 +323,19 @@ class LoopWatch:
             self._leaves.first = info
         return info
 
-    def _leave_only(self, frame: WatchedFrame, info: StopInfo) -> bool:
+    def _leave_only(self, frame: WatchedFrame, info: StopInfo) -> bool | None:
         """Leave the loop at ``info.line`` of the top frame as a ``break`` would, and no
         loop around it; False (nothing done) when its ``break`` would leave a loop around
-        it too, or there is no line to go on at."""
+        it too, or there is no line to go on at; None (nothing done) on its last pass,
+        which ends it as it would."""
         loop = frame.table.get(info.line)
         if loop is None or loop.exit is None or loop.through or (frame.code, loop.header) in self._stuck:
             return False
         real = running_frame(frame.code)
-        if real is not None and remaining(loop, real, frame.passes.get(loop.header, 0)) == 0:
-            return False  # its last pass: it ends as it would
-        if self._leave(frame, loop, info, alone=True):
+        skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
+        if skipped == 0:
+            return None
+        if self._leave(frame, loop, info, alone=True, found=(real, skipped)):
             return True
         self._stuck.add((frame.code, loop.header))  # a pad in a file the runner did not compile
         return False
@@ -352,11 +355,23 @@ class LoopWatch:
         self._pending += [p for p in pending if p not in self._pending]
         return True
 
-    def _leave(self, frame: WatchedFrame, loop: Loop, info: StopInfo, alone: bool = False) -> bool:
+    def _leave(
+        self,
+        frame: WatchedFrame,
+        loop: Loop,
+        info: StopInfo,
+        alone: bool = False,
+        found: tuple[Any, int | None] | None = None,
+    ) -> bool:
         """Jump out of ``loop`` (the top frame's) and note it: the first stop, or one more.
-        False where Python refused the jump and ``alone`` (else the script was ended)."""
-        real = running_frame(frame.code)
-        skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
+        False where Python refused the jump and ``alone`` (else the script was ended).
+        ``found``: its running frame and the iterations it had left, when the caller has
+        read them already."""
+        if found is None:
+            real = running_frame(frame.code)
+            skipped = remaining(loop, real, frame.passes.get(loop.header, 0)) if real is not None else None
+        else:
+            real, skipped = found
         if not self._jump(frame, real, loop, info, alone):
             return False
         frame.again.pop(loop.header, None)
