@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .switches import switched_off
+
 __all__ = [
     "SAVED_PROBE_ENV",
     "SAVED_SOURCE",
@@ -49,7 +51,7 @@ def cache_folder(cache_dir: Path | str | None = None) -> Path:
 def use_saved() -> bool:
     """Whether the simulated GPU uses saved probe results (``GPU_MEM_TRACK_SAVED_PROBE``
     is not ``off``, ``0``, ``no`` or ``false``)."""
-    return os.environ.get(SAVED_PROBE_ENV, "").strip().lower() not in ("off", "0", "no", "false")
+    return not switched_off(SAVED_PROBE_ENV)
 
 
 def saved_results(cache_dir: Path | str | None = None) -> Iterator[tuple[dict[str, Any], Path]]:

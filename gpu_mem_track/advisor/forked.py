@@ -25,6 +25,8 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..switches import switched_off
+
 __all__ = ["PRELOAD", "run_forked"]
 
 #: What the fork server imports before it forks: torch (with dynamo, which the simulated GPU
@@ -44,7 +46,7 @@ _context: list[object] = []
 def _fork_server() -> object | None:
     """The fork server's context (started with its preloads on first use), None where
     there is none."""
-    if os.environ.get(_ENV, "").lower() in ("off", "0", "no"):
+    if switched_off(_ENV):
         return None
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None

@@ -5,7 +5,7 @@ On meta tensors an op computes only its outputs' metadata, but many meta kernels
 Python (PyTorch's references and decompositions: layer norm, the elementwise ops, their
 backwards) and cost tens of microseconds each; a simulated training step runs thousands,
 the same ones at every step. :class:`MetaCache` keys an op by the op, its arguments (each
-tensor, which must be a meta tensor, by shape, strides, storage offset, dtype and device;
+tensor, which must be a meta tensor, by shape, strides, storage offset and dtype;
 every other value by its type and value) and the default dtype, and keeps, from its first
 run, what its outputs were: shape, strides, storage offset, dtype and the size of the
 storage under each, and which outputs share a storage. A later call with the same key
@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .lifetimes import tensor_leaves
+
 __all__ = ["MetaCache"]
 
 #: Entries kept before the cache starts again (a loop uses a few hundred distinct calls).
@@ -41,6 +43,12 @@ _NEVER_TAGS = frozenset(
 )
 
 
+#: Rebuilds a call's outputs, given the list of the storages it has built so far.
+_Build = Callable[[list], Any]
+#: What ``call`` finds for a key never seen.
+_NEW = object()
+
+
 class _Unkeyable(Exception):
     """An argument the key cannot describe."""
 
@@ -54,7 +62,8 @@ class MetaCache:
         self.limit = limit
         self.hits = 0
         self.misses = 0
-        self._entries: dict[tuple, _Outputs | None] = {}
+        #: each key's rebuilder of the outputs (None: they cannot be rebuilt)
+        self._entries: dict[tuple, _Build | None] = {}
         self._cacheable: dict[Any, bool] = {}
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -69,17 +78,17 @@ class MetaCache:
             key = (func, _key(args), kw, torch.get_default_dtype())
         except _Unkeyable:
             return func(*args, **kwargs)
-        if key in self._entries:
-            entry = self._entries[key]
-            if entry is not None:
-                self.hits += 1
-                return entry.build()
-            return func(*args, **kwargs)  # this call's outputs cannot be rebuilt
+        build = self._entries.get(key, _NEW)
+        if build is None:  # this call's outputs cannot be rebuilt
+            return func(*args, **kwargs)
+        if build is not _NEW:
+            self.hits += 1
+            return build([])
         self.misses += 1
         out = func(*args, **kwargs)
         if len(self._entries) >= self.limit:
             self._entries.clear()
-        self._entries[key] = _Outputs.of(out, args, kwargs)
+        self._entries[key] = _rebuilder(out, args, kwargs)
         return out
 
 
@@ -99,13 +108,7 @@ def _key(value: Any) -> Any:
         # only meta tensors: a meta kernel may read a CPU tensor's values
         if type(value) not in _PLAIN_TENSORS or not value.is_meta or value.is_conj() or value.is_neg():
             raise _Unkeyable
-        return (
-            tuple(value.shape),
-            value.stride(),
-            value.storage_offset(),
-            value.dtype,
-            value.device,
-        )
+        return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype)
     if isinstance(value, (list, tuple)):
         return (type(value), tuple(_key(v) for v in value))
     if isinstance(value, _PLAIN):
@@ -113,37 +116,14 @@ def _key(value: Any) -> Any:
     raise _Unkeyable
 
 
-class _Outputs:
-    """How to build a call's outputs again: its structure with each tensor's metadata."""
-
-    __slots__ = ("_build",)
-
-    def __init__(self, build: Callable[[list], Any]) -> None:
-        self._build = build
-
-    def build(self) -> Any:
-        return self._build([])
-
-    @classmethod
-    def of(cls, out: Any, args: tuple, kwargs: dict) -> _Outputs | None:
-        """The recipe for ``out``, or None when it cannot be rebuilt from metadata."""
-        inputs = {_storage_id(t) for t in _tensors((args, kwargs))}
-        seen: dict[int, int] = {}
-        try:
-            build = _recipe(out, inputs, seen)
-        except _Unkeyable:
-            return None
-        return cls(build)
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        tree = list(tree.values())
-    if isinstance(tree, (list, tuple)):
-        return [t for item in tree for t in _tensors(item)]
-    return []
+def _rebuilder(out: Any, args: tuple, kwargs: dict) -> _Build | None:
+    """A function that rebuilds ``out`` from the list of storages built so far (called
+    with ``[]``), or None when it cannot be rebuilt from metadata."""
+    inputs = {_storage_id(t) for t in tensor_leaves((args, kwargs))}
+    try:
+        return _recipe(out, inputs, {})
+    except _Unkeyable:
+        return None
 
 
 def _storage_id(tensor: torch.Tensor) -> int:

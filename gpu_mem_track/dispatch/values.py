@@ -31,7 +31,6 @@ The twins live on the CPU, outside the tracked device, and are never counted.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..switches import switched_off
 from .lifetimes import tensor_leaves
 from .metacache import MetaCache
 from .records import ValueRead
@@ -79,7 +79,7 @@ class KnownValues(TorchDispatchMode):
     ) -> None:
         super().__init__()
         if cache is None:
-            cache = os.environ.get("GPU_MEM_TRACK_META_CACHE", "on") != "off"
+            cache = not switched_off("GPU_MEM_TRACK_META_CACHE")
         #: ops on tensors without values, remembered by their inputs' metadata (None: off)
         self.cache = MetaCache() if cache else None
         self.where = where

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..switches import switched_off
+
 __all__ = [
     "AUTO_BUILD_TENSORS",
     "build_now",
@@ -69,7 +71,7 @@ _state: dict[str, Any] = {
 
 def mode() -> str:
     """``"auto"`` or ``"off"`` (``GPU_MEM_TRACK_NATIVE``; anything else counts as auto)."""
-    return "off" if os.environ.get("GPU_MEM_TRACK_NATIVE", "auto").strip().lower() == "off" else "auto"
+    return "off" if switched_off("GPU_MEM_TRACK_NATIVE") else "auto"
 
 
 def census_scan() -> ModuleType | None:
