@@ -40,6 +40,20 @@ def fit_cli(*argv: str, cwd) -> subprocess.CompletedProcess[str]:
             ("--batch-arg=--bs", "2GiB:sm80", "train.py", "--bs", "-4"),
             "gpu_mem_track: --batch-arg --bs: its value '-4' is not a positive integer",
         ),
+        # what each trial's run would refuse is refused before the first trial
+        (
+            ("--max-seconds=0", "2GiB:sm80", "train.py"),
+            "gpu_mem_track: --max-seconds must be above 0, not 0.0",
+        ),
+        (
+            ("--max-iterations=0", "2GiB:sm80", "train.py"),
+            "gpu_mem_track: --max-iterations must be at least 1",
+        ),
+        (
+            ("--include=nosuchmodule", "2GiB:sm80", "train.py"),
+            "gpu_mem_track: --include nosuchmodule: no such",
+        ),
+        (("2GiB:sm80", "."), "gpu_mem_track: . is a folder without a __main__.py, not a Python script"),
     ],
 )
 def test_a_usage_mistake_is_one_line_and_exit_2(tmp_path, argv, message):

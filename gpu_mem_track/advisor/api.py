@@ -90,8 +90,7 @@ def fit(
         raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
     if max_batch is not None and max_batch < 1:
         raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
-    if not Path(script).is_file():
-        raise UsageError(f"no such script: {script}")
+    _check_trial_options(script, include, max_iterations, max_seconds, engine)
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
@@ -232,6 +231,22 @@ class _Searches:
         if missing:
             raise RuntimeError(f"the batch search failed for {', '.join(missing)}")
         return [replace(row, batch=self.answers.get(row.levers)) for row in rows]
+
+
+def _check_trial_options(
+    script: str | os.PathLike[str],
+    include: Sequence[str],
+    max_iterations: int | None,
+    max_seconds: float | None,
+    engine: str,
+) -> None:
+    """``UsageError``, before any trial runs, for what every trial's ``run`` would refuse."""
+    from ..runner.checks import check_budgets, check_engine, readable_script, resolve_includes
+
+    path = readable_script(str(script))
+    resolve_includes(tuple(str(name) for name in include), path)
+    check_budgets(max_iterations, max_seconds)
+    check_engine(engine)
 
 
 def _session_folder(out_dir: Path, script: Path) -> Path:

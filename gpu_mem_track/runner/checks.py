@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_budgets",
+    "check_engine",
     "check_memory",
     "check_out_dir",
     "check_snapshot",
@@ -36,12 +37,22 @@ _NEVER = "torch, the standard library and gpu_mem_track are never traced"
 _BUILT_IN = Path("<built-in>")  # a module compiled into Python (sys, os on 3.11): no source
 
 
-def check_budgets(options: RunOptions) -> None:
+def check_budgets(max_iterations: int | None, max_seconds: float | None) -> None:
     """``UsageError`` for ``--max-iterations`` below 1 or ``--max-seconds`` not above 0."""
-    if options.max_iterations is not None and options.max_iterations < 1:
-        raise UsageError(f"--max-iterations must be at least 1, not {options.max_iterations}")
-    if options.max_seconds is not None and not options.max_seconds > 0:
-        raise UsageError(f"--max-seconds must be above 0, not {options.max_seconds}")
+    if max_iterations is not None and max_iterations < 1:
+        raise UsageError(f"--max-iterations must be at least 1, not {max_iterations}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise UsageError(f"--max-seconds must be above 0, not {max_seconds}")
+
+
+def check_engine(engine: str) -> None:
+    """``UsageError`` for an ``--engine`` this Python lacks."""
+    from .tracer import engine_class
+
+    try:
+        engine_class(engine)
+    except ValueError as exc:
+        raise UsageError(f"--engine {engine}: {exc}") from exc
 
 
 def check_snapshot(options: RunOptions, device: Device) -> None:

@@ -32,6 +32,7 @@ from ..runfolder.ranktable import report_launch
 from ..runfolder.records import RunInfo
 from .checks import (
     check_budgets,
+    check_engine,
     check_memory,
     check_out_dir,
     check_snapshot,
@@ -50,7 +51,7 @@ from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
 from .simulate import check_levers, check_simulate, simulation, simulation_info, stop_rule
 from .steady import LoopWatch
-from .tracer import best_engine, engine_class
+from .tracer import best_engine
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
@@ -69,14 +70,11 @@ def prepare(options: RunOptions, environ: Mapping[str, str] | None = None) -> Pr
     rank = rank_info(environ)
     files, dirs = resolve_includes(options.include, script)
     gpu = check_simulate(options, rank)
-    check_budgets(options)
+    check_budgets(options.max_iterations, options.max_seconds)
     device = Device("cuda", 0) if gpu is not None else resolve_device(options.device)
     check_memory(options.memory, device)
     check_levers(options, device)
-    try:
-        engine_class(options.engine)
-    except ValueError as exc:
-        raise UsageError(f"--engine {options.engine}: {exc}") from exc
+    check_engine(options.engine)
     if options.activations and importlib.util.find_spec("torch") is None:
         raise UsageError("--activations needs torch, which is not installed here")
     if options.snapshot:
