@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from ._version import __version__
 from .commands import all_commands, report
-from .commands.cmdline import split_run_argv
+from .commands.cmdline import split_script_argv
 from .errors import UsageError
 
 __all__ = ["BUG_REPORT", "build_parser", "main"]
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     asking to report it, exit 1.
     """
     parser = build_parser()
-    head, script_args = split_run_argv(parser, sys.argv[1:] if argv is None else argv)
+    head, script_args = split_script_argv(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(_negative_values(head))
     if script_args is not None:  # everything after the script, verbatim (a literal -- too)
         args.args = script_args

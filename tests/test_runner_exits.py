@@ -242,10 +242,19 @@ def test_a_forked_child_dies_of_sigterm_as_without_the_runner(tmp_path):
         (["run", "--", "-t.py", "a"], ["run", "--", "-t.py"], ["a"]),
         (["run", "--top", "3"], ["run", "--top", "3"], None),
         (["compare", "a", "b"], ["compare", "a", "b"], None),
+        # fit: the GPU, then the script
+        (
+            ["fit", "--jobs", "2", "H100", "t.py", "--", "--lr", "-1"],
+            ["fit", "--jobs", "2", "H100", "t.py"],
+            ["--", "--lr", "-1"],
+        ),
+        (["fit", "H100", "t.py", "--json=3"], ["fit", "H100", "t.py"], ["--json=3"]),
+        (["fit", "--", "-g", "-t.py"], ["fit", "--", "-g", "-t.py"], []),
+        (["fit", "H100"], ["fit", "H100"], None),
     ],
 )
 def test_run_options_end_at_the_script_name(argv, head, rest):
     from gpu_mem_track.cli import build_parser
-    from gpu_mem_track.commands.cmdline import split_run_argv
+    from gpu_mem_track.commands.cmdline import split_script_argv
 
-    assert split_run_argv(build_parser(), argv) == (head, rest)
+    assert split_script_argv(build_parser(), argv) == (head, rest)
