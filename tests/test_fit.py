@@ -196,9 +196,8 @@ def test_a_lever_the_run_never_reached_before_running_out_says_so(script):
         def __call__(self, spec: TrialSpec) -> Trial:
             trial = super().__call__(spec)
             if spec.levers == ("fused",):  # out of memory (as it is) before any optimizer was built
-                note = LeverNote(
-                    "fused", False, reason="the script built no torch.optim optimizer while it ran"
-                )
+                reason = "the script built no torch.optim optimizer while it ran"
+                note = LeverNote("fused", False, reason=reason, reached=False)
                 return Trial(
                     spec.levers, spec.batch, trial.folder, 1, oom=trial.oom, capacity=CAPACITY, notes=(note,)
                 )

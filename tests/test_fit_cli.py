@@ -26,7 +26,7 @@ def fit_cli(*argv: str, cwd) -> subprocess.CompletedProcess[str]:
         (("2GiB:sm80", "missing.py"), "gpu_mem_track: no such script: missing.py"),
         (
             ("--levers=bf16", "2GiB:sm80", "train.py"),
-            "gpu_mem_track: unknown lever 'bf16': choose from expandable,",
+            "gpu_mem_track: unknown lever 'bf16'; the levers are: expandable,",
         ),
         (
             ("--html=nowhere/fit.html", "2GiB:sm80", "train.py"),

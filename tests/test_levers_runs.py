@@ -186,7 +186,7 @@ def test_levers_the_script_already_has_are_not_applied_and_change_nothing(in_pro
         ("checkpoint", False, "Sequential has no ModuleList/Sequential of two or more blocks of one class"),
         ("gc-threshold", False, "the simulation does not model garbage_collection_threshold"),
     ]
-    assert all(r.change == r.detail == r.where == "" for r in reports)
+    assert all(r.change == r.detail == r.where == "" and r.reached for r in reports)
     assert (run.peak, run.reserved_peak) == (base.peak, base.reserved_peak)
     summary = (tmp_path / "reports" / "levers" / "report.txt").read_text()
     assert (
@@ -220,10 +220,10 @@ def test_levers_a_script_never_triggers_say_why(in_process, tmp_path):
         "--lever",
         "grads-to-none",
     )
-    assert [(r.applied, r.reason) for r in read_levers(tmp_path / "reports" / "r")] == [
-        (False, "no model was called with autograd recording (no training forward ran)"),
-        (False, "the script built no torch.optim optimizer while it ran"),
-        (False, "the script called no zero_grad()"),
+    assert [(r.applied, r.reason, r.reached) for r in read_levers(tmp_path / "reports" / "r")] == [
+        (False, "no model was called with autograd recording (no training forward ran)", False),
+        (False, "the script built no torch.optim optimizer while it ran", False),
+        (False, "the script called no zero_grad()", False),
     ]
 
 

@@ -24,7 +24,7 @@ from ..errors import UsageError
 from ..levers.allocator import NOT_SIMULATED
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
-from .records import BatchAnswer, FitResult, FitRow, Trial
+from .records import BatchAnswer, FitResult, FitRow, LeverNote, Trial
 from .trials import SubprocessRunner, TrialPool, TrialSpec
 
 __all__ = ["default_jobs", "fit"]
@@ -105,12 +105,14 @@ def fit(
         if where is not None and baseline.fits(threshold) != "failed":
             searches = _Searches(pool, user_batch, baseline.capacity, max_batch, say)
             searches.start(())
-        verdict, rows, recommended, not_applied = _advise(pool, chosen, threshold, jobs, say, searches)
+        verdict, rows, recommended, not_applied = _advise(
+            pool, baseline, chosen, threshold, jobs, say, searches
+        )
         if searches is not None:
             rows = searches.finish(rows)
     finally:
         pool.close()
-    capacity = pool.run(TrialSpec(())).capacity or spec.capacity  # what the trials saw
+    capacity = baseline.capacity or spec.capacity  # what the trials saw
     return FitResult(
         script=str(script),
         args=args,
@@ -132,6 +134,7 @@ def fit(
 
 def _advise(
     pool: TrialPool,
+    baseline: Trial,
     chosen: tuple[str, ...],
     threshold: float,
     jobs: int,
@@ -140,7 +143,6 @@ def _advise(
 ) -> tuple[str, list[FitRow], str | None, list[tuple[str, str]]]:
     """(verdict, rows, recommended label, levers not applied with why); the batch
     ``searches`` of the levers that applied start before the combination runs."""
-    baseline = pool.run(TrialSpec(()))
     first = make_row(baseline, threshold)
     if first.fits in ("failed", "yes"):
         return ("fits" if first.fits == "yes" else "failed"), [first], None, []
@@ -151,7 +153,7 @@ def _advise(
     for trial in singles:
         note = next((n for n in trial.notes if n.name == trial.levers[0]), None)
         if note is not None and not note.applied:
-            why[note.name] = _why_not(note.reason, trial)
+            why[note.name] = _why_not(note, trial)
         else:
             tried.append(trial)
             if searches is not None and trial.fits(threshold) != "failed":
@@ -167,16 +169,12 @@ def _advise(
     return verdict, rows, recommended, [(name, why[name]) for name in chosen if name in why]
 
 
-#: How a lever's report begins when the script never reached what the lever changes.
-_NEVER_REACHED = ("the script called no ", "the script built no ")
-
-
-def _why_not(reason: str, trial: Trial) -> str:
+def _why_not(note: LeverNote, trial: Trial) -> str:
     """Why a lever did not apply; when the script never reached what it changes because
     its trial ran out of memory first, that is said too (the lever may apply to a run that
     gets further, but is not tried in combinations)."""
-    reason = reason or "not applied"
-    if trial.oom is not None and reason.startswith(_NEVER_REACHED):
+    reason = note.reason or "not applied"
+    if trial.oom is not None and not note.reached:
         reason += f" (its trial ran out of memory at {trial.oom.at} first; not tried in combinations)"
     return reason
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import UsageError
-from ..levers import LEVERS
+from ..levers import LEVERS, check_levers
 from .records import FitRow, Trial
 from .trials import TrialPool, TrialSpec
 
@@ -37,13 +37,8 @@ def parse_levers(text: str | Sequence[str] | None) -> tuple[str, ...]:
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [str(n).strip() for n in text]
     names = [n for n in names if n]
     if not names:
-        raise UsageError(f"--levers names none: choose from {', '.join(LEVERS)}")
-    for name in names:
-        if name not in LEVERS:
-            raise UsageError(f"unknown lever {name!r}: choose from {', '.join(LEVERS)}")
-    if len(set(names)) != len(names):
-        raise UsageError(f"--levers names a lever twice: {','.join(names)}")
-    return tuple(sorted(names, key=LEVERS.index))
+        raise UsageError(f"--levers names none; the levers are: {', '.join(LEVERS)}")
+    return tuple(sorted(check_levers(names), key=LEVERS.index))
 
 
 def rank(levers: Sequence[str]) -> tuple[int, int]:
@@ -54,11 +49,6 @@ def rank(levers: Sequence[str]) -> tuple[int, int]:
 def label(levers: Sequence[str]) -> str:
     """A row's label: ``"as it is"`` or the levers joined with ``" + "``."""
     return " + ".join(levers) if levers else "as it is"
-
-
-def better(trial: Trial, than: Trial | None, threshold: float) -> bool:
-    """Whether ``trial`` fits at least as well as ``than`` (None: anything is)."""
-    return than is None or _GOOD[trial.fits(threshold)] >= _GOOD[than.fits(threshold)]
 
 
 def cheapest_combination(

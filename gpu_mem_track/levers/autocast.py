@@ -72,7 +72,8 @@ class AutocastLever:
                 why = f"the script already autocasts ({self.already_dtype})"
             else:
                 why = "the script called no model (no module with parameters called from outside a forward)"
-            return LeverReport(self.name, False, why, cost=info.cost, changes_results=True)
+            reached = bool(self.already)
+            return LeverReport(self.name, False, why, cost=info.cost, changes_results=True, reached=reached)
         dtype = _name(self.dtype)
         detail = dtype
         others = [key for key in self.sites if self.site is None or key != self.site.where]

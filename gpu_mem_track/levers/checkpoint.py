@@ -174,8 +174,9 @@ class CheckpointLever:
             why = f"the blocks of {self.found[0] or self.model} were never called with autograd recording"
         else:
             why = ""
-        if why:
-            return LeverReport(self.name, False, why, cost=info.cost)
+        if why:  # a model without repeated blocks was reached; the others were not
+            reached = self.model != "" and self.found is None
+            return LeverReport(self.name, False, why, cost=info.cost, reached=reached)
         assert self.found is not None
         name, container = self.found
         children = list(container.children())

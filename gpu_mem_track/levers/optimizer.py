@@ -158,7 +158,7 @@ class _OptimizerLever:
         info = describe(self.name)
         if not self.changed:
             why = "; ".join(self.kept) or "the script built no torch.optim optimizer while it ran"
-            return LeverReport(self.name, False, why, cost=info.cost)
+            return LeverReport(self.name, False, why, cost=info.cost, reached=bool(self.kept))
         total = sum(self.changed.values())
         names = ", ".join(cls if n == 1 else f"{n} x {cls}" for cls, n in self.changed.items())
         detail = f"{total} optimizer{'s' if total > 1 else ''}: {names}"
@@ -254,7 +254,7 @@ class GradsToNoneLever:
                 if self.kept
                 else "the script called no zero_grad()"
             )
-            return LeverReport(self.name, False, why, cost=info.cost)
+            return LeverReport(self.name, False, why, cost=info.cost, reached=bool(self.kept))
         detail = f"{self.changed} zero_grad(set_to_none=False) call(s) set gradients to None"
         if self.kept:
             detail += f" ({self.kept} other call(s) already did)"

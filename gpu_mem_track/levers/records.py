@@ -27,7 +27,10 @@ class LeverReport:
     line to write in the script (or the environment variable to set) for the same effect,
     as the user would write it; ``where``: ``file:line`` where that change goes ("" when
     not known, or for an environment variable); ``cost``: the price in words;
-    ``changes_results``: whether the script's numbers change (lower precision)."""
+    ``changes_results``: whether the script's numbers change (lower precision);
+    ``reached``: False when it did not apply because the run never got to what it changes
+    (no model called, no optimizer built, no ``zero_grad``): it may apply to a run that
+    gets further."""
 
     name: str
     applied: bool
@@ -37,6 +40,7 @@ class LeverReport:
     where: str = ""
     cost: str = ""
     changes_results: bool = False
+    reached: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,6 +31,7 @@ from typing import Any
 from .. import inputs
 from ..csvrows import CompleteRows, LinedRows, cell_text, cut_note, open_csv
 from ..errors import BadInput
+from ..levers.records import LeverReport
 from .records import LineRecord, RunInfo, SimulationInfo, StopInfo, TimelineRow
 
 __all__ = [
@@ -245,9 +246,6 @@ def read_meta(path: Path) -> RunInfo:
 #: ``RunInfo``'s fields holding records of their own (``run --simulate``, the stop rule,
 #: ``run --lever``).
 _NESTED = ("simulation", "stopped", "levers")
-#: What a lever's report must hold (``levers.LeverReport``; the other keys are text).
-_LEVER_KEYS = {"name": str, "applied": bool}
-_LEVER_TEXT = ("reason", "detail", "change", "where", "cost")
 #: What the report reads of a simulated run's records: the keys each needs, with types.
 _GPU_KEYS = {"name": str, "total_memory": int, "context_bytes": int, "cublas_workspace": int}
 _READ_KEYS = {"filename": str, "line": int, "op": str, "count": int}
@@ -277,14 +275,14 @@ def _simulation(value: Any, where: str) -> SimulationInfo:
 
 
 def _levers(value: Any, where: str) -> tuple[dict[str, Any], ...]:
-    """A ``meta.json``'s ``levers``: a list of lever reports, checked key by key."""
+    """A ``meta.json``'s ``levers``: a list of lever reports, each checked field by field
+    against ``levers.LeverReport`` (keys it does not declare are dropped)."""
     if not isinstance(value, list):
         raise BadInput(f"{where}: 'levers' is not a list")
-    reports = tuple(_keyed(item, _LEVER_KEYS, where, "levers") for item in value)
-    for report in reports:
-        if any(not isinstance(report.get(key, ""), str) for key in _LEVER_TEXT):
-            raise BadInput(f"{where}: 'levers' holds a report with a value that is not text")
-    return reports
+    return tuple(
+        inputs.typed_fields(LeverReport, _mapping(item, where, "levers"), f"{where}: levers")
+        for item in value
+    )
 
 
 def _stopped(value: Any, where: str) -> StopInfo:

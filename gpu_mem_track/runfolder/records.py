@@ -279,7 +279,7 @@ class RunInfo:
     ``stopped``: where and why the runner stopped the script early (None when it ran to
     its end); ``levers``: what each ``run --lever`` did, in the order given
     (``levers.LeverReport.to_dict()``: ``name``, ``applied``, ``reason``, ``detail``,
-    ``change``, ``where``, ``cost``, ``changes_results``; empty without levers and in
+    ``change``, ``where``, ``cost``, ``changes_results``, ``reached``; empty without levers and in
     files written before them).
     """
 
