@@ -16,6 +16,7 @@ from gpu_mem_track.advisor.records import FitResult, LeverNote, OutOfMemory, Tri
 from gpu_mem_track.advisor.render import render_fit
 from gpu_mem_track.advisor.trials import TrialPool, TrialSpec, read_trial
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.runfolder.records import RunInfo, SimulationInfo, StopInfo
 
 MiB = 1 << 20
 CAPACITY = 1000 * MiB
@@ -320,28 +321,36 @@ def test_the_html_page_holds_the_table_and_the_answer(script):
 
 
 def test_read_trial_reads_a_run_folder(tmp_path):
-    meta = {
-        "format": "gpu_mem_track run",
-        "exit_code": 1,
-        "peak": 10,
-        "reserved_peak": 20,
-        "peak_at": "a.py:3",
-        "simulation": {
-            "gpu": {"total_memory": 1000, "context_bytes": 100, "library_bytes": 50},
-            "out_of_memory": {
-                "filename": "a.py",
-                "line": 5,
-                "request": 300,
-                "allocated": 600,
-                "reserved": 700,
-                "capacity": 850,
-            },
-        },
-        "levers": [
-            {"name": "checkpoint", "applied": True, "change": "c", "cost": "w", "changes_results": False}
-        ],
-        "stopped": {"reason": "max-iterations", "line": 3},
+    oom = {"filename": "a.py", "line": 5, "request": 300, "allocated": 600, "reserved": 700, "capacity": 850}
+    gpu = {
+        "name": "g",
+        "total_memory": 1000,
+        "context_bytes": 100,
+        "library_bytes": 50,
+        "cublas_workspace": 0,
     }
+    info = RunInfo(
+        "t",
+        "a.py",
+        ("a.py",),
+        "cuda:0",
+        "CUDA caching allocator",
+        "sys.settrace",
+        0.0,
+        "3.11",
+        "",
+        "",
+        exit_code=1,
+        peak=10,
+        reserved_peak=20,
+        peak_at="a.py:3",
+        simulation=SimulationInfo(gpu, out_of_memory=oom),
+        stopped=StopInfo("max-iterations", "a.py", 3, 4, 1.0),
+        levers=(
+            {"name": "checkpoint", "applied": True, "change": "c", "cost": "w", "changes_results": False},
+        ),
+    )
+    meta = info.to_dict()
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "meta.json").write_text(json.dumps(meta))
     trial = read_trial(tmp_path / "t", ("checkpoint",), 4)

@@ -56,50 +56,46 @@ def trial_name(levers: Sequence[str], batch: int | None) -> str:
 def read_trial(
     folder: Path, levers: tuple[str, ...], batch: int | None, exit_code: int | None = None
 ) -> Trial:
-    """The ``Trial`` in run folder ``folder`` (its ``meta.json``); a folder without a
-    readable one is a failed trial whose ``error`` says so (``exit_code`` is then the
-    child's)."""
-    from ..inputs import load_json
+    """The ``Trial`` in run folder ``folder`` (its ``meta.json``, read by
+    ``runfolder.files.read_meta``); a folder without a readable one is a failed trial
+    whose ``error`` says so (``exit_code`` is then the child's)."""
+    from ..runfolder.files import read_meta
 
-    meta = folder / "meta.json"
     try:
-        data = load_json(meta, "a gpu_mem_track run description")
+        info = read_meta(folder / "meta.json")
     except BadInput as exc:
         return Trial(levers, batch, str(folder), exit_code, error=f"no run description: {exc}")
-    if not isinstance(data, dict):
-        return Trial(levers, batch, str(folder), exit_code, error=f"{meta} is not a run description")
-    simulation = data.get("simulation") or {}
-    gpu = simulation.get("gpu") or {}
-    capacity = (
-        int(gpu.get("total_memory", 0)) - int(gpu.get("context_bytes", 0)) - int(gpu.get("library_bytes", 0))
-    )
-    oom = _oom(simulation.get("out_of_memory"))
-    code, stopped = data.get("exit_code"), data.get("stopped")
+    simulation = info.simulation
+    gpu = simulation.gpu if simulation is not None else {}
+    non_pytorch = gpu.get("context_bytes", 0) + int(gpu.get("library_bytes") or 0)
+    oom = _oom(simulation.out_of_memory if simulation is not None else None)
+    code = info.exit_code
     return Trial(
         levers=levers,
         batch=batch,
         folder=str(folder),
         exit_code=code,
-        peak=data.get("peak"),
-        reserved_peak=data.get("reserved_peak"),
-        peak_at=str(data.get("peak_at") or ""),
+        peak=info.peak,
+        reserved_peak=info.reserved_peak,
+        peak_at=info.peak_at,
         oom=oom,
-        capacity=oom.capacity if oom is not None else max(capacity, 0),
-        notes=tuple(LeverNote.from_dict(n) for n in data.get("levers") or () if isinstance(n, dict)),
+        capacity=oom.capacity if oom is not None else max(gpu.get("total_memory", 0) - non_pytorch, 0),
+        notes=tuple(LeverNote.from_dict(n) for n in info.levers),
         error="" if code == 0 or oom is not None else f"the script exited with {code}",
-        stopped=str(stopped.get("reason", "")) if isinstance(stopped, dict) else "",
+        stopped=info.stopped.reason if info.stopped is not None else "",
     )
 
 
-def _oom(data: Any) -> OutOfMemory | None:
-    if not isinstance(data, dict):
+def _oom(data: dict[str, Any] | None) -> OutOfMemory | None:
+    """The simulation's out-of-memory record (its keys checked by ``read_meta``)."""
+    if data is None:
         return None
     return OutOfMemory(
-        at=f"{data.get('filename', '?')}:{data.get('line', '?')}",
-        request=int(data.get("request", 0)),
-        allocated=int(data.get("allocated", 0)),
-        reserved=int(data.get("reserved", 0)),
-        capacity=int(data.get("capacity", 0)),
+        at=f"{data['filename']}:{data['line']}",
+        request=data["request"],
+        allocated=data["allocated"],
+        reserved=data["reserved"],
+        capacity=data["capacity"],
     )
 
 
