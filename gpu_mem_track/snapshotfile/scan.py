@@ -139,12 +139,17 @@ class _Scanner:
                 roles |= sh.POOL
             shape = self.shapes.sequence(roles, node.kind, node.why)
         node.frozen = shape
-        code = shape + 2 if shape + 2 < _WIDE else _WIDE
         for index in node.memo:
-            self.memo[index] = code
-            if code == _WIDE:
-                self.wide[index] = shape
+            self.set_memo(index, shape)
         return shape
+
+    def set_memo(self, index: int, shape: int) -> None:
+        """Memo entry ``index`` holds a value of shape ``shape`` (its code: the shape + 2,
+        or ``_WIDE`` with the shape in ``wide``)."""
+        if shape + 2 < _WIDE:
+            self.memo[index] = shape + 2
+        else:
+            self.memo[index], self.wide[index] = _WIDE, shape
 
     def new(self, kind: str) -> _Node:
         self.open += 1
@@ -201,11 +206,11 @@ class _Scanner:
             self.fail("a dict key that is a list, tuple or dict")
         shape, weight, counted = self.close(value)
         node.weight += 1 + weight
-        if key in _KNOWN:
+        if key in sh.KEY_SHAPES:
             node.items[key] = shape
-            if key != _SETTINGS:
-                node.counted += counted
-                return
+        if key in sh.READ_KEYS:
+            node.counted += counted
+            return
         self.add_loose(1 + weight - counted)
         node.counted += 1 + weight
 
@@ -227,17 +232,13 @@ class _Scanner:
         self.open_memo.pop(index, None)
         if type(value) is _Node:
             if value.frozen >= 0:
-                self.memo[index] = value.frozen + 2 if value.frozen + 2 < _WIDE else _WIDE
-                if self.memo[index] == _WIDE:
-                    self.wide[index] = value.frozen
+                self.set_memo(index, value.frozen)
                 return
             value.memo.append(index)
             self.memo[index] = _OPEN
             self.open_memo[index] = value
-        elif value + 2 < _WIDE:
-            self.memo[index] = value + 2
         else:
-            self.memo[index], self.wide[index] = _WIDE, value
+            self.set_memo(index, value)
 
     def memo_get(self, index: int) -> int:
         code = self.memo[index] if index < len(self.memo) else 0
@@ -247,7 +248,7 @@ class _Scanner:
             shape = self.freeze(self.open_memo[index])
         else:
             shape = code - 2 if code != _WIDE else self.wide[index]
-        if shape < _NAMED:
+        if shape < sh.NAMED:
             return shape
         shared = self.shared.get(shape)
         if shared is None:
@@ -274,8 +275,3 @@ class _Scanner:
         if value.kind in ("list", "dict") and fits:  # a bare list of segments, as the loader
             return
         self.fail(self.shapes.explain_top(shape))
-
-
-_NAMED = len(sh.SCALAR)  # shapes below this are scalars (names included): no sharing
-_KNOWN = frozenset(sh.KEY_IDS.values())
-_SETTINGS = sh.KEY_IDS["allocator_settings"]

@@ -18,10 +18,6 @@ __all__ = ["Node", "run"]
 
 _u32 = Struct("<I").unpack_from
 _i32 = Struct("<i").unpack_from
-#: Shapes below this are scalars (key names included), never a memo reference's own.
-_NAMED = len(sh.SCALAR)
-#: The key names the loader reads, but the settings (whose values are counted as loose).
-_KNOWN = frozenset(sh.KEY_IDS.values()) - {sh.KEY_IDS["allocator_settings"]}
 
 
 def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
@@ -30,7 +26,7 @@ def run(s: _Scanner) -> Any:  # noqa: C901 - one loop, as the unpickler's
     buf, pos, avail = s.refill(b"", 0, 0, 1)
     safe = avail - (1 if s.eof else 16)
     memo_get, append, setitem = s.memo_get, s.append, s.setitem
-    key_bytes, u32, memo, named, known = sh.KEY_BYTES, _u32, s.memo, _NAMED + 2, _KNOWN
+    key_bytes, u32, memo, named, known = sh.KEY_BYTES, _u32, s.memo, sh.NAMED + 2, sh.READ_KEYS
     max_stack = sh.MAX_STACK
     stack = s.stack
     push = stack.append

@@ -94,6 +94,13 @@ TIME = _BOOLS | {INT0, INT_S, INT_T, FLT_S, FLT_T}
 SMALL = _BOOLS | {INT0, INT_S, FLT_S}
 SIGNED = _BOOLS | {INT0, INT_S, INT_T, INT_U, INT_N}
 SCALAR = set(range(len(_SCALARS) + len(KEYS)))
+#: Shapes below this are scalars (key names included), never a memo reference's own.
+NAMED = len(SCALAR)
+#: The key names' shapes.
+KEY_SHAPES = frozenset(KEY_IDS.values())
+#: The key names whose values the loader reads: all but ``allocator_settings`` (whose
+#: value is counted as loose).
+READ_KEYS = KEY_SHAPES - {KEY_IDS["allocator_settings"]}
 TEXT = SCALAR
 
 # A field: (the scalar shapes accepted, the list role accepted or 0, whether a dict is).
