@@ -155,12 +155,7 @@ def bombs_part(folder: Path, scale: float, limit: int) -> tuple[list[dict], dict
                 "what": sf.BOMBS[kind],
                 "gzip_bytes": path.stat().st_size,
                 "unpacked_bytes": unpacked,
-                "before_s": before["files"][0]["times"][0],
-                "before_peak_mib": before.get("peak_kib", 0) / 1024,
-                "before": before["files"][0]["outcome"],
-                "after_s": after["files"][0]["times"][0],
-                "after_peak_mib": after.get("peak_kib", 0) / 1024,
-                "after": after["files"][0]["outcome"],
+                **_before_after(before, after),
             }
         )
         print(rows[-1], flush=True)
@@ -208,6 +203,19 @@ def big_snapshot(path: Path, entries: int) -> int:
     return len(raw)
 
 
+def _before_after(before: dict, after: dict) -> dict:
+    """A row's seconds, peak and outcome of one file loaded before and after the guard
+    (``child``'s reports)."""
+    return {
+        "before_s": before["files"][0]["times"][0],
+        "before_peak_mib": before.get("peak_kib", 0) / 1024,
+        "before": before["files"][0]["outcome"],
+        "after_s": after["files"][0]["times"][0],
+        "after_peak_mib": after.get("peak_kib", 0) / 1024,
+        "after": after["files"][0]["outcome"],
+    }
+
+
 def big_part(folder: Path, entries: int) -> dict:
     path = folder / "big.pickle.gz"
     unpacked = big_snapshot(path, entries)
@@ -216,12 +224,7 @@ def big_part(folder: Path, entries: int) -> dict:
     return {
         "entries": entries,
         "unpacked_bytes": unpacked,
-        "before_s": before["files"][0]["times"][0],
-        "before_peak_mib": before.get("peak_kib", 0) / 1024,
-        "before": before["files"][0]["outcome"],
-        "after_s": after["files"][0]["times"][0],
-        "after_peak_mib": after.get("peak_kib", 0) / 1024,
-        "after": after["files"][0]["outcome"],
+        **_before_after(before, after),
         "scanned": after.get("scans", 0),
     }
 
