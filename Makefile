@@ -4,7 +4,7 @@ PYTHON ?= python3
 # the user already has (any >= 2.1) is kept as it is.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install install-torch install-package demo native test test-slow test-all test-gpu test-cuda-wheel gpu-check bench lint format clean
+.PHONY: install install-torch install-package demo docs native test test-slow test-all test-gpu test-cuda-wheel gpu-check bench lint format clean
 
 # Looks packages up without importing them (importing torch alone takes seconds).
 # install-torch: torch, when none is importable. install-package: the package from this
@@ -28,6 +28,15 @@ install: install-package
 # The demo needs torch and the package only: no test tools, no trainers.
 demo: install-package
 	$(PYTHON) scripts/vgg_demo.py
+
+# The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or a marker
+# naming no command fails. Installs DOCS_REQUIREMENT (the setup.cfg `docs` extra) when mkdocs
+# or its theme is missing; needs no torch (the option tables come from the CLI's parser).
+DOCS_REQUIREMENT ?= mkdocs-material>=9.5
+
+docs:
+	@$(PYTHON) -c "import mkdocs, material" 2>/dev/null || $(PYTHON) -m pip install "$(DOCS_REQUIREMENT)"
+	$(PYTHON) -m mkdocs build --strict
 
 # The native modules (gpu_mem_track/native), built for the torch installed into the cache
 # folder: the census's reader (a census otherwise builds it in the background once it meets
@@ -91,4 +100,4 @@ format:
 	$(PYTHON) -m ruff format gpu_mem_track tests scripts
 
 clean:
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build site *.egg-info .pytest_cache
