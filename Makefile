@@ -36,7 +36,7 @@ DOCS_REQUIREMENT ?= mkdocs-material>=9.5
 
 docs:
 	@$(PYTHON) -c "import mkdocs, material" 2>/dev/null || $(PYTHON) -m pip install "$(DOCS_REQUIREMENT)"
-	$(PYTHON) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
 # The native modules (gpu_mem_track/native), built for the torch installed into the cache
 # folder: the census's reader (a census otherwise builds it in the background once it meets
