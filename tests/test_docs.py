@@ -149,3 +149,41 @@ def test_make_docs_installs_the_docs_extra():
     requirement = extras["options.extras_require"]["docs"].strip()
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert f"DOCS_REQUIREMENT ?= {requirement}\n" in makefile
+
+
+def shown_commands() -> list[tuple[str, str]]:
+    """Every gpu_mem_track command line in a ``sh`` code block of README.md and docs/, as
+    ``(where, the arguments after the program name)``; the comment after ``#`` left out."""
+    texts = {"README.md": README.read_text(encoding="utf-8"), **{f"docs/{k}": v for k, v in pages().items()}}
+    shown = []
+    for where, text in texts.items():
+        for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+            for line in block.splitlines():
+                match = re.search(r"(?:python -m gpu_mem_track|gpu-mem-track|-m gpu_mem_track) (.*)", line)
+                if match:
+                    shown.append((where, re.sub(r"\s+#.*$", "", match.group(1)).strip()))
+    return shown
+
+
+def test_every_command_shown_parses():
+    """Each command line shown in the docs is one the CLI accepts: its command exists and
+    every option is known and well formed (parsed as ``cli.main`` parses, nothing run)."""
+    import contextlib
+    import io
+    import shlex
+
+    from gpu_mem_track.cli import _negative_values, build_parser
+    from gpu_mem_track.commands.cmdline import split_script_argv
+
+    shown = shown_commands()
+    assert len(shown) > 30
+    refused = []
+    for where, command in shown:
+        parser = build_parser()
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                head, _ = split_script_argv(parser, shlex.split(command))
+                parser.parse_args(_negative_values(head))
+        except SystemExit:
+            refused.append(f"{where}: {command}")
+    assert refused == []
