@@ -103,7 +103,7 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE:FUNCTION",
         help="your own step instead of the built-in one: package.module:function or file.py:function, "
         "called as function(model, optimizer, inputs); it computes its own loss and autocast, so "
-        "--loss, --amp and --strategy do not apply (see the README)",
+        "--loss, --amp and --strategy do not apply (see docs/estimate.md)",
     )
     parser.add_argument(
         "--warmup",

@@ -107,7 +107,7 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         type=count,
         metavar="N",
         help="leave a loop after N of its iterations, as a break would (the loop is found as the "
-        "README's 'Long scripts' says; see --end-script); the reports say where and how many "
+        "docs/simulate.md's 'Long scripts' says; see --end-script); the reports say where and how many "
         "iterations were skipped",
     )
     run.add_argument(

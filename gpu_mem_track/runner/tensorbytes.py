@@ -7,7 +7,7 @@ in-place results share a storage and add nothing; following keeps nothing alive)
 high-water mark moves at each birth, so a line's peak is exact, like CUDA's allocated and
 peak bytes. Reading is two attribute loads; the cost is in the mode, a Python call per op.
 
-Not counted (see the README's runner section):
+Not counted (see docs/run.md, 'What memory is measured'):
 
 - storages made before the sampler starts (torch's own at import): the count starts at 0
   when the run starts, before the script's first line;
