@@ -93,11 +93,11 @@ bench: install
 	$(PYTHON) scripts/bench_simulate.py
 
 lint:
-	$(PYTHON) -m ruff check gpu_mem_track tests scripts docs
-	$(PYTHON) -m ruff format --check gpu_mem_track tests scripts docs
+	$(PYTHON) -m ruff check gpu_mem_track tests scripts docs/hooks.py
+	$(PYTHON) -m ruff format --check gpu_mem_track tests scripts docs/hooks.py
 
 format:
-	$(PYTHON) -m ruff format gpu_mem_track tests scripts docs
+	$(PYTHON) -m ruff format gpu_mem_track tests scripts docs/hooks.py
 
 clean:
 	rm -rf build site *.egg-info .pytest_cache
