@@ -209,3 +209,28 @@ def test_depthwise_convolutions_cudnn_runs_keep_their_workspaces(benchmarked):
     # channels-last: cuDNN, whose heuristic plans for one input channel per group (a
     # "stem", gpumodel.cudnn) take none in that layout; benchmark's trials it takes
     assert bool(workspaces(torch.float32, True)) == benchmarked
+
+
+def test_the_gpu_measurement_script_writes_the_modelled_side_without_a_gpu(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "check" / "conv_backends.py"
+    spec = importlib.util.spec_from_file_location("conv_backends_script", path)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclass looks its module up
+    spec.loader.exec_module(script)
+    out = tmp_path / "conv.jsonl"
+    assert script.main(["--dry", "--limit", "2", "--out", str(out), "--capability", "8.0"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cases = [r for r in rows if "case" in r]
+    assert [(r["benchmark"], r["model_backend"], r["modelled"], r["measured"]) for r in cases] == [
+        (benchmark, "CudaDepthwise2d", [[], []], None) for benchmark in (False, False, True, True)
+    ]
+    networks = {r["network"]: r["estimated"] for r in rows if "network" in r}
+    assert (
+        networks["depthwise_net"] == estimate(script.depthwise_net(), STATE, training=False, gpu="h200").peak
+    )
+    assert set(networks) == {"depthwise_net", "inverted_residual"}
