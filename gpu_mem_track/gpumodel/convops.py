@@ -9,10 +9,13 @@ bias gradient without cuDNN (``convolution_backward`` in ``aten/src/ATen/native/
 problem with the output tensor CUDA allocates just before it, so the caller can count
 each output and then its workspace in that order.
 
-cuDNN runs a convolution when it is enabled (``torch.backends.cudnn.enabled``) and the
-dtype is a floating one it supports; the key's flags follow PyTorch's
-(``ctx.deterministicCuDNN() || ctx.deterministicAlgorithms()``, ``allowTF32CuDNN()``); its
-layout is NHWC when the input or the weight is channels-last (:func:`channels_last`).
+cuDNN runs a convolution when the dtype is a floating one it supports and PyTorch's
+backend selection picks it (:func:`~gpu_mem_track.gpumodel.convbackend.select_backend`,
+``_select_conv_backend`` in ``Convolution.cpp``: it needs ``torch.backends.cudnn.enabled``,
+and most depthwise convolutions run PyTorch's own kernel instead, with no workspace); the
+key's flags follow PyTorch's (``ctx.deterministicCuDNN() || ctx.deterministicAlgorithms()``,
+``allowTF32CuDNN()``); its layout is NHWC when the input or the weight is channels-last
+(:func:`channels_last`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any
 
 import torch
 
+from .convbackend import CUDNN_BACKENDS, ConvCall, select_backend
 from .cudnn import ConvProblem
 
-__all__ = ["CONVOLUTION_OPS", "channels_last", "convolution_plan", "cudnn_settings"]
+__all__ = ["CONVOLUTION_OPS", "backend", "channels_last", "convolution_plan", "cudnn_settings"]
 
 _aten = torch.ops.aten
 #: The aten ops that reach cuDNN's convolutions.
@@ -51,7 +55,10 @@ def _flags(tensor: torch.Tensor, in_backward: bool) -> tuple:
 
 def channels_last(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether cuDNN runs the convolution of ``x`` and ``w`` in the NHWC (NDHWC) layout:
-    when either is channels-last, as ``cudnn_conv_suggest_memory_format`` decides."""
+    when either is channels-last, as ``cudnn_conv_suggest_memory_format`` decides (never
+    in float64: it keeps doubles contiguous)."""
+    if torch.float64 in (x.dtype, w.dtype):
+        return False
     formats = {4: torch.channels_last, 5: torch.channels_last_3d}
 
     def last(t: torch.Tensor) -> bool:
@@ -80,16 +87,42 @@ def _problem(
     )
 
 
-def convolution_plan(func: Any, args: tuple, out: Any, in_backward: bool) -> list[tuple[Any, ConvProblem]]:
+def backend(x: torch.Tensor, w: torch.Tensor, geometry: Sequence[Any], capability: tuple[int, int]) -> str:
+    """The ``ConvBackend`` PyTorch picks for input ``x`` and weight ``w`` on a CUDA device
+    of ``capability``, ``geometry`` being ``(stride, padding, dilation, transposed,
+    output_padding, groups)`` as ``aten.convolution`` takes them (see
+    :mod:`~gpu_mem_track.gpumodel.convbackend`)."""
+    stride, padding, dilation, transposed, output_padding, groups = geometry
+    call = ConvCall(
+        tuple(x.shape),
+        tuple(w.shape),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        bool(transposed),
+        tuple(output_padding),
+        int(groups),
+        str(x.dtype).removeprefix("torch."),
+        channels_last(x, w),
+    )
+    return select_backend(call, capability, cudnn_settings()[0])
+
+
+def convolution_plan(
+    func: Any, args: tuple, out: Any, in_backward: bool, capability: tuple[int, int]
+) -> list[tuple[Any, ConvProblem]]:
     """``[(tensor allocated first or None, problem), ...]`` for the op ``func`` called
-    with ``args`` that returned ``out``; empty when cuDNN would not run (disabled, an
-    unsupported dtype, an empty tensor)."""
+    with ``args`` that returned ``out`` on a device of compute ``capability``; empty when
+    cuDNN would not run (disabled, an unsupported dtype, an empty tensor, a backend other
+    than cuDNN: :func:`backend`)."""
     if func not in CONVOLUTION_OPS or not cudnn_settings()[0]:
         return []
     if func is _aten.convolution.default:
         x, w = args[0], args[1]
         stride, padding, dilation, transposed, _, groups = args[3:9]
         if x.dtype not in _CUDNN_DTYPES or not x.numel() or not out.numel():
+            return []
+        if backend(x, w, args[3:9], capability) not in CUDNN_BACKENDS:
             return []
         geometry = (stride, padding, dilation, groups)
         if transposed:  # a transposed forward is cuDNN's data gradient of the mirror problem
@@ -100,6 +133,8 @@ def convolution_plan(func: Any, args: tuple, out: Any, in_backward: bool) -> lis
     grad_output, x, w = args[0], args[1], args[2]
     stride, padding, dilation, transposed, _, groups, mask = args[4:11]
     if x.dtype not in _CUDNN_DTYPES or not x.numel() or not grad_output.numel():
+        return []
+    if backend(x, w, args[4:10], capability) not in CUDNN_BACKENDS:
         return []
     geometry = (stride, padding, dilation, groups)
     big, small = (x, grad_output) if not transposed else (grad_output, x)

@@ -82,9 +82,14 @@ Fitted on 5 problems x 4 configurations:
   and channels-last (61,663 B recorded in float16: modelled as none); NCHW float16 took
   3,642,283 B, modelled as T (37% under: 1 point, no rule found).
 
+Which convolutions reach cuDNN at all is PyTorch's backend selection
+(:mod:`~gpu_mem_track.gpumodel.convbackend`): most depthwise convolutions run PyTorch's own
+kernel and take none of these workspaces. Those cuDNN does run (channels-last, float16
+NCHW of 32 channels or more) take these rules, which treat them as stems (one input
+channel per group): unrecorded.
+
 Not modelled: channels-last, float32 and TF32-off plans chosen by benchmark (sized as the
-ResNet's), TF32 off under the heuristics (sized as with it: no recording), depthwise
-convolutions (PyTorch often runs them without cuDNN: sized the same), cuDNN's errata and
+ResNet's), TF32 off under the heuristics (sized as with it: no recording), cuDNN's errata and
 the v8 plan cache's LRU limit, fused conv-add-ReLU, and the few-byte workspaces.
 Deterministic mode only enters the key: its engines' sizes are unknown. Outside cuDNN, the
 step also showed other kernels' scratch (the copies above; a channels-last max-pool

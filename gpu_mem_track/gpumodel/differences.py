@@ -173,9 +173,23 @@ DIFFERENCES: tuple[Difference, ...] = (
         "float32); an image stem (3 input channels) none forward",
         "approximated: gpumodel.cudnn.heuristic_workspace, 15 of the 20 recorded sizes exact, 3 "
         "within 1.3%; the stem's float16 NCHW weight gradient modelled 37% under (3,642,283 B "
-        "recorded), its channels-last one as none (61,663 B); TF32 off, depthwise and 3-d "
-        "convolutions sized by the same rules, unrecorded",
+        "recorded), its channels-last one as none (61,663 B); TF32 off, 3-d convolutions and the "
+        "depthwise ones cuDNN runs (channels-last, float16 NCHW of 32+ channels) sized by the same "
+        "rules, unrecorded",
         "tests/test_cudnn_heuristics.py::test_heuristic_workspaces_follow_the_h200_convnet_evidence",
+    ),
+    Difference(
+        "which kernel runs a convolution: cuDNN (workspaces) or PyTorch's own (none)",
+        "CPU: oneDNN or PyTorch's CPU kernels; meta: shapes only",
+        "Convolution.cpp _select_conv_backend: depthwise convolutions (groups = input channels) run "
+        "PyTorch's CudaDepthwise2d/3d kernel unless use_cudnn_depthwise picks cuDNN (channels-last "
+        "always; NCHW only float16, 32+ channels, not dilated, sm70+, and the cuDNN 8.2+ workload "
+        "check); bfloat16 takes cuDNN on sm80+ only; without cuDNN the slow kernels run",
+        "modelled: gpumodel.convbackend.select_backend, from the source (cuDNN 9.15+ assumed; the "
+        "per-architecture depthwise tree of PyTorch's main branch, 2026, not modelled; the slow "
+        "kernels' im2col scratch not modelled); no GPU recording of a depthwise network yet "
+        "(scripts/check/conv_backends.py records one)",
+        "tests/test_conv_backends.py::test_a_depthwise_training_step_takes_no_cudnn_workspace",
     ),
     Difference(
         "other kernels' scratch in a convnet step (H200, conv_workspaces.txt)",
@@ -229,5 +243,16 @@ DIFFERENCES: tuple[Difference, ...] = (
         "(a candidate: the memory-efficient attention backward's float32 workspace, not modelled); "
         "the recording's snapshot was not kept, so which block it is is unknown",
         "tests/test_gpumodel_differences.py::test_every_difference_names_a_test_that_exists",
+    ),
+    Difference(
+        "torch.compile (Inductor) regions",
+        "under the simulated GPU's dispatch modes TorchDynamo skips every frame: the region runs "
+        "as eager code",
+        "AOTAutograd's partitioner (min_cut_rematerialization_partition) chooses what is saved for "
+        "backward (often recomputing cheap activations), Inductor plans and reuses buffers, "
+        "mode='reduce-overhead' adds CUDA graphs' private pools",
+        "not reproduced: simulated as eager; run --simulate names each compiling call site "
+        "(meta.json simulation.compiled, simgpu.compiled) and says the peak may differ",
+        "tests/test_simgpu_compile.py::test_a_compiled_region_runs_as_eager_code_and_the_originals_are_put_back",
     ),
 )

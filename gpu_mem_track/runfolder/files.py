@@ -250,6 +250,7 @@ _NESTED = ("simulation", "stopped", "levers")
 _GPU_KEYS = {"name": str, "total_memory": int, "context_bytes": int, "cublas_workspace": int}
 _READ_KEYS = {"filename": str, "line": int, "op": str, "count": int}
 _BOUND_KEYS = {**_READ_KEYS, "bound": int}
+_COMPILED_KEYS = {"filename": str, "line": int, "api": str, "backend": str, "mode": str, "count": int}
 _OOM_KEYS = {"filename": str, "line": int, "request": int, "allocated": int, "reserved": int, "capacity": int}
 
 
@@ -261,6 +262,9 @@ def _simulation(value: Any, where: str) -> SimulationInfo:
         _keyed(r, _READ_KEYS, where, "simulation.placeholders") for r in _listed(data, "placeholders", where)
     ]
     bounds = [_keyed(r, _BOUND_KEYS, where, "simulation.bounds") for r in _listed(data, "bounds", where)]
+    compiled = [
+        _keyed(r, _COMPILED_KEYS, where, "simulation.compiled") for r in _listed(data, "compiled", where)
+    ]
     oom = data.get("out_of_memory")
     skipped = data.get("skipped_saves", 0)
     if not isinstance(skipped, int) or isinstance(skipped, bool):
@@ -270,6 +274,7 @@ def _simulation(value: Any, where: str) -> SimulationInfo:
         placeholders=tuple(reads),
         bounds=tuple(bounds),
         skipped_saves=skipped,
+        compiled=tuple(compiled),
         out_of_memory=None if oom is None else _keyed(oom, _OOM_KEYS, where, "simulation.out_of_memory"),
     )
 

@@ -230,9 +230,13 @@ class SimulationInfo:
     ``count``); ``bounds``: data-dependent shapes taken at their upper bound
     (``simgpu.Bound.to_dict()``: ``filename``, ``line``, ``op``, ``bound``, ``count``);
     ``skipped_saves``: ``torch.save`` calls of simulated tensors that wrote nothing;
-    ``out_of_memory``: where the GPU ran out (``simgpu.OutOfMemory.to_dict()``:
-    ``filename``, ``line``, ``request``, ``allocated``, ``reserved``, ``capacity`` bytes,
-    ``message``), None when it did not.
+    ``compiled``: the torch.compile regions, which the simulation ran as eager code
+    (``simgpu.Compiled.to_dict()``: ``filename``, ``line``, ``api``, ``backend``,
+    ``mode``, ``count``; empty without torch.compile and in files written before it was
+    recorded; ``simtext.compiled_note`` says it in one line); ``out_of_memory``: where
+    the GPU ran out (``simgpu.OutOfMemory.to_dict()``: ``filename``, ``line``,
+    ``request``, ``allocated``, ``reserved``, ``capacity`` bytes, ``message``), None when
+    it did not.
     """
 
     gpu: dict[str, Any]
@@ -240,10 +244,12 @@ class SimulationInfo:
     bounds: tuple[dict[str, Any], ...] = ()
     skipped_saves: int = 0
     out_of_memory: dict[str, Any] | None = None
+    compiled: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["placeholders"], data["bounds"] = list(self.placeholders), list(self.bounds)
+        data["compiled"] = list(self.compiled)
         return data
 
     @classmethod
@@ -251,6 +257,7 @@ class SimulationInfo:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["placeholders"] = tuple(values.get("placeholders", ()))
         values["bounds"] = tuple(values.get("bounds", ()))
+        values["compiled"] = tuple(values.get("compiled", ()))
         return cls(**values)
 
 

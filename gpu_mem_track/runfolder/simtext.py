@@ -13,7 +13,7 @@ from ..probecache import SAVED_PROBE_ENV, SAVED_SOURCE
 from ..units import format_bytes
 from .records import RunInfo, SimulationInfo
 
-__all__ = ["levers_line", "simulation_lines", "simulation_report"]
+__all__ = ["compiled_note", "levers_line", "simulation_lines", "simulation_report"]
 
 #: Placeholder reads and bounds listed in the report (the rest counted).
 _LISTED = 20
@@ -30,6 +30,8 @@ def simulation_lines(info: RunInfo) -> list[str]:
             out.append(f"Peak reserved: {format_bytes(info.reserved_peak)} ({info.reserved_peak:,} B)")
         if sim.out_of_memory is not None:
             out.append(_oom(sim.out_of_memory, info.exit_code))
+        if sim.compiled:
+            out.append(compiled_note(sim))
     if info.stopped is not None:
         text = _short_where(info.stopped.describe())
         out.append(text[0].upper() + text[1:])
@@ -49,10 +51,47 @@ def levers_line(levers: Any) -> str:
     return text + (f"; not applied: {', '.join(skipped)}" if skipped else "")
 
 
+def compiled_note(sim: SimulationInfo) -> str:
+    """One line on the torch.compile regions of a simulated run (``sim.compiled``; empty
+    string without any): where each was compiled and that it was simulated as eager code,
+    so the peak may differ from a GPU's (``simgpu.compiled`` says why)."""
+    if not sim.compiled:
+        return ""
+    sites = [_compiled_site(r) for r in sim.compiled[:_LISTED]]
+    if len(sim.compiled) > _LISTED:
+        sites.append(f"and {len(sim.compiled) - _LISTED} more")
+    regions = sum(int(r["count"]) for r in sim.compiled)
+    inductor = any(r["backend"] == "inductor" for r in sim.compiled)
+    who = "Inductor's saved tensors and buffers are" if inductor else "the compiler's saved tensors are"
+    text = (
+        f"{'; '.join(sites)}: {regions} compiled region{'s' * (regions != 1)} simulated as eager; "
+        f"{who} not modelled, so the peak may differ"
+    )
+    if any(r["mode"] in _CUDA_GRAPH_MODES for r in sim.compiled):
+        text += "; CUDA graphs' private memory pool is not modelled either"
+    return text
+
+
+#: torch.compile modes that capture CUDA graphs (``torch._inductor.list_mode_options``).
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _compiled_site(record: dict[str, Any]) -> str:
+    settings = [] if record["backend"] == "inductor" else [f"backend={record['backend']!r}"]
+    if record["mode"] not in ("", "default"):
+        settings.append(f"mode={record['mode']!r}")
+    call = f"{record['api']}({', '.join(settings)})" if settings else str(record["api"])
+    count = int(record["count"])
+    return f"{call} at {_where(record)}" + (f" (x{count})" if count != 1 else "")
+
+
 def simulation_report(sim: SimulationInfo) -> str:
     """The report's section on what the simulation could not know: value reads that got a
-    placeholder, data-dependent shapes taken at a bound, saves that wrote nothing."""
+    placeholder, data-dependent shapes taken at a bound, saves that wrote nothing, regions
+    torch.compile would have compiled."""
     out = ["Simulation: what could not be known without the GPU", "=" * 51]
+    if sim.compiled:
+        out.append(compiled_note(sim) + ".")
     if sim.placeholders:
         out.append(
             "Values read from simulated tensors got a placeholder (0, False): control flow that depends"
@@ -69,7 +108,10 @@ def simulation_report(sim: SimulationInfo) -> str:
     if sim.skipped_saves:
         out.append(f"torch.save of simulated tensors wrote nothing ({sim.skipped_saves} call(s)).")
     if len(out) == 2:
-        out.append("(nothing: every value read was known, no shape depended on data, nothing was saved)")
+        out.append(
+            "(nothing: every value read was known, no shape depended on data, nothing was saved, "
+            "nothing was compiled)"
+        )
     return "\n".join(out) + "\n"
 
 

@@ -101,5 +101,6 @@ def simulation_info(gpu: Any) -> SimulationInfo:
         placeholders=tuple(record.to_dict() for record in gpu.placeholders),
         bounds=tuple(record.to_dict() for record in gpu.bounds),
         skipped_saves=int(gpu.skipped_saves),
+        compiled=tuple(record.to_dict() for record in gpu.compiled),
         out_of_memory=None if oom is None else oom.to_dict(),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .catalog import GPUS, GpuSpec, parse_gpu
-from .records import Bound, OutOfMemory, Placeholder
+from .records import Bound, Compiled, OutOfMemory, Placeholder
 
 if TYPE_CHECKING:
     from .session import SimulatedGpu, simulated_gpu
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GPUS",
     "Bound",
+    "Compiled",
     "GpuSpec",
     "OutOfMemory",
     "Placeholder",

@@ -288,7 +288,9 @@ class Storages(Lifetimes):
         in_backward = torch._C._current_graph_task_id() != -1
         _, benchmark, empty_cache = cudnn_settings()
         on_gpu = isinstance(args[0], torch.Tensor) and args[0].is_meta  # not a real CPU convolution
-        for tensor, problem in convolution_plan(func, args, out, in_backward) if on_gpu else ():
+        for tensor, problem in (
+            convolution_plan(func, args, out, in_backward, self.capability) if on_gpu else ()
+        ):
             if self._register(tensor) is not None:
                 self._note_peak(op)
             for step in self.convolutions.steps(problem, benchmark, empty_cache):

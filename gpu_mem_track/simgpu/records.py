@@ -1,13 +1,13 @@
 """What a simulated GPU session records besides memory: value reads that got a
-placeholder, data-dependent shapes given an upper bound, and the out-of-memory error.
-Plain frozen records; torch-free."""
+placeholder, data-dependent shapes given an upper bound, torch.compile calls (run as
+eager code) and the out-of-memory error. Plain frozen records; torch-free."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Bound", "OutOfMemory", "Placeholder"]
+__all__ = ["Bound", "Compiled", "OutOfMemory", "Placeholder"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,40 @@ class Bound:
             int(data["line"]),
             str(data["op"]),
             int(data["bound"]),
+            int(data.get("count", 1)),
+        )
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled region the simulated GPU ran as eager code: ``api`` (``torch.compile``,
+    ``nn.Module.compile`` or ``torch._dynamo.optimize``) called at ``filename``:``line``
+    (the first frame outside torch and this package) ``count`` times, with ``backend``
+    (``inductor``, ``aot_eager``, ... or the backend callable's name) and ``mode``
+    (``default``, ``reduce-overhead``, ``max-autotune``, ...; empty for
+    ``torch._dynamo.optimize``). Under the simulation TorchDynamo skips every frame (a
+    dispatch mode is active), so the region's memory is eager PyTorch's: what Inductor's
+    partitioner saves for backward, its buffer reuse and CUDA graphs' pools are not
+    modelled."""
+
+    filename: str
+    line: int
+    api: str
+    backend: str
+    mode: str = ""
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Compiled:
+        return cls(
+            str(data["filename"]),
+            int(data["line"]),
+            str(data["api"]),
+            str(data["backend"]),
+            str(data.get("mode", "")),
             int(data.get("count", 1)),
         )
 

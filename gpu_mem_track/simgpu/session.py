@@ -28,12 +28,13 @@ from ..dispatch.memory import alloc_settings
 from ..dispatch.values import KnownValues
 from ..gpumodel.workspace import CublasWorkspace, workspace_bytes
 from .catalog import GpuSpec, parse_gpu
+from .compiled import CompileWatch
 from .cudaapi import install
 from .engine import GpuMemory, Storages, user_line
 from .face import CudaFace, checkpoint_metadata
 from .patches import Patches
 from .ranks import RankEnv, simulate_ranks
-from .records import Bound, OutOfMemory, Placeholder
+from .records import Bound, Compiled, OutOfMemory, Placeholder
 from .virtual import VirtualCpu, default_device
 
 __all__ = ["SimulatedGpu", "simulated_gpu"]
@@ -43,8 +44,9 @@ class SimulatedGpu:
     """One simulated GPU session (a context manager; see the module doc and
     :func:`simulated_gpu`). ``spec``: the GPU; ``allocator``: the caching-allocator model
     (``allocated``, ``reserved``, ``stats``); ``placeholders``, ``bounds``,
-    ``out_of_memory`` (the latest, or None) and ``skipped_saves`` tell what the
-    simulation could not do as the GPU would."""
+    ``out_of_memory`` (the latest, or None), ``skipped_saves`` and ``compiled`` (the
+    torch.compile regions, run as eager code: :mod:`~gpu_mem_track.simgpu.compiled`)
+    tell what the simulation could not do as the GPU would."""
 
     def __init__(
         self, spec: GpuSpec | str, alloc_conf: str | None = None, ranks: RankEnv | None = None
@@ -62,6 +64,7 @@ class SimulatedGpu:
         self.face.capability = self.spec.capability
         self.out_of_memory: OutOfMemory | None = None
         self.skipped_saves = 0
+        self._compiles = CompileWatch()
         self._placeholders: Counter[tuple[str, int, str]] = Counter()
         self._bounds: dict[tuple[str, int, str], tuple[int, int]] = {}
         self._stack: ExitStack | None = None
@@ -70,6 +73,11 @@ class SimulatedGpu:
     def placeholders(self) -> list[Placeholder]:
         """Value reads that got a placeholder, per (file, line, op), in first-seen order."""
         return [Placeholder(f, line, op, n) for (f, line, op), n in self._placeholders.items()]
+
+    @property
+    def compiled(self) -> list[Compiled]:
+        """torch.compile regions per call site, in first-seen order; each ran as eager code."""
+        return self._compiles.regions
 
     @property
     def bounds(self) -> list[Bound]:
@@ -85,6 +93,7 @@ class SimulatedGpu:
             patches = Patches()
             stack.callback(patches.restore)
             install(self, patches)
+            self._compiles.install(patches)
             self._autocast_cache(patches)
             if self.ranks is not None:
                 simulate_ranks(self, self.ranks, patches)
