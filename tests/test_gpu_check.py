@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py: what it reads from runs, which catalog GPU it simulates, and its dry
+"""scripts/gpu/gpu_check.py: what it reads from runs, which catalog GPU it simulates, and its dry
 mode end to end (a subprocess, on the convnet example only)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "scripts" / "gpu"
 
 
 def _load(name: str):
