@@ -52,11 +52,15 @@ test-all: install
 test-gpu: install
 	$(PYTHON) -m pytest -q -m cuda -rs
 
-# The check of a machine with a GPU, in about 5 minutes (scripts/gpu/gpu_check.py): the quick and
-# the cuda-marked tests, probe, training scripts plainly, under run and simulated, the runner's
-# cost; report in reports/gpu_check/<gpu>/. Installs nothing (that machine may have no
+# The check of a machine with a GPU, the fidelity report, within one 10-minute command
+# (scripts/gpu/gpu_check.py, default budget 560 s): every workload of its registry simulated and
+# run plainly (one table: simulated against real max allocated / reserved, with the error),
+# fit's edge claims on the GPU, the runner's cost in rounds (min/median/max of its ratio), the
+# quick and the cuda-marked tests; each part in its slot of the budget, the report rewritten
+# after every step, in reports/gpu_check/<gpu>/. Installs nothing (that machine may have no
 # network): its subprocesses import this checkout. Without a GPU it runs the simulated parts.
-# GPU_CHECK_ARGS passes options (--out DIR, --fixtures DIR, --budget S, --dry, --only NAMES).
+# GPU_CHECK_ARGS passes options (--out DIR, --fixtures DIR, --budget S, --rounds N, --dry,
+# --only NAMES, --skip NAMES, --archive PATH.tar.gz, --list).
 gpu-check:
 	$(PYTHON) scripts/gpu/gpu_check.py $(GPU_CHECK_ARGS)
 

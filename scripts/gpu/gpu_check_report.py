@@ -151,7 +151,7 @@ def memory_rows(results: dict[str, dict[str, Any]], entries: list[dict[str, Any]
         if entry.get("skipped"):
             notes.insert(0, f"skipped: {entry['skipped']}")
         stopped = (sim.get("stopped") or {}).get("reason")
-        if stopped:
+        if stopped and stopped != "steady":  # steady: the loop left once its memory repeated, as meant
             notes.append(f"simulation stopped: {stopped}")
         rows.append(
             {
