@@ -23,8 +23,9 @@ skipped and said so, one still running then is interrupted):
    launch-bound; GPT-2 124M, GPU-bound) plainly and under ``run``, ``--rounds`` rounds,
    the ratio of their own median iteration times per round: min, median and max against
    issue 29's targets (1.05x, 1.02x);
-4. ``cuda-tests`` (the ``cuda``-marked tests, one process) beside ``bench-line``
-   (scripts/bench/bench_line.py on this GPU).
+4. ``cuda-tests`` (the ``cuda``-marked tests, one process, alone: some read the driver's
+   memory, which counts other processes), then ``bench-line`` (scripts/bench/bench_line.py
+   on this GPU, shortened).
 
 By value the parts rank memory, cost, fit, tests, cuda-tests, bench-line; setup comes
 first because the others need it, and cost waits for the busy slot to end because it
@@ -90,12 +91,12 @@ class Part:
 
 PARTS: tuple[Part, ...] = (
     Part("setup", 0.08, "what the machine has; probe beside the native build; the runner's CUDA reader"),
-    Part("memory", 0.45, "each workload plainly, under run --simulate and under run: peaks compared"),
-    Part("fit", 0.45, "the advisor on nanoGPT GPT-2 (simulated), then its edge claims on this GPU"),
-    Part("tests", 0.45, "the quick suite (not slow, not cuda), beside memory and fit"),
-    Part("cost", 0.80, "the runner's cost: each timed loop plainly and under run, in rounds, alone"),
-    Part("cuda-tests", 0.97, "the cuda-marked tests, one process"),
-    Part("bench-line", 0.97, "scripts/bench/bench_line.py on this GPU, beside the cuda tests"),
+    Part("memory", 0.42, "each workload plainly, under run --simulate and under run: peaks compared"),
+    Part("fit", 0.42, "the advisor on nanoGPT GPT-2 (simulated), then its edge claims on this GPU"),
+    Part("tests", 0.42, "the quick suite (not slow, not cuda), beside memory and fit"),
+    Part("cost", 0.76, "the runner's cost: each timed loop plainly and under run, in rounds, alone"),
+    Part("cuda-tests", 0.92, "the cuda-marked tests, one process, alone"),
+    Part("bench-line", 0.97, "scripts/bench/bench_line.py on this GPU, after the cuda tests"),
 )
 CHOSEN = [p.name for p in PARTS if p.name != "setup"]
 DETECT = """
@@ -244,7 +245,7 @@ class Session:
             "gpu_label": self.label, "simulated_gpu": self.gpu, "dry": self.dry, "started": self.started,
             "command": self.command, "budget": self.args.budget, "seconds": check.elapsed(),
             "finished": self.finished, "environment": self.env,
-            "parts": list(self.parts.values()), "tests": self.tests,
+            "parts": [dict(p) for p in self.parts.values()], "tests": dict(self.tests),
             "probe": next((s.output for s in steps_done if s.name == "probe"), ""),
             "native": results.get("_native", {}).get("reader", ""), "bench_line": self.bench,
             "memory": report.memory_rows(results, self.entries), "cost": self.cost,
@@ -277,10 +278,13 @@ class Session:
             }
             if probe:
                 files["probe.log"] = probe
-            for name, text in files.items():
-                temporary = self.out / f".{name}.tmp"
-                temporary.write_text(text)
-                os.replace(temporary, self.out / name)
+            try:
+                for name, text in files.items():
+                    temporary = self.out / f".{name}.tmp"
+                    temporary.write_text(text)
+                    os.replace(temporary, self.out / name)
+            except OSError as exc:  # said, and the check goes on: its steps matter more than one write
+                self.check.say(f"could not write the report in {self.out}: {exc}")
 
     def archive(self) -> None:
         """``--archive``: the report folder as one .tar.gz, replaced whole."""
@@ -402,8 +406,8 @@ def run_parts(session: Session) -> None:
     dry = "dry mode" if session.dry else ""
     if dry:  # nothing runs after the busy slot: it takes the time of the others
         for name in ("memory", "fit", "tests"):
-            slot[name] = slot["cuda-tests"]
-            session.parts[name]["slot_end"] = session.parts["cuda-tests"]["slot_end"]
+            slot[name] = slot["bench-line"]
+            session.parts[name]["slot_end"] = session.parts["bench-line"]["slot_end"]
     modules = session.env["modules"]
     no_pytest = "" if modules.get("pytest") else "pytest does not import"
     copy = prepare_workloads(session)
@@ -435,17 +439,13 @@ def run_parts(session: Session) -> None:
     if session.runs("cost", dry or ("" if timed else "no timed loop to run (nanoGPT not found)")):
         session.as_part("cost", lambda: cost(session, timed, slot["cost"]))()
     session.archive()
-    quiet: list[Callable[[], None]] = []
     if session.runs("cuda-tests", dry or no_pytest):
         cuda = ["-m", "cuda", "-rs"]
-        quiet.append(
-            session.as_part(
-                "cuda-tests", lambda: tests(session, "cuda-marked", "tests-cuda", cuda, slot["cuda-tests"])
-            )
-        )
+        session.as_part(
+            "cuda-tests", lambda: tests(session, "cuda-marked", "tests-cuda", cuda, slot["cuda-tests"])
+        )()
     if session.runs("bench-line", dry):
-        quiet.append(session.as_part("bench-line", lambda: bench_line(session, slot["bench-line"])))
-    in_parallel(quiet, workers=2)
+        session.as_part("bench-line", lambda: bench_line(session, slot["bench-line"]))()
 
 
 def memory(session: Session, until: float, workers: int) -> None:
@@ -552,9 +552,19 @@ def prepare_workloads(session: Session) -> Path | None:
 
 
 def bench_line(session: Session, until: float) -> None:
-    """scripts/bench/bench_line.py on this GPU (3 rounds), its table kept for the report."""
+    """scripts/bench/bench_line.py on this GPU (3 rounds of half its default lines), its
+    table kept for the report."""
     out = session.check.tmp / "bench_line.md"
-    argv = [python(), "scripts/bench/bench_line.py", "--repeats", "3", "--out", str(out)]
+    argv = [
+        python(),
+        "scripts/bench/bench_line.py",
+        "--repeats",
+        "3",
+        "--iterations",
+        "10000",
+        "--out",
+        str(out),
+    ]
     session.check.run("bench_line", argv, ROOT, 120, until)
     session.bench = out.read_text() if out.is_file() else ""
 
