@@ -358,3 +358,29 @@ def test_the_plain_wrapper_keeps_the_scripts_exit_code_and_argv(tmp_path):
     data = json.loads(figures.read_text())
     # The script never started CUDA, so no allocator figures, on any machine.
     assert data["exit_code"] == 3 and data["cuda"] is False and "max_memory_allocated" not in data
+
+
+@pytest.mark.slow
+def test_a_cost_round_reads_both_runs_own_iteration_times_in_turns(tmp_path):
+    """The GPU steps' command lines, run on the CPU: a loop printing nanoGPT's iteration
+    lines, plainly and under ``run``, and its plain run through the wrapper."""
+    clock, steps, workloads = _load("gpu_check_clock"), _load("gpu_check_steps"), _load("gpu_check_workloads")
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "for i in range(9):\n    print(f'iter {i}: loss 1.0, time {100 if i < 5 else 10 + i % 2}.00ms')\n"
+    )
+    entry = workloads.Entry("loop", "test", workloads.CHECKOUT, "loop.py", kind="launch-bound", target=1.05)
+    w = workloads.Workload(entry, [str(script)], tmp_path)
+    check = clock.Check(600, tmp_path)
+    first = steps.cost_round(check, w, 0, check.deadline)
+    second = steps.cost_round(check, w, 1, check.deadline)
+    names = ["round 1 plain", "round 1 runner", "round 2 runner", "round 2 plain"]
+    assert [s.name for s in check.steps] == [f"loop cost {name}" for name in names]
+    assert (first["order"], second["order"]) == ("plain/runner", "runner/plain")
+    assert first["plain_ms"] == first["runner_ms"] == 10.5 and first["plain_n"] == first["runner_n"] == 4
+    summary = _load("gpu_check_report").cost_summary("loop", "launch-bound", 1.05, [first, second])
+    assert summary["ratios"] == [1.0, 1.0] and summary["meets_target"] is True
+    steps.plainly(check, w, check.deadline)
+    steps.under_runner(check, w, check.deadline)
+    assert check.results["loop"]["real"]["exit_code"] == 0 and "runner" in check.results["loop"]
+    assert "notes" not in check.results["loop"], check.results["loop"]
