@@ -321,7 +321,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dry", action="store_true", help="simulated parts only, as on a machine with no GPU"
     )
     parser.add_argument("--gpu", help=f"catalog GPU to simulate (default: this GPU's; dry: {DRY_GPU})")
-    parser.add_argument("--only", help="comma-separated workloads and parts to run (the others are skipped)")
+    parser.add_argument(
+        "--only",
+        help="comma-separated workloads and parts to run: the parts named (workloads alone: memory and cost)",
+    )
     parser.add_argument("--skip", help="comma-separated workloads and parts to leave out")
     parser.add_argument("--no-xdist", action="store_true", help="run the quick suite in one process")
     parser.add_argument("--archive", type=Path, help="also pack the report folder into this .tar.gz")
@@ -403,12 +406,15 @@ def run_parts(session: Session) -> None:
     check, args = session.check, session.args
     slot = {p.name: check.at(p.slot) for p in PARTS}
     session.as_part("setup", lambda: setup(session, slot["setup"]))()
+    if session.out is None:  # the setup itself failed before it knew the GPU (its part says how)
+        check.say(f"setup: {session.parts['setup']['status']}; nothing else can run")
+        return
     dry = "dry mode" if session.dry else ""
     if dry:  # nothing runs after the busy slot: it takes the time of the others
         for name in ("memory", "fit", "tests"):
             slot[name] = slot["bench-line"]
             session.parts[name]["slot_end"] = session.parts["bench-line"]["slot_end"]
-    modules = session.env["modules"]
+    modules = session.env.get("modules", {})
     no_pytest = "" if modules.get("pytest") else "pytest does not import"
     copy = prepare_workloads(session)
     cpus = os.cpu_count() or 2
@@ -541,7 +547,9 @@ def prepare_workloads(session: Session) -> Path | None:
         made = check.run("nanoGPT make_data.py", [python(), "make_data.py"], copy, 90)
         if not made.ok:
             copy, missing = None, f"nanoGPT's make_data.py {made.status}{made.why}"
-    session.loads, skipped = registry.resolve(wanted, ROOT, check.tmp, copy, missing, session.env["modules"])
+    session.loads, skipped = registry.resolve(
+        wanted, ROOT, check.tmp, copy, missing, session.env.get("modules", {})
+    )
     reasons = dict(skipped)
     session.entries = [
         {"name": e.name, "family": e.family, "skipped": reasons.get(e.name, "")} for e in wanted
