@@ -27,7 +27,7 @@ install: install-package
 
 # The demo needs torch and the package only: no test tools, no trainers.
 demo: install-package
-	$(PYTHON) scripts/vgg_demo.py
+	$(PYTHON) scripts/tools/vgg_demo.py
 
 # The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or a marker
 # naming no command fails. Installs DOCS_REQUIREMENT (the setup.cfg `docs` extra) when mkdocs
@@ -61,36 +61,40 @@ test-all: install
 test-gpu: install
 	$(PYTHON) -m pytest -q -m cuda -rs
 
-# The check of a machine with a GPU, in about 5 minutes (scripts/gpu_check.py): the quick and
-# the cuda-marked tests, probe, training scripts plainly, under run and simulated, the runner's
-# cost; report in reports/gpu_check/<gpu>/. Installs nothing (that machine may have no
+# The check of a machine with a GPU, the fidelity report, within one 10-minute command
+# (scripts/gpu/gpu_check.py, default budget 560 s): every workload of its registry simulated and
+# run plainly (one table: simulated against real max allocated / reserved, with the error),
+# fit's edge claims on the GPU, the runner's cost in rounds (min/median/max of its ratio), the
+# quick and the cuda-marked tests; each part in its slot of the budget, the report rewritten
+# after every step, in reports/gpu_check/<gpu>/. Installs nothing (that machine may have no
 # network): its subprocesses import this checkout. Without a GPU it runs the simulated parts.
-# GPU_CHECK_ARGS passes options (--out DIR, --fixtures DIR, --budget S, --dry, --only NAMES).
+# GPU_CHECK_ARGS passes options (--out DIR, --fixtures DIR, --budget S, --rounds N, --dry,
+# --only NAMES, --skip NAMES, --archive PATH.tar.gz, --list).
 gpu-check:
-	$(PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PYTHON) scripts/gpu/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The quick suite again on the CUDA build of torch (no GPU needed): a Python 3.12 venv with
 # CUDA_WHEEL_TORCH, built once in the cache folder (GPU_MEM_TRACK_CACHE, else
 # XDG_CACHE_HOME/gpu_mem_track, else ~/.cache/gpu_mem_track; CUDA_WHEEL_VENV names another)
-# and reused after (scripts/cuda_wheel_venv.py). The tests import the package from here.
+# and reused after (scripts/tools/cuda_wheel_venv.py). The tests import the package from here.
 CUDA_WHEEL_TORCH ?= torch==2.13.0
 
 test-cuda-wheel:
-	@venv_python="$$($(PYTHON) scripts/cuda_wheel_venv.py --torch '$(CUDA_WHEEL_TORCH)')" \
+	@venv_python="$$($(PYTHON) scripts/tools/cuda_wheel_venv.py --torch '$(CUDA_WHEEL_TORCH)')" \
 		&& echo "test-cuda-wheel: $$venv_python" \
 		&& PYTHONPATH="$(CURDIR)" "$$venv_python" -m pytest -q -m "not slow"
 
 # The runner benchmark compares with memory_profiler, installed here if missing.
 bench: install
 	@$(PYTHON) -c "import memory_profiler" 2>/dev/null || $(PYTHON) -m pip install memory_profiler
-	$(PYTHON) scripts/bench_census.py
-	$(PYTHON) scripts/bench_census.py --tensor-counts 1000,10000,100000,1000000 --repeats 5 \
+	$(PYTHON) scripts/bench/bench_census.py
+	$(PYTHON) scripts/bench/bench_census.py --tensor-counts 1000,10000,100000,1000000 --repeats 5 \
 		--out reports/bench_census_tensors.md
-	$(PYTHON) scripts/bench_census_mixes.py
-	$(PYTHON) scripts/bench_runner.py
-	$(PYTHON) scripts/bench_line.py
-	$(PYTHON) scripts/bench_ranks.py
-	$(PYTHON) scripts/bench_simulate.py
+	$(PYTHON) scripts/bench/bench_census_mixes.py
+	$(PYTHON) scripts/bench/bench_runner.py
+	$(PYTHON) scripts/bench/bench_line.py
+	$(PYTHON) scripts/bench/bench_ranks.py
+	$(PYTHON) scripts/bench/bench_simulate.py
 
 lint:
 	$(PYTHON) -m ruff check gpu_mem_track tests scripts docs/hooks.py

@@ -112,7 +112,7 @@ def write(path: Path, data: Any, compress: bool = False) -> Path:
 def _fixtures() -> Path | None:
     """The recorded snapshots: ``$GPU_MEM_TRACK_SNAPSHOTS``, else ``shared/fixtures/snapshots``
     beside the checkout (``../shared``) or one level further up (a worktree in a
-    subfolder), as ``scripts/fixtures.py`` finds them; None when none is there."""
+    subfolder), as ``scripts/_common/fixtures.py`` finds them; None when none is there."""
     root = Path(__file__).resolve().parents[1]
     given = os.environ.get("GPU_MEM_TRACK_SNAPSHOTS")
     candidates = [Path(given)] if given else []

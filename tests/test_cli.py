@@ -196,7 +196,7 @@ def test_vgg19_has_torchvisions_parameter_count():
 @pytest.mark.slow
 def test_demo_reports_vgg19_training_step_on_cpu(tmp_path):
     done = run(
-        str(ROOT / "scripts" / "vgg_demo.py"),
+        str(ROOT / "scripts" / "tools" / "vgg_demo.py"),
         "--device",
         "cpu",
         "--image-size",

@@ -233,7 +233,7 @@ def test_trials_follow_the_recording_and_come_once_per_key():
 
 def _h200_trace(name: str) -> list[dict] | None:
     """A recorded H200 trace from ``shared/fixtures/h200`` beside the checkout (or one level
-    up, for a worktree), as ``scripts/check_resnet.py`` finds it; None when absent."""
+    up, for a worktree), as ``scripts/check/check_resnet.py`` finds it; None when absent."""
     import gzip
     import pickle
     from pathlib import Path

@@ -1,5 +1,5 @@
 """The workspaces of plans cuDNN's heuristics chose (``cudnn.benchmark`` off), against the
-H200 evidence ``reports/gpu_check/H200/conv_workspaces.txt`` (``scripts/conv_workspaces.py``:
+H200 evidence ``reports/gpu_check/H200/conv_workspaces.txt`` (``scripts/check/conv_workspaces.py``:
 torch 2.11, cuDNN 9.19, ``examples.convnet`` at batch 32, 3x32x32; gpumodel.cudnn's
 module doc maps each recorded allocation to its convolution)."""
 
@@ -100,7 +100,7 @@ def benchmark_off():
 
 
 def step_workspaces(dtype: torch.dtype, last: bool) -> list[int]:
-    """The cuDNN workspaces of the second step of ``scripts/conv_workspaces.py``'s convnet
+    """The cuDNN workspaces of the second step of ``scripts/check/conv_workspaces.py``'s convnet
     step, on the simulated H200, in order."""
     fmt = torch.channels_last if last else torch.contiguous_format
     with benchmark_off(), simulated_gpu("h200") as gpu:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_estimator_dist.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check" / "check_estimator_dist.py"
 
 
 def _check_script():

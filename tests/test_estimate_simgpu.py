@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,11 +138,11 @@ def test_batch_size_on_a_named_gpu_fits_its_capacity():
 @pytest.mark.skipif(sf.FIXTURES is None, reason="../shared/fixtures/snapshots not present")
 def test_the_recorded_autocast_forward_given_as_written_is_estimated_as_the_gpu_ran_it(monkeypatch):
     """The recorded mixed-precision forward of a 2.7B-parameter model, its step written with
-    ``torch.autocast("cuda")`` inside (scripts/check_estimator_gpu.py): within 1.5% of the
+    ``torch.autocast("cuda")`` inside (scripts/check/check_estimator_gpu.py): within 1.5% of the
     recording. With autocast disabled inside the step (before the estimator ran on the
     simulated GPU) it was 18.8% under."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "check_estimator_gpu.py"
-    monkeypatch.syspath_prepend(str(path.parent))  # the script imports its fixtures.py
+    path = Path(__file__).resolve().parents[1] / "scripts" / "check" / "check_estimator_gpu.py"
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts scripts/ there for _common
     spec = importlib.util.spec_from_file_location("check_estimator_gpu", path)
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
@@ -180,7 +181,7 @@ def test_gradient_checkpointing_recomputes_on_the_simulated_gpu():
 
 
 class TinyGPT(nn.Module):
-    """A small GPT of the benchmark's kind (``scripts/bench_simulate.py``): embeddings,
+    """A small GPT of the benchmark's kind (``scripts/bench/bench_simulate.py``): embeddings,
     pre-norm blocks with SDPA attention and a GELU MLP, an untied LM head."""
 
     def __init__(self, vocab: int = 1000, context: int = 64, d: int = 128, heads: int = 4) -> None:

@@ -1,7 +1,7 @@
 """``estimate(step=fn)``: the user's own training loop body, simulated as it runs.
 
 Each loop shape is checked byte for byte against the same step run on real CPU tensors
-and measured the same way (``trace_cpu_step``, as scripts/check_estimator.py measures).
+and measured the same way (``trace_cpu_step``, as scripts/check/check_estimator.py measures).
 """
 
 from __future__ import annotations

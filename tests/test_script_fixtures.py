@@ -1,15 +1,16 @@
-"""scripts/fixtures.py names the shared fixture folder the same way from a main checkout
+"""scripts/_common/fixtures.py names the shared fixture folder the same way from a main checkout
 and from a worktree one level further down, so a committed report does not depend on
 which of the two wrote it."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fixtures.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "_common" / "fixtures.py"
 
 
 @pytest.fixture
@@ -39,8 +40,8 @@ def test_a_folder_outside_shared_stays_relative_to_the_checkout(tmp_path, fixtur
 
 def test_check_resnet_refuses_a_given_folder_without_the_recording(tmp_path, monkeypatch):
     # a wrong --fixtures must not fall back to the shared folder and overwrite the report
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the script imports its fixtures.py
-    path = SCRIPT.parent / "check_resnet.py"
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts scripts/ there for _common
+    path = SCRIPT.parents[1] / "check" / "check_resnet.py"
     spec = importlib.util.spec_from_file_location("check_resnet_under_test", path)
     check_resnet = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_resnet)

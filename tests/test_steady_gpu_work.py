@@ -210,7 +210,7 @@ def test_a_model_built_in_loops_is_built_whole_under_simulate(tmp_path):
 
 def test_resnet50_script_gives_the_same_peak_left_or_run_to_end(tmp_path):
     args = ["--batch", "2", "--size", "32", "--steps", "6"]
-    script = ROOT / "scripts" / "resnet50_train.py"
+    script = ROOT / "scripts" / "check" / "resnet50_train.py"
     left_out, left = simulate(tmp_path, script, *args)
     end_out, end = simulate(tmp_path, script, *args, flags=("--run-to-end",))
     assert left["stopped"]["action"] == "left-loop" and left["stopped"]["loop"].endswith(

@@ -9,7 +9,7 @@ measures it.
 
     python -m gpu_mem_track.examples.vgg_demo [--device cpu] [--image-size 224] [--batch 2]
 
-(``make demo`` runs it as ``scripts/vgg_demo.py``; it ships in the package, so an
+(``make demo`` runs it as ``scripts/tools/vgg_demo.py``; it ships in the package, so an
 installed wheel runs it too.)
 """
 

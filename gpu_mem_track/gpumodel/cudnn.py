@@ -49,7 +49,7 @@ backward:
 These sizes are those of plans ``cudnn.benchmark`` chose (:func:`run_workspace`). A plan
 chosen without it, by cuDNN's heuristics (torch's default), is another engine, sized by
 :func:`heuristic_workspace`; the evidence is ``reports/gpu_check/H200/conv_workspaces.txt``
-(``scripts/conv_workspaces.py`` on an H200, torch 2.11, cuDNN 9.19: the transient
+(``scripts/check/conv_workspaces.py`` on an H200, torch 2.11, cuDNN 9.19: the transient
 allocations of the second training step of ``gpu_mem_track.examples.convnet``, batch 32,
 3x32x32, in float32 (TF32 allowed, torch's default) and float16, NCHW and channels-last;
 conv1 is 3 to 32 channels at 32x32, conv2 32 to 64 at 16x16, both 3x3, and conv1's input

@@ -138,8 +138,8 @@ DIFFERENCES: tuple[Difference, ...] = (
         "not reproduced: one extra gradient-sized block per accumulation (11 (batch, seq, d_model), "
         "2 (batch, heads, seq, seq), 1 (batch, seq, d_ff) per layer of the recorded 2.7B step; 2 "
         "logits-sized at the loss; 2 float32 (batch, seq, d_model) per layer of nanoGPT), freed at "
-        "once; the peaks stay within 0.001% (scripts/check_simulate.py) and 0.01% "
-        "(scripts/check_h200.py)",
+        "once; the peaks stay within 0.001% (scripts/check/check_simulate.py) and 0.01% "
+        "(scripts/check/check_h200.py)",
         "tests/test_gpumodel_differences.py::test_gradient_accumulation_is_out_of_place_on_the_simulated_gpu",
     ),
     Difference(

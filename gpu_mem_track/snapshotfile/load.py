@@ -24,7 +24,7 @@ file that is not a snapshot's is refused in one line naming the place
 (twice it at most, where a dict grows its table as the budget is crossed), under 1 GiB. A
 file that passes is unpickled once more, unbounded: a real snapshot that large takes
 4-8 bytes of memory per byte of pickle, and about twice the time of a plain load
-(the scan is pure Python; ``scripts/bench_snapshot_load.py``). Past the budget the
+(the scan is pure Python; ``scripts/bench/bench_snapshot_load.py``). Past the budget the
 scan is stricter than the loader in one way: a list or dict under a key the loader
 reads in other records only (a segment's ``history``) is refused. After the pickle the
 rest of the file is read through, keeping nothing, so the bounds and the gzip checks hold
