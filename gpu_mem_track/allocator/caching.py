@@ -43,7 +43,9 @@ class Allocator(ExpandableSegments, Recovery):
 
     ``settings``: the allocator settings (defaults if None); ``capacity``: the device's
     bytes (None: unlimited) for the default ``SimulatedDevice``; ``device``: any
-    ``DeviceMemory`` instead (then ``capacity`` is ignored).
+    ``DeviceMemory`` instead (then ``capacity`` is ignored); ``total_memory``: the GPU's
+    whole memory (``totalGlobalMem``), which sizes an expandable segment's address range
+    (None: the capacity).
     """
 
     def __init__(
@@ -51,8 +53,10 @@ class Allocator(ExpandableSegments, Recovery):
         settings: AllocatorSettings | None = None,
         capacity: int | None = None,
         device: DeviceMemory | None = None,
+        total_memory: int | None = None,
     ) -> None:
         self.settings = settings or AllocatorSettings()
+        self.total_memory = total_memory
         self.device: DeviceMemory = device if device is not None else SimulatedDevice(capacity)
         self.small_pool = Pool(small=True)
         self.large_pool = Pool(small=False)

@@ -32,6 +32,7 @@ class ExpandableSegments:
     device: DeviceMemory
     stats: AllocatorStats
     events: list[AllocatorEvent]
+    total_memory: int | None
 
     def _expandable_fit(self, pool: Pool, stream: int, index: int) -> Block | None:
         """Best fit when the first candidate lies in an expandable segment: with the
@@ -81,8 +82,8 @@ class ExpandableSegments:
             if room >= size:
                 return candidate
         page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
-        capacity = self.device.capacity or DEFAULT_ADDRESS_SPACE * 8 // 9
-        pages = -(-(capacity + capacity // 8) // page)
+        total = self.total_memory or self.device.capacity or DEFAULT_ADDRESS_SPACE * 8 // 9
+        pages = -(-(total + total // 8) // page)  # totalGlobalMem + 1/8, not what is free
         base = self.device.reserve(pages * page)
         segment = ExpandableSegment(base, pages * page, page, stream)
         candidate = Block(base, pages * page, stream, pool.small, segment)

@@ -134,7 +134,8 @@ class GpuMemory:
         on_oom: Callable[[OutOfMemory], None] | None = None,
     ) -> None:
         self.spec = spec
-        self.allocator = Allocator(settings, device=TopDownDevice(spec.capacity))
+        device = TopDownDevice(spec.capacity)
+        self.allocator = Allocator(settings, device=device, total_memory=spec.total_memory)
         self.on_oom = on_oom
         self.history: list[TraceEntry] | None = None
         self.max_entries = sys.maxsize
