@@ -204,3 +204,46 @@ def test_after_the_release_only_split_segments_hold_free_bytes() -> None:
 
 def test_settings_default_keeps_gc_off() -> None:
     assert AllocatorSettings().garbage_collection_threshold == 0.0
+
+
+def _requests_under_a_cap(snapshot_path, cap: int) -> tuple[Allocator, SimulatedOutOfMemory | None]:
+    """The recorded trace's requests (``alloc`` and ``free_requested``, in order) through a
+    fresh model of a device of ``cap`` bytes whose driver places segments top-down."""
+    from gpu_mem_track.gpumodel.addresses import TopDownDevice
+    from gpu_mem_track.snapshotfile import load_snapshot
+
+    a = Allocator(device=TopDownDevice(cap))
+    live: dict[int, int] = {}
+    for entry in load_snapshot(snapshot_path).device_trace(0):
+        if entry.action == "alloc":
+            try:
+                live[entry.addr] = a.malloc(entry.size, entry.stream)
+            except SimulatedOutOfMemory as exc:
+                return a, exc
+        elif entry.action == "free_requested" and entry.addr in live:
+            a.free(live.pop(entry.addr))
+    return a, None
+
+
+@pytest.mark.slow
+def test_real_h200_trace_at_the_edge() -> None:
+    """nanoGPT GPT-2 124M at batch 12 on an H200 (``shared/fixtures/h200``, torch 2.11; the
+    trace starts empty): its own requests, on a device that gives the allocator exactly the
+    run's ``max_memory_reserved`` (16,022,241,280 B), run to that same peak; 2 MiB less and
+    the fp32 logits (2358 MiB) find no block: after the release and the retry 2998.8 MiB
+    stay reserved but unallocated, in 1179 MiB halves of logits segments that small
+    tensors split. The recovery cannot undo that, so the edge is the reserved peak."""
+    import json
+
+    from snapshotfiles import FIXTURES
+
+    h200 = FIXTURES.parent / "h200" if FIXTURES is not None else None
+    if h200 is None or not (h200 / "nanogpt-gpt2-bf16.pickle.gz").is_file():
+        pytest.skip("the H200 recordings (shared/fixtures/h200) are not here")
+    reserved = json.loads((h200 / "real" / "nanogpt-gpt2-bf16.json").read_text())["max_reserved"]
+    fits, none = _requests_under_a_cap(h200 / "nanogpt-gpt2-bf16.pickle.gz", reserved)
+    assert none is None and fits.stats.get("reserved_bytes").peak == reserved == 16_022_241_280
+    short, oom = _requests_under_a_cap(h200 / "nanogpt-gpt2-bf16.pickle.gz", reserved - 2 * MIB)
+    assert oom is not None and oom.size == 2358 * MIB
+    assert (oom.reserved - oom.allocated) / MIB == pytest.approx(2998.8, abs=0.05)
+    assert short.stats.num_alloc_retries == 1 and short.largest_free_block() == 1179 * MIB
