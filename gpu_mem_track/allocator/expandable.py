@@ -1,7 +1,7 @@
 """Expandable segments (``expandable_segments:True``): per stream and pool, one large
 reserved address range whose pages (2 MiB in the small pool, 20 MiB in the large one)
 are mapped as allocations need them and unmapped when ``empty_cache`` (or an
-allocation that found the device full) releases the cache. ``reserved`` counts mapped
+allocation that found memory short, ``recovery``) releases the cache. ``reserved`` counts mapped
 pages only. Mixed into ``Allocator``; the rules follow ``find_expandable_block``,
 ``map_block``, ``try_allocate_expandable_block`` and ``unmap_block`` of torch's source.
 """
