@@ -108,3 +108,27 @@ def test_usage_mistakes_exit_2(tmp_path: Path) -> None:
         done = subprocess.run([*base, *extra], capture_output=True, text=True)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("batch", "ran"), [(16, True), (17, False)])
+def test_the_capped_wrapper_on_a_simulated_h200(tmp_path: Path, batch: int, ran: bool) -> None:
+    """The real side's wrapper (``CAPPED``), run on a simulated H200 instead of a GPU: the
+    fraction it sets gives the allocator exactly 1648 MiB (the 2 GiB GPU's capacity), so
+    16 x 100 MiB runs and 17 x 100 MiB runs out with torch's message, "allowed" in it."""
+    edge = _edge()
+    script, wrapper, figures = tmp_path / "grow.py", tmp_path / "capped.py", tmp_path / "got.json"
+    script.write_text(GROW)
+    wrapper.write_text(edge.CAPPED)
+    argv = [sys.executable, "-m", "gpu_mem_track", "run", "--simulate", "H200"]
+    argv += ["--out-dir", str(tmp_path / "r"), str(wrapper), str(figures), str(1648 * MIB)]
+    argv += [str(script), str(batch)]
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    got = json.loads(figures.read_text())
+    assert got["allowed"] == 1648 * MIB and got["total_memory"] == 150_109_880_320
+    assert (got["exit_code"] == 0, got["out_of_memory"]) == (ran, not ran)
+    if ran:
+        assert got["max_memory_allocated"] == 1600 * MIB and got["num_ooms"] == 0
+    else:
+        assert "1.61 GiB allowed; " in got["message"] and got["num_ooms"] == 1
