@@ -16,6 +16,7 @@ from gpu_mem_track.advisor.records import FitResult, LeverNote, OutOfMemory, Tri
 from gpu_mem_track.advisor.render import render_fit
 from gpu_mem_track.advisor.trials import TrialPool, TrialSpec, read_trial
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.levers.allocator import NOT_TRIED
 from gpu_mem_track.runfolder.records import RunInfo, SimulationInfo, StopInfo
 
 MiB = 1 << 20
@@ -184,7 +185,7 @@ def test_fit_tries_each_lever_and_recommends_the_cheapest_that_fits(script):
     assert (best.fits, best.reserved_peak, best.margin) == ("yes", 600 * MiB, 400 * MiB)
     assert best.change == CHANGES["checkpoint"]
     assert dict(result.not_applied) == {
-        "gc-threshold": "the simulation does not model garbage_collection_threshold",  # no trial of it
+        "gc-threshold": NOT_TRIED["gc-threshold"],  # no trial of it
         **{n: f"{n} does not apply here" for n in ("no-foreach", "fused", "autocast")},
     }
     assert [name for name, _ in result.not_applied] == ["no-foreach", "fused", "gc-threshold", "autocast"]

@@ -152,6 +152,41 @@ def test_expandable_segments_save_what_the_variable_set_by_hand_saves(in_process
     assert with_lever.reserved_peak != base.reserved_peak  # the allocator model read it
 
 
+GROWING = """
+import torch
+
+if FRACTION:  # 1 GiB for the allocator, whatever the GPU
+    torch.cuda.set_per_process_memory_fraction(2**30 / torch.cuda.get_device_properties(0).total_memory)
+for n in range(1, 16):  # each block larger than every cached one: a new segment each time
+    x = torch.empty(n * 20 * 2**20, dtype=torch.uint8, device="cuda")
+    del x
+"""
+
+
+@pytest.mark.parametrize("fraction", [True, False])
+def test_gc_threshold_acts_only_under_a_memory_fraction(in_process, tmp_path, monkeypatch, fraction):
+    """Blocks of 20, 40, ... 300 MiB, each freed, under a 1 GiB fraction. Without the
+    threshold the cache grows to 900 MiB, block 10 (200 MiB) finds the limit and the whole
+    cache is released (then 920 MiB at block 13). With ``garbage_collection_threshold:0.8``
+    (``garbage_collect_cached_blocks``), block 10 finds 900 > 819.2 MiB reserved: the
+    blocks at least the average age (5 searches: blocks 1-5, 300 MiB) are freed, and the
+    cache reaches 1020 MiB at block 11. The lever gives what the variable set by hand
+    gives; without a fraction the threshold does nothing."""
+    script = write(tmp_path / "growing.py", GROWING.replace("FRACTION", str(fraction)))
+    base = simulate(in_process, tmp_path, script, "base")
+    with_lever = simulate(in_process, tmp_path, script, "lever", "--lever", "gc-threshold")
+    [report] = with_lever.levers
+    assert report["applied"] and "set_per_process_memory_fraction" in report["detail"]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    by_hand = simulate(in_process, tmp_path, script, "by-hand")
+    assert (with_lever.peak, with_lever.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+    mib = 2**20
+    if fraction:
+        assert (base.reserved_peak, with_lever.reserved_peak) == (920 * mib, 1020 * mib)
+    else:
+        assert with_lever.reserved_peak == base.reserved_peak == 1560 * mib  # the 2 GiB GPU's release
+
+
 ALREADY = """
 import torch
 from torch import nn
@@ -170,7 +205,7 @@ for step in range(3):
 
 def test_levers_the_script_already_has_are_not_applied_and_change_nothing(in_process, tmp_path):
     script = write(tmp_path / "already.py", ALREADY)
-    levers = ("autocast", "fused", "no-foreach", "grads-to-none", "checkpoint", "gc-threshold")
+    levers = ("autocast", "fused", "no-foreach", "grads-to-none", "checkpoint")
     base = simulate(in_process, tmp_path, script, "base")
     run = simulate(in_process, tmp_path, script, "levers", *(f"--lever={name}" for name in levers))
     reports = read_levers(tmp_path / "reports" / "levers")
@@ -184,7 +219,6 @@ def test_levers_the_script_already_has_are_not_applied_and_change_nothing(in_pro
             "every zero_grad() call (3) already sets gradients to None (torch's default since 2.0)",
         ),
         ("checkpoint", False, "Sequential has no ModuleList/Sequential of two or more blocks of one class"),
-        ("gc-threshold", False, "the simulation does not model garbage_collection_threshold"),
     ]
     assert all(r.change == r.detail == r.where == "" and r.reached for r in reports)
     assert (run.peak, run.reserved_peak) == (base.peak, base.reserved_peak)

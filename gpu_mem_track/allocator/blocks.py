@@ -29,7 +29,9 @@ class Block:
     or large pool. ``allocated``: handed out; ``pending``: freed by the program but held
     until other streams' work ends (torch's ``active_pending_free``). ``requested``: the
     last request served (torch keeps it after the free). ``expandable``: its expandable
-    segment (None for a ``cudaMalloc`` segment); ``mapped``: False for an unmapped range."""
+    segment (None for a ``cudaMalloc`` segment); ``mapped``: False for an unmapped range.
+    ``gc_base``: its pool's ``FreeBlocks.calls`` when it last went into the free set
+    (torch's ``gc_count_base``)."""
 
     __slots__ = (
         "address",
@@ -43,6 +45,7 @@ class Block:
         "prev",
         "next",
         "expandable",
+        "gc_base",
     )
 
     def __init__(
@@ -59,6 +62,7 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
         self.expandable = expandable
+        self.gc_base = 0
 
     @property
     def is_split(self) -> bool:
@@ -85,11 +89,15 @@ class Block:
 
 
 class FreeBlocks:
-    """Free (mapped) blocks of one pool, ordered by (stream, size, address)."""
+    """Free (mapped) blocks of one pool, ordered by (stream, size, address). ``calls``:
+    the searches of this pool while ``garbage_collection_threshold`` applies (torch's
+    ``get_free_blocks_call_count``); a block's ``age`` is the searches since it was added
+    (``insert_into_blocks`` / ``gc_count``)."""
 
     def __init__(self) -> None:
         self._keys: list[tuple[int, int, int]] = []
         self._blocks: dict[int, Block] = {}
+        self.calls = 0
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -101,6 +109,11 @@ class FreeBlocks:
     def add(self, block: Block) -> None:
         insort(self._keys, (block.stream, block.size, block.address))
         self._blocks[block.address] = block
+        block.gc_base = self.calls
+
+    def age(self, block: Block) -> int:
+        """Searches of this pool since ``block`` was added."""
+        return self.calls - block.gc_base
 
     def remove(self, block: Block) -> None:
         key = (block.stream, block.size, block.address)

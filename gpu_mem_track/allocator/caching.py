@@ -4,9 +4,11 @@
 ``malloc`` rounds the request (``settings.round_size``), picks the pool (small: <= 1 MiB),
 and takes the best-fitting free block of that pool and stream, ordered by (stream, size,
 address), unless the oversize rules forbid it (``max_split_size``). When none fits it
-asks the device for a segment (``allocation_size``), and when the device is full it
-frees cached oversize blocks (with ``max_split_size``) and then every unsplit cached
-segment, and retries; then it raises ``SimulatedOutOfMemory``. The block is split when
+asks the device for a segment (``allocation_size``); when memory runs short (the device
+is full, or the memory fraction's limit is reached) it recovers as torch does
+(``recovery``: garbage collection under a fraction, the oversize release, the release
+of every cached segment and free expandable page, one retry), then raises
+``SimulatedOutOfMemory``. The block is split when
 the remainder is worth keeping (small pool or expandable segments: >= 512 B; large
 pool: request under ``max_split_size`` and remainder over 1 MiB), else handed out whole.
 A freed block merges with free neighbours in its segment. ``empty_cache`` releases every
@@ -14,8 +16,7 @@ segment that holds no allocated block.
 
 Every decision is logged in ``events`` (``AllocatorEvent``, named as in a snapshot's
 trace), and ``stats`` keeps torch's statistics (``memory_stats()``).
-Not modelled: CUDA graph private pools, ``garbage_collection_threshold`` (torch applies
-it only under a memory fraction), free-memory callbacks, IPC.
+Not modelled: CUDA graph private pools and ``MemPool``s, free-memory callbacks, IPC.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .blocks import Block, Pool
 from .device import DeviceMemory, SimulatedDevice
 from .expandable import ExpandableSegments
 from .records import AllocatorEvent, AllocatorStats, SimulatedOutOfMemory
+from .recovery import Recovery, allowed_bytes
 from .settings import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, AllocatorSettings, allocation_size, round_size
 from .state import export_segments, load_segments
 
@@ -36,12 +38,14 @@ if TYPE_CHECKING:
 __all__ = ["Allocator"]
 
 
-class Allocator(ExpandableSegments):
+class Allocator(ExpandableSegments, Recovery):
     """One device's caching allocator.
 
     ``settings``: the allocator settings (defaults if None); ``capacity``: the device's
     bytes (None: unlimited) for the default ``SimulatedDevice``; ``device``: any
-    ``DeviceMemory`` instead (then ``capacity`` is ignored).
+    ``DeviceMemory`` instead (then ``capacity`` is ignored); ``total_memory``: the GPU's
+    whole memory (``totalGlobalMem``), which sizes an expandable segment's address range
+    (None: the capacity).
     """
 
     def __init__(
@@ -49,14 +53,17 @@ class Allocator(ExpandableSegments):
         settings: AllocatorSettings | None = None,
         capacity: int | None = None,
         device: DeviceMemory | None = None,
+        total_memory: int | None = None,
     ) -> None:
         self.settings = settings or AllocatorSettings()
+        self.total_memory = total_memory
         self.device: DeviceMemory = device if device is not None else SimulatedDevice(capacity)
         self.small_pool = Pool(small=True)
         self.large_pool = Pool(small=False)
         self.active: dict[int, Block] = {}
         self.stats = AllocatorStats()
         self.events: list[AllocatorEvent] = []
+        self.allowed: int | None = None
 
     # -- the public calls ------------------------------------------------------------
 
@@ -76,8 +83,22 @@ class Allocator(ExpandableSegments):
         if block is None:
             self.stats.num_ooms += 1
             self.events.append(AllocatorEvent("oom", 0, rounded, stream))
-            raise SimulatedOutOfMemory(rounded, self.allocated, self.reserved, self.device.capacity)
+            raise SimulatedOutOfMemory(rounded, self.allocated, self.reserved, self.limit, self.allowed)
         return self._hand_out(block, pool, stream, rounded, size)
+
+    def set_memory_fraction(self, fraction: float, total_memory: int) -> None:
+        """``set_per_process_memory_fraction``: from now on the allocator may reserve at
+        most ``fraction`` x ``total_memory`` bytes (the device's whole memory, the CUDA
+        context not counted against it); a fraction of 1 removes the limit. The device's
+        own capacity still applies (see ``recovery``)."""
+        self.allowed = allowed_bytes(fraction, total_memory)
+
+    @property
+    def limit(self) -> int | None:
+        """The most the allocator can reserve: the device's capacity, or the memory
+        fraction's allowed bytes when lower (None: unlimited)."""
+        limits = [n for n in (self.device.capacity, self.allowed) if n is not None]
+        return min(limits) if limits else None
 
     def free(self, address: int, deferred: bool = False) -> None:
         """Free the block at ``address``. ``deferred``: it was used on other streams
@@ -158,6 +179,8 @@ class Allocator(ExpandableSegments):
     # -- malloc's steps --------------------------------------------------------------
 
     def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
+        if self.gc_active:
+            pool.free.calls += 1  # get_free_blocks_call_count: the blocks' age
         index = pool.free.lower_bound(stream, size)
         block = pool.free.at(index)
         if block is None or block.stream != stream:
@@ -175,6 +198,9 @@ class Allocator(ExpandableSegments):
         return block
 
     def _new_block(self, pool: Pool, stream: int, size: int) -> Block | None:
+        """``malloc``'s steps after ``get_free_block`` found nothing (``recovery``)."""
+        if self.gc_active:
+            self._garbage_collect()
         block = self._alloc_block(pool, stream, size, retry=False)
         if block is None and self._release_available_cached_blocks(pool, stream, size):
             block = self._alloc_block(pool, stream, size, retry=False)
@@ -186,9 +212,11 @@ class Allocator(ExpandableSegments):
     def _alloc_block(self, pool: Pool, stream: int, size: int, retry: bool) -> Block | None:
         if retry:
             self.stats.num_alloc_retries += 1
+        segment = allocation_size(size)
+        if self.over_allowed(segment):
+            return None
         if self.settings.expandable_segments:
             return self._allocate_expandable(pool, stream, size)
-        segment = allocation_size(size)
         address = self.device.malloc(segment)
         if address is None:
             return None
@@ -289,45 +317,6 @@ class Allocator(ExpandableSegments):
 
     # -- releasing segments ----------------------------------------------------------
 
-    def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
-        """Free oversize cached blocks (only with ``max_split_size``): the smallest one
-        that covers the request, else the largest ones until they add up to it. Torch
-        assumes such blocks are whole segments; one that is not stops the release here."""
-        limit = self.settings.max_split_size
-        if limit is None:
-            return False
-        key = max(size, limit)
-        index = pool.free.lower_bound(stream, key)
-        block = pool.free.at(index)
-        if block is not None and block.stream == stream:
-            if not _whole(block):
-                return False
-            self._release_block(block)
-            return True
-        released = 0
-        index -= 1
-        while released < key:
-            block = pool.free.at(index)
-            if block is None or block.size < limit or block.stream != stream or not _whole(block):
-                break
-            released += block.size
-            self._release_block(block)
-            index -= 1
-        return released >= key
-
-    def _release_cached_blocks(self) -> None:
-        for block in [b for b in self.active.values() if b.pending]:
-            self.complete_free(block.address)
-        for pool in (self.large_pool, self.small_pool):
-            to_unmap = []
-            for block in pool.free:
-                if block.expandable is not None:
-                    to_unmap.append(block)
-                elif not block.is_split:
-                    self._release_block(block)
-            for block in to_unmap:
-                self._unmap_block(block, pool)
-
     def _release_block(self, block: Block) -> None:
         if block.is_split or block.expandable is not None:
             raise AssertionError(f"{block!r} is not a whole cudaMalloc segment")
@@ -340,7 +329,3 @@ class Allocator(ExpandableSegments):
         self.stats.change("reserved_bytes", block.small, -block.size)
         if block.size >= self.settings.split_limit:
             self.stats.oversize_segments.decrease(1)
-
-
-def _whole(block: Block) -> bool:
-    return not block.is_split and block.expandable is None

@@ -1,7 +1,7 @@
 """Expandable segments (``expandable_segments:True``): per stream and pool, one large
 reserved address range whose pages (2 MiB in the small pool, 20 MiB in the large one)
 are mapped as allocations need them and unmapped when ``empty_cache`` (or an
-allocation that found the device full) releases the cache. ``reserved`` counts mapped
+allocation that found memory short, ``recovery``) releases the cache. ``reserved`` counts mapped
 pages only. Mixed into ``Allocator``; the rules follow ``find_expandable_block``,
 ``map_block``, ``try_allocate_expandable_block`` and ``unmap_block`` of torch's source.
 """
@@ -32,6 +32,7 @@ class ExpandableSegments:
     device: DeviceMemory
     stats: AllocatorStats
     events: list[AllocatorEvent]
+    total_memory: int | None
 
     def _expandable_fit(self, pool: Pool, stream: int, index: int) -> Block | None:
         """Best fit when the first candidate lies in an expandable segment: with the
@@ -81,8 +82,8 @@ class ExpandableSegments:
             if room >= size:
                 return candidate
         page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
-        capacity = self.device.capacity or DEFAULT_ADDRESS_SPACE * 8 // 9
-        pages = -(-(capacity + capacity // 8) // page)
+        total = self.total_memory or self.device.capacity or DEFAULT_ADDRESS_SPACE * 8 // 9
+        pages = -(-(total + total // 8) // page)  # totalGlobalMem + 1/8, not what is free
         base = self.device.reserve(pages * page)
         segment = ExpandableSegment(base, pages * page, page, stream)
         candidate = Block(base, pages * page, stream, pool.small, segment)

@@ -20,6 +20,8 @@ STAT_NAMES = (
     "inactive_split_bytes",
     "requested_bytes",
 )
+#: Torch's counters (``memory_stats()`` keys without a pool).
+COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 #: The pools a statistic is kept for: all of them, the small pool, the large pool.
 POOLS = ("all", "small_pool", "large_pool")
 
@@ -75,6 +77,7 @@ class AllocatorStats:
         self.num_ooms = 0
         self.num_device_alloc = 0
         self.num_device_free = 0
+        self.num_sync_all_streams = 0
 
     def change(self, name: str, small: bool, amount: int) -> None:
         """Add ``amount`` (may be negative) to ``name`` for all pools and for one pool."""
@@ -99,7 +102,7 @@ class AllocatorStats:
         for name in ("oversize_allocations", "oversize_segments"):
             for metric in Stat.__slots__:
                 out[f"{name}.{metric}"] = getattr(getattr(self, name), metric)
-        for name in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free"):
+        for name in COUNTERS:
             out[name] = getattr(self, name)
         return out
 
@@ -107,10 +110,16 @@ class AllocatorStats:
 class SimulatedOutOfMemory(RuntimeError):
     """The simulated device could not supply a segment even after the cache was
     released: torch would raise ``torch.OutOfMemoryError`` here. ``size``: the rounded
-    request; ``allocated`` and ``reserved``: the allocator's bytes at that moment."""
+    request; ``allocated`` and ``reserved``: the allocator's bytes after the release;
+    ``capacity``: the most it could reserve (the device's capacity, or the memory
+    fraction's limit when lower; None: unlimited); ``allowed``: the memory fraction's
+    limit (None: none set)."""
 
-    def __init__(self, size: int, allocated: int, reserved: int, capacity: int | None) -> None:
+    def __init__(
+        self, size: int, allocated: int, reserved: int, capacity: int | None, allowed: int | None = None
+    ) -> None:
         self.size, self.allocated, self.reserved, self.capacity = size, allocated, reserved, capacity
+        self.allowed = allowed
         cap = "unlimited" if capacity is None else f"{capacity} B"
         super().__init__(
             f"simulated CUDA out of memory: tried to allocate {size} B with {allocated} B allocated, "

@@ -50,8 +50,10 @@ class AllocatorSettings:
     (None: no limit, the default). ``roundup_power2_divisions``: 16 division counts, one per
     power-of-two size interval from 1 MiB (0 or 1: round to 512 B only).
     ``expandable_segments``: one growing segment per stream and pool, mapped in 2 MiB
-    (small pool) or 20 MiB (large pool) pages. ``garbage_collection_threshold``: recorded
-    but not modelled (torch applies it only under ``set_per_process_memory_fraction``).
+    (small pool) or 20 MiB (large pool) pages. ``garbage_collection_threshold``: under a
+    memory fraction (``set_per_process_memory_fraction``) only, once the reserved bytes
+    pass this share of the allowed bytes, cached whole blocks of the large pool are freed
+    oldest first before a new segment is asked for (``recovery``).
     """
 
     max_split_size: int | None = None

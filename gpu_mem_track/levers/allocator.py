@@ -7,9 +7,12 @@ the variable when the script first starts CUDA (were CUDA already started, the s
 is also passed to ``torch.cuda.memory._set_allocator_settings``, and the report says
 so); the simulated GPU reads it when it starts (``allocator.settings``).
 
-``garbage_collection_threshold`` is recorded but not modelled by the simulated allocator
-(torch applies it only under ``set_per_process_memory_fraction``), so under
-``--simulate`` the ``gc-threshold`` lever is not applied and claims nothing.
+``garbage_collection_threshold`` acts only under ``set_per_process_memory_fraction``
+(torch's ``malloc`` runs ``garbage_collect_cached_blocks`` only when a fraction is set),
+on a real GPU and on the simulated one alike (``allocator.recovery`` models it), so the
+``gc-threshold`` lever changes nothing in a script that sets no fraction; its report
+says so in ``detail``. ``fit`` runs no trial of it (``NOT_TRIED``): its trials set no
+fraction, so a trial would repeat the baseline.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 from .catalog import describe
 from .records import LeverReport
 
-__all__ = ["ENV", "AllocatorLever", "merge_conf", "split_conf"]
+__all__ = ["ENV", "NOT_TRIED", "AllocatorLever", "merge_conf", "split_conf"]
 
 ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -57,14 +60,20 @@ def _value(conf: str, key: str) -> str | None:
     return None
 
 
-#: Levers the simulated allocator does not model, with what their report says under
-#: ``--simulate`` (they are never applied there, so the advisor runs no trial of them).
-NOT_SIMULATED = {"gc-threshold": "the simulation does not model garbage_collection_threshold"}
+#: Levers ``fit`` runs no simulated trial of, with why (a trial would repeat the baseline).
+NOT_TRIED = {
+    "gc-threshold": (
+        "garbage_collection_threshold acts only under set_per_process_memory_fraction, "
+        "which fit's trials do not set"
+    )
+}
+#: The former name of :data:`NOT_TRIED` (the advisor imports it).
+NOT_SIMULATED = NOT_TRIED
 
 
 class AllocatorLever:
     """One allocator setting for the run; see the module doc. ``simulated``: the run is
-    on the simulated GPU."""
+    on the simulated GPU (which reads the variable when it starts, so it is never late)."""
 
     def __init__(self, name: str, simulated: bool) -> None:
         self.name = name
@@ -81,9 +90,6 @@ class AllocatorLever:
         conf = self._before or ""
         if (_value(conf, self.key) or "").lower() == self.value.lower():
             self.why = f"{ENV} already sets {self.key}:{_value(conf, self.key)}"
-            return
-        if self.simulated and self.name in NOT_SIMULATED:
-            self.why = NOT_SIMULATED[self.name]
             return
         self.conf = merge_conf(conf, self.key, self.value)
         os.environ[ENV] = self.conf

@@ -34,7 +34,7 @@ class AppliedLevers:
 def applied_levers(names: Sequence[str], simulated: bool) -> Iterator[AppliedLevers]:
     """The levers ``names`` (``catalog.LEVERS``; checked: ``UsageError`` for an unknown
     or repeated name) in force while the block runs; ``simulated``: the run is on the
-    simulated GPU (``gc-threshold`` is then not applied). Yields an
+    simulated GPU. Yields an
     :class:`AppliedLevers`; no names: nothing is patched and torch is not imported."""
     names = check_levers(names)
     if not names:

@@ -97,10 +97,17 @@ def format_size(size: int) -> str:
 def oom_message(
     request: int, allocated: int, reserved: int, spec: GpuSpec, allowed: int | None = None
 ) -> str:
-    """``torch.OutOfMemoryError``'s text for the simulated GPU (device 0; this process is
-    the only one, and holds its reserved bytes plus its non-PyTorch memory, the CUDA
-    context and library handles: ``GpuSpec.non_pytorch_bytes``); ``allowed``: the limit
-    ``set_per_process_memory_fraction`` set, if any."""
+    """``torch.OutOfMemoryError``'s text for the simulated GPU, as ``malloc`` of
+    ``c10/cuda/CUDACachingAllocator.cpp`` writes it once the release and the retry have
+    failed, so ``allocated`` and ``reserved`` are the bytes left after the release
+    (:mod:`~gpu_mem_track.allocator.recovery`). ``request``: the segment asked for
+    (``get_allocation_size``). Device 0; this process is the only one, so "of which X is
+    free" (``cudaMemGetInfo``) is the total less the reserved bytes and the non-PyTorch
+    memory (the CUDA context and library handles: ``GpuSpec.non_pytorch_bytes``), and
+    "this process has Y memory in use" (NVML) is the reserved bytes plus that memory.
+    ``allowed``: the limit ``set_per_process_memory_fraction`` set, if any (the
+    "Z allowed; " part, absent otherwise); the free figure is the device's, not what the
+    fraction leaves."""
     free = max(spec.capacity - reserved, 0)
     limit = f"{format_size(allowed)} allowed; " if allowed is not None else ""
     return (
@@ -127,13 +134,13 @@ class GpuMemory:
         on_oom: Callable[[OutOfMemory], None] | None = None,
     ) -> None:
         self.spec = spec
-        self.allocator = Allocator(settings, device=TopDownDevice(spec.capacity))
+        device = TopDownDevice(spec.capacity)
+        self.allocator = Allocator(settings, device=device, total_memory=spec.total_memory)
         self.on_oom = on_oom
         self.history: list[TraceEntry] | None = None
         self.max_entries = sys.maxsize
         self.block_frames: dict[int, tuple[Frame, ...]] = {}
         self.start = time.perf_counter()
-        self.allowed: int | None = None
         self.window_allocated = self.window_reserved = 0
 
     def mark(self) -> tuple[int, int]:
@@ -146,11 +153,16 @@ class GpuMemory:
 
     def set_fraction(self, fraction: float) -> None:
         """``set_per_process_memory_fraction``: the allocator may reserve at most
-        ``fraction`` of the total memory (and never more than the capacity)."""
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-        self.allowed = int(fraction * self.spec.total_memory)
-        self.allocator.device.capacity = min(self.spec.capacity, self.allowed)
+        ``fraction`` x ``total_memory`` (``setMemoryFraction``: the CUDA context and
+        libraries are not counted against it, but still take their share of the device,
+        so it never gets more than ``spec.capacity``); 1 removes the limit. See
+        :mod:`~gpu_mem_track.allocator.recovery`."""
+        self.allocator.set_memory_fraction(fraction, self.spec.total_memory)
+
+    @property
+    def allowed(self) -> int | None:
+        """The memory fraction's limit in bytes (None: none set)."""
+        return self.allocator.allowed
 
     def record(self, enabled: bool, max_entries: int = sys.maxsize) -> None:
         """Start (keeping what was recorded) or stop recording the trace."""
@@ -230,7 +242,7 @@ class GpuMemory:
         request = allocation_size(exc.size)
         message = oom_message(request, exc.allocated, exc.reserved, self.spec, self.allowed)
         filename, line = user_line()
-        limit = self.allocator.device.capacity  # the capacity, or less under a memory fraction
+        limit = self.allocator.limit  # the capacity, or less under a memory fraction
         record = OutOfMemory(filename, line, request, exc.allocated, exc.reserved, limit, message)
         if self.on_oom is not None:
             self.on_oom(record)
@@ -311,7 +323,7 @@ class Storages(Lifetimes):
             return
         nbytes = step.nbytes
         if step.action == "trial":
-            capacity = memory.allocator.device.capacity
+            capacity = memory.allocator.limit
             free = capacity - memory.reserved if capacity is not None else nbytes
             nbytes = min(nbytes, max(free, memory.largest_free_block()))
         on_oom, memory.on_oom = memory.on_oom, None
