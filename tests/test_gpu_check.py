@@ -297,22 +297,32 @@ def test_the_edge_claims_go_through_gpu_check_edge_or_are_skipped_with_the_reaso
     fit, clock = _load("gpu_check_fit"), _load("gpu_check_clock")
     check = clock.Check(300, tmp_path)
     claims = tmp_path / "claims.json"
-    claims.write_text(json.dumps({"answer": {"rows": []}}))
+    rows = [{"label": "as it is", "batch": {"batch": 19}}, {"label": "checkpoint", "batch": {"batch": 29}}]
+    claims.write_text(
+        json.dumps(
+            {"gpu": "RTX-4090", "cwd": str(tmp_path), "script": "train.py", "args": ["--batch_size=32"],
+             "batch_arg": "--batch_size", "answer": {"rows": rows}}
+        )
+    )  # fmt: skip
     monkeypatch.setattr(fit, "EDGE", ROOT / "scripts" / "gpu" / "no_such_edge.py")
     fit.edge(check, claims, dry=True, until=check.deadline)
     assert check.steps[-1].status == "skipped (scripts/gpu/no_such_edge.py is not in this checkout)"
-    # A module with the called function: its record is kept as it returns it.
+    # A module with check_edge's signature: called with the claims' script, arguments, GPU,
+    # batch argument and the batch the advisor gave the script as it is; its record kept.
     edge = tmp_path / "gpu_check_edge.py"
     edge.write_text(
-        "import json\n"
-        "def check_edge(claims, out, dry):\n"
-        "    return {'dry': dry, 'rows': json.loads(claims.read_text())['answer']['rows'], 'out': out.name}\n"
+        "def check_edge(script, args, *, gpu, batch_arg, out, batch=None, dry=False):\n"
+        "    return {'script': script.name, 'args': args, 'gpu': gpu, 'batch_arg': batch_arg,\n"
+        "            'out': out.name, 'batch': batch, 'dry': dry}\n"
     )
     monkeypatch.setattr(fit, "EDGE", edge)
     monkeypatch.setattr(fit, "ROOT", tmp_path)
     fit.edge(check, claims, dry=True, until=check.deadline)
     assert check.steps[-1].status == "ok", check.steps[-1].output
-    assert check.results["edge"]["record"] == {"dry": True, "rows": [], "out": "edge"}
+    assert check.results["edge"]["record"] == {
+        "script": "train.py", "args": ["--batch_size=32"], "gpu": "RTX-4090", "batch_arg": "--batch_size",
+        "out": "record.json", "batch": 19, "dry": True,
+    }  # fmt: skip
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@
 2. The edge claims, on this GPU: scripts/gpu/gpu_check_edge.py (the advisor's largest
    batch and the next one, each run capped by ``set_per_process_memory_fraction`` at the
    simulated GPU's capacity). It is called in a subprocess (this process never holds a
-   CUDA context) through :data:`EDGE_CALL`: ``check_edge(claims, out_dir, dry=...)``
-   returning a JSON-able record, kept as ``edge.record``. Skipped, with the reason, when
+   CUDA context) through :data:`EDGE_CALL`: ``check_edge`` of the claims' script, arguments,
+   GPU and batch argument, at the batch the advisor gave the script as it is, returning a
+   JSON-able record, kept as ``edge.record``. Skipped, with the reason, when
    that file is not in this checkout.
 """
 
@@ -38,7 +39,14 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import gpu_check_edge
-record = gpu_check_edge.check_edge(Path(sys.argv[2]), Path(sys.argv[3]), dry=sys.argv[4] == "dry")
+claims = json.loads(Path(sys.argv[2]).read_text())
+row = next((r for r in claims["answer"].get("rows", []) if r.get("label") == "as it is"), {})
+batch = (row.get("batch") or {}).get("batch")
+record = gpu_check_edge.check_edge(
+    Path(claims["cwd"]) / claims["script"], claims["args"], gpu=claims["gpu"],
+    batch_arg=claims["batch_arg"], out=Path(sys.argv[3]) / "record.json", batch=batch,
+    dry=sys.argv[4] == "dry",
+)
 print("EDGE" + json.dumps(record, default=str))
 """
 
