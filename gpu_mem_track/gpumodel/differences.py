@@ -132,26 +132,26 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference(
         "gradient accumulation in backward (a tensor used twice)",
         "under any Python dispatch mode (the simulation's storage tracker is one) autograd's "
-        "InputBuffer counts every tensor as subclass-like and adds the two gradients out of place",
-        "added in place into the gradient autograd holds alone; out of place only when both are "
-        "shared (2 per layer in the recorded 2.7B step: the residual adds' pass-through gradients)",
-        "not reproduced: one extra gradient-sized block per accumulation (11 (batch, seq, d_model), "
-        "2 (batch, heads, seq, seq), 1 (batch, seq, d_ff) per layer of the recorded 2.7B step; 2 "
-        "logits-sized at the loss; 2 float32 (batch, seq, d_model) per layer of nanoGPT), freed at "
-        "once; the peaks stay within 0.001% (scripts/check_simulate.py) and 0.01% "
-        "(scripts/check_h200.py)",
-        "tests/test_gpumodel_differences.py::test_gradient_accumulation_is_out_of_place_on_the_simulated_gpu",
+        "InputBuffer counts every tensor as subclass-like and adds the two gradients out of place "
+        "(one more gradient-sized block per sum)",
+        "added in place into the gradient autograd holds alone (input_buffer.cpp, "
+        "can_accumulate_inplace); out of place only when it is shared (the residual adds' "
+        "pass-through gradients), a view that is not dense, or grad mode is on",
+        "modelled: gpumodel.accumulate runs add_ when the first operand is held alone (its "
+        "TensorImpl's and storage's reference counts, measured against a gradient known to be "
+        "alone) and was made by an earlier node; a node summing two gradients it made itself "
+        "(y * y) is left out of place, one extra block",
+        "tests/test_gpumodel_differences.py::test_the_simulation_sums_in_place_where_autograd_without_a_mode_does",
     ),
     Difference(
-        "backward formulas with a subclass branch (max/min over a dim, indexing)",
-        "under a Python dispatch mode: zeros, then an out-of-place scatter / index_put (2 blocks)",
-        "zeros, then scatter_ / index_put_ into them (1 block; the recording's MaxBackward0 and "
-        "IndexBackward0 allocate once)",
-        "not reproduced: one extra input-sized block, freed at once (per layer of the recorded step: "
-        "1 (batch, heads, seq, seq) at the softmax's max; once: 2 logits-sized at the loss, 1 "
-        "(vocab, d_model) at the token embedding's lookup; in nanogpt-gpt2-bf16 one 154,533,888 B "
-        "float32 (vocab, d_model) block per micro-step at the embedding's backward)",
-        "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_a_second_block_on_the_simulated_gpu",
+        "backward formulas with a subclass branch (max/min over a dim, indexing, gather, index_select)",
+        "under a Python dispatch mode: zeros, then an out-of-place scatter / index_put / "
+        "scatter_add / index_add (2 blocks)",
+        "zeros, then scatter_ / _index_put_impl_ / scatter_add_ / index_add_ into them (1 block; "
+        "the recording's MaxBackward0 and IndexBackward0 allocate once)",
+        "modelled: gpumodel.accumulate runs the in-place op when its target is the zeros made by "
+        "the op just before, in backward",
+        "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_one_block_on_the_simulated_gpu_as_on_cuda",
     ),
     # Convolutions (gpumodel.cudnn, gpumodel.convops; evidence: the H200 ResNet-50 trace).
     Difference(
