@@ -196,3 +196,25 @@ def test_reference_counts_are_measured_and_a_shared_gradient_counts_one_more():
 
     counts = reference_counts()
     assert counts is not None and counts[0] >= 1 and counts[1] >= 1
+
+
+def test_grouped_query_attention_keeps_no_repeated_key_value_copies_under_flash():
+    """CUDA's flash kernel takes fewer key/value heads than query heads as they are
+    (sdp_utils.cpp: supports GQA); the simulation once repeated them first, two
+    query-sized copies per layer saved for backward (-1.5% of the Trainer family's peak).
+    Float32 (no flash, and the efficient kernel does not take grouped heads) runs the
+    math path, which repeats them."""
+    from gpu_mem_track.simgpu import simulated_gpu
+
+    def blocks(dtype: torch.dtype) -> int:
+        with simulated_gpu("h100-80gb"):
+            q = torch.randn(4, 16, 256, 64, device="cuda", dtype=dtype, requires_grad=True)
+            k, v = (torch.randn(4, 4, 256, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in "kv")
+            torch.cuda.memory._record_memory_history(max_entries=10_000)
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            trace = torch.cuda.memory._snapshot()["device_traces"][0]
+            torch.cuda.memory._record_memory_history(enabled=None)
+        return sum(1 for e in trace if e["action"] == "alloc" and e["size"] == q.numel() * q.element_size())
+
+    assert blocks(torch.bfloat16) == 1  # the output only
+    assert blocks(torch.float32) >= 3  # the math path's repeated key and value, and more

@@ -90,7 +90,7 @@ def reference_counts() -> tuple[int, int] | None:
     two buffers at the first sum, alone at the second and at the leaf's): the shared one
     must count one more, else None."""
     try:
-        with _disable_current_modes(), torch.device("meta"):
+        with torch._C.DisableTorchFunction(), _disable_current_modes(), torch.device("meta"):
             x = torch.ones(4, 4, requires_grad=True)
             probe = _Probe()
             with probe:

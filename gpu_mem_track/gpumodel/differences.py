@@ -153,6 +153,17 @@ DIFFERENCES: tuple[Difference, ...] = (
         "the op just before, in backward",
         "tests/test_gpumodel_differences.py::test_max_and_index_backward_take_one_block_on_the_simulated_gpu_as_on_cuda",
     ),
+    Difference(
+        "grouped-query attention (enable_gqa, fewer key/value heads)",
+        "the math path repeats the key and value heads (two query-sized copies, saved for backward)",
+        "flash (and cuDNN) take the grouped heads as they are (sdp_utils.cpp: supports GQA); their "
+        "backward expands the key/value gradients inside the kernel and sums them",
+        "modelled: gpumodel.attention runs flash on the grouped heads (no copies; -1.5% allocated, "
+        "-2.2% reserved of scripts/check/hf_trainer_finetune.py's simulated peak); float32 runs the "
+        "math path as CUDA does (the efficient kernel refuses grouped heads); the backward's expanded "
+        "gradients are not modelled",
+        "tests/test_gpumodel_differences.py::test_grouped_query_attention_keeps_no_repeated_key_value_copies_under_flash",
+    ),
     # Convolutions (gpumodel.cudnn, gpumodel.convops; evidence: the H200 ResNet-50 trace).
     Difference(
         "cuDNN convolution workspaces",

@@ -57,6 +57,13 @@ CAUSES = [
     "block) under a mode. The same module runs the in-place op when its target is the zeros made "
     "by the op just before, in backward. The cs336-style loss (`logits.max(dim)`, `gather`) and "
     "the embedding looked up by indexing (a (vocab, d_model) block) take these paths.",
+    "Grouped-query attention. Llama-style models with fewer key/value heads than query heads call "
+    "`scaled_dot_product_attention(..., enable_gqa=True)`; CUDA's flash kernel (and cuDNN's) takes "
+    "the grouped heads as they are (torch/csrc/.../sdp_utils.cpp: "
+    "`check_batch_size_and_num_heads_dense<true /*supports GQA*/>`), but gpumodel.attention "
+    "repeated the key and value heads first: two query-sized copies per layer, saved for backward. "
+    "It now runs flash on the grouped heads (the math path, which repeats them, where the "
+    "memory-efficient kernel would have been asked: that kernel refuses grouped heads).",
 ]
 REMAINING = [
     "A node that sums two gradients it made itself (`y * y`: both of MulBackward0's outputs go to "
@@ -64,10 +71,10 @@ REMAINING = [
     "`a + b` of two temporaries by what the dispatch mode sees.",
     "The Trainer family's peak is in the loss's backward (the float32 log-softmax output saved, "
     "nll_loss's gradient and log-softmax's gradient: three float32 logits-sized blocks), where "
-    "neither rule applies: its simulated peak does not move. Its +1.6% / +1.8% measured on the "
-    "H200 (for the reporter's sizes) is not explained by these rules; no GPU trace of it exists "
-    "here to find which blocks differ (run this check with `--measure` on a GPU, with "
-    "`--snapshot`, to get one).",
+    "the two autograd rules do not apply; what moves it is the attention rule (the repeated "
+    "key/value copies are live there). Flash's backward expands the key/value gradients inside "
+    "the kernel (transient, not modelled). No GPU trace of either family exists here: run this "
+    "check with `--measure` on a GPU to compare.",
     "Kernel scratch (reduction and sort buffers) is not modelled: the GPU holds more there "
     "(gpu_mem_track/gpumodel/differences.py).",
 ]
@@ -81,7 +88,9 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
-def run(command: list[str], package: Path | None, cwd: Path, timeout: int) -> tuple[dict[str, int], float, str]:
+def run(
+    command: list[str], package: Path | None, cwd: Path, timeout: int
+) -> tuple[dict[str, int], float, str]:
     """Run ``command`` with ``package`` first on ``PYTHONPATH``; the printed peaks, seconds and
     the output's tail."""
     env = dict(os.environ)
@@ -128,21 +137,16 @@ def render(result: dict) -> str:
     for name, row in result["families"].items():
         after, before, gpu = row["after"], row.get("before"), row.get("gpu")
         before_cell = f"{before['allocated']:,}, {before['reserved']:,}" if before else "-"
-        moved = (
-            f"{change(after['allocated'], before['allocated'])}, {change(after['reserved'], before['reserved'])}"
-            if before
-            else "-"
-        )
+        moved = "-"
+        if before:
+            moved = ", ".join(change(after[kind], before[kind]) for kind in ("allocated", "reserved"))
         gpu_cell = "-"
         if gpu:
-            gpu_cell = (
-                f"{gpu['allocated']:,}, {gpu['reserved']:,} (simulated {change(after['allocated'], gpu['allocated'])}, "
-                f"{change(after['reserved'], gpu['reserved'])})"
-            )
+            errors = ", ".join(change(after[kind], gpu[kind]) for kind in ("allocated", "reserved"))
+            gpu_cell = f"{gpu['allocated']:,}, {gpu['reserved']:,} (simulated {errors})"
         args = " ".join(row["arguments"]) or "(defaults)"
-        lines.append(
-            f"| {name} | `{args}` | {before_cell} | {after['allocated']:,}, {after['reserved']:,} | {moved} | {gpu_cell} |"
-        )
+        after_cell = f"{after['allocated']:,}, {after['reserved']:,}"
+        lines.append(f"| {name} | `{args}` | {before_cell} | {after_cell} | {moved} | {gpu_cell} |")
     if result.get("before"):
         lines += ["", f"Before: the package at git revision `{result['before']}`; after: this checkout."]
     lines += ["", "## Causes found and modelled", ""] + [f"- {c}" for c in CAUSES]
@@ -165,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=sorted(FAMILIES), action="append", help="check only this family")
     parser.add_argument("--lm-args", default="", help="arguments for lm_benchmark.py (one string)")
     parser.add_argument("--hf-args", default="", help="arguments for hf_trainer_finetune.py (one string)")
-    parser.add_argument("--out", type=Path, default=ROOT / "reports/families_check.md", help="report to write")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "reports/families_check.md", help="report to write"
+    )
     args = parser.parse_args(argv)
     if args.measure:
         import torch
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 
     extra = {"lm-benchmark": args.lm_args.split(), "hf-trainer": args.hf_args.split()}
     result: dict = {
-        "command": "python scripts/check/check_families.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python scripts/check/check_families.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "gpu": args.gpu,
         "torch": torch.__version__,
         "before": args.before,
@@ -185,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        old = export(args.before, work / "before") if args.before else None
+        try:
+            old = export(args.before, work / "before") if args.before else None
+        except subprocess.CalledProcessError as exc:
+            print(
+                f"check_families: no git revision {args.before!r}: {exc.stderr.decode().strip()}",
+                file=sys.stderr,
+            )
+            return 2
         for name in args.only or sorted(FAMILIES):
             script = FAMILIES[name]
             row: dict = {"script": str(script.relative_to(ROOT)), "arguments": extra[name]}

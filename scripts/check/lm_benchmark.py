@@ -27,7 +27,9 @@ class Linear(nn.Module):
     def __init__(self, d_in: int, d_out: int) -> None:
         super().__init__()
         std = math.sqrt(2 / (d_in + d_out))
-        self.weight = nn.Parameter(nn.init.trunc_normal_(torch.empty(d_out, d_in), std=std, a=-3 * std, b=3 * std))
+        self.weight = nn.Parameter(
+            nn.init.trunc_normal_(torch.empty(d_out, d_in), std=std, a=-3 * std, b=3 * std)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.einsum("...i,oi->...o", x, self.weight)
