@@ -154,8 +154,8 @@ def render(result: dict) -> str:
     lines += [
         "",
         "Elsewhere the rules remove every allocation only the simulation made in the recorded 2.7B "
-        "step's backward (`scripts/check_simulate.py`) and the two sizes nanoGPT's backward made "
-        "more often than the H200 did (`scripts/check_h200.py`).",
+        "step's backward (`scripts/check_simulate.py`) and the sizes nanoGPT's backward made more "
+        "often than the H200 did, two per configuration (`scripts/check_h200.py`).",
         "",
     ]
     return "\n".join(lines)
