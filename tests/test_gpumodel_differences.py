@@ -218,3 +218,22 @@ def test_grouped_query_attention_keeps_no_repeated_key_value_copies_under_flash(
 
     assert blocks(torch.bfloat16) == 1  # the output only
     assert blocks(torch.float32) >= 3  # the math path's repeated key and value, and more
+
+
+def test_accumulate_grad_steals_then_adds_in_place_on_the_simulated_gpu():
+    """AccumulateGrad (torch/csrc/autograd/functions/accumulate_grad.h) steals a leaf's first
+    gradient when nothing else holds it, and adds later ones into ``.grad`` in place: two
+    backward passes of ``(x * 2).sum()`` allocate one gradient-sized block each (a clone
+    forced by the simulation's own references would make a third)."""
+    from gpu_mem_track.simgpu import simulated_gpu
+
+    numel = 1 << 20
+    with simulated_gpu("h100-80gb"):
+        x = torch.randn(256, numel // 256, device="cuda", requires_grad=True)
+        torch.cuda.memory._record_memory_history(max_entries=10_000)
+        for _ in range(2):
+            (x * 2).sum().backward()
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    # each pass: x * 2 in forward, its gradient in backward; the first gradient is stolen
+    assert sum(1 for e in trace if e["action"] == "alloc" and e["size"] == 4 * numel) == 4
