@@ -6,7 +6,9 @@ reference, so views and in-place results add nothing and tracking keeps nothing 
 Each storage born is taken from a device memory (``memory``: exact sizes, or the
 simulated GPU's caching allocator, see :mod:`~gpu_mem_track.dispatch.memory`) and given back
 when it dies; the cuBLAS workspaces are taken at the first matmul-like op of each
-handle and never given back.
+handle and never given back. In backward, the gradient sums and formula scatters that
+autograd makes out of place only because a dispatch mode is on run in place, as without
+the mode (:mod:`~gpu_mem_track.gpumodel.accumulate`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ..gpumodel.accumulate import InPlaceSums
 from .memory import CublasWorkspace, ExactMemory, StorageMemory
 
 __all__ = ["Lifetimes", "plain_tensors", "tensor_leaves", "tensor_storage"]
@@ -75,19 +78,44 @@ class Lifetimes(TorchDispatchMode):
         self.peak_free_block = 0
         self.phase_peaks: dict[str, tuple[int, str, str]] = {}
         self._refs: dict[int, tuple[int, weakref.ref]] = {}
+        self.sums = InPlaceSums()
+        self._node: tuple[int, int] | None = None  # the autograd node running: (task, sequence)
+        self._node_born: set[int] = set()  # keys of the storages it made
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        task = torch._C._current_graph_task_id()
+        run = None
+        if task != -1:
+            self._enter_node(task)
+            run = self.sums.in_place(func, args, kwargs, self._born_here)
+        out = run() if run is not None else func(*args, **(kwargs or {}))
         grew = False
         counted = False
         for leaf in plain_tensors(tensor_leaves(out)):
-            grew |= self._register(leaf) is not None
+            key = self._register(leaf)
+            if key is not None:
+                grew = True
+                if task != -1:
+                    self._node_born.add(key)
             counted |= _device_type(leaf) in self.counted
         if counted and self.workspace is not None:
             grew |= self._take_workspace(str(func.overloadpacket.__name__))
         if grew:
             self._note_peak(str(func.overloadpacket.__name__))
+        if task != -1:
+            self.sums.saw(func, out)
         return out
+
+    def _enter_node(self, task: int) -> None:
+        """Follow which autograd node runs (its births, for ``_born_here``)."""
+        node = torch._C._current_autograd_node()
+        ident = (task, node._sequence_nr() if node is not None else -1)
+        if ident != self._node:
+            self._node = ident
+            self._node_born.clear()
+
+    def _born_here(self, tensor: torch.Tensor) -> bool:
+        return self.key_of(tensor) in self._node_born
 
     def adopt(self, tensor: torch.Tensor) -> int | None:
         """Register ``tensor``'s storage if new; its key (``None`` if not counted)."""

@@ -14,8 +14,12 @@ PyTorch picks a fused kernel when it can (``sdp_utils.cpp``), in this order:
 
 A backend disabled by ``torch.backends.cuda.enable_*_sdp(False)`` or left out of
 ``torch.nn.attention.sdpa_kernel`` is skipped. cuDNN attention is not modelled (it is
-after these in the default order). ``enable_gqa`` repeats the key and value heads first
-(a copy the fused kernels may avoid). Dropout's random state is a few bytes.
+after these in the default order). With ``enable_gqa`` and fewer key/value heads than
+query heads, flash runs on the grouped heads as they are (no repeated copies:
+sdp_utils.cpp's ``check_batch_size_and_num_heads_dense<true /*supports GQA*/>``; its
+backward's expanded key/value gradients, summed inside the kernel, are not modelled); the
+memory-efficient kernel does not take them, so the math path runs (it repeats them
+itself). Dropout's random state is a few bytes.
 
 Kernel scratch (:func:`kernel_scratch`): on compute capability 9.0 and later, where
 PyTorch prefers cuDNN's attention for half precision (``check_prefer_cudnn_attention``
@@ -78,10 +82,10 @@ def cuda_attention(func: Any, args: tuple, kwargs: dict, capability: tuple[int, 
     given.update(kwargs)
     query, key, value = given["query"], given["key"], given["value"]
     mask = given.get("attn_mask")
-    if given.get("enable_gqa") and query.dim() == 4 and key.shape[-3] != query.shape[-3]:
-        repeat = query.shape[-3] // key.shape[-3]
-        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    grouped = given.get("enable_gqa") and query.dim() == 4 and key.shape[-3] != query.shape[-3]
     backend = pick_backend(query, key, value, mask is not None, capability)
+    if grouped and backend == "efficient":
+        backend = "math"  # sdp_utils.cpp: only flash (and cuDNN) take grouped key/value heads
     dropout, causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
     if backend == "flash":
         return torch.ops.aten._scaled_dot_product_flash_attention(

@@ -362,11 +362,14 @@ def _why(r: dict) -> list[str]:
         "state is made depends on what the backward pass allocated and freed before, and that differs:",
         f"- Backward: the simulation makes {backward['simulated'] - backward['recorded']:+,} allocations "
         f"against the GPU's. Only the simulation: {_shapes(backward['only_simulated'])}. Only the GPU: "
-        f"{_shapes(backward['only_recorded'])}. By their autograd nodes (the "
-        "recording's C++ frames against the simulated run's current node), nearly all are autograd "
-        "taking its out-of-place branches whenever a Python dispatch mode is on, as the simulation's "
-        "storage tracker is: gradients accumulated out of place (CUDA adds them in place) and max and "
-        "index backward scattering out of place (rows in `gpu_mem_track/gpumodel/differences.py`).",
+        f"{_shapes(backward['only_recorded'])}. The GPU's extra blocks are its kernels' scratch "
+        "(10 MiB + 16 B per layer, sort buffers; not modelled) and, by the recording's C++ frames, one "
+        "(batch, seq, d_model) block inside IndexBackward0 (the embedding's accumulating index_put, "
+        "by all appearances a copy of its values); counted by autograd node (the recording's frames "
+        "against the simulated run's current node) every other (batch, seq, d_model) block of the "
+        "backward pass matches. Gradient sums and max/index backward run in place as on CUDA "
+        "(`gpu_mem_track/gpumodel/accumulate.py`); without it the simulation makes hundreds of blocks "
+        "the GPU does not (autograd's out-of-place branches under a Python dispatch mode).",
         f"- Forward: only the GPU makes {_shapes(forward['only_recorded'])} (the two large ones at the "
         "loss's `torch.max` and `sum` over the logits, freed at once: far larger than those ops' outputs, "
         "so by all appearances scratch of CUDA's reduction kernels); only the simulation makes "

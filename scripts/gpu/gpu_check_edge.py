@@ -24,7 +24,7 @@ script as ``python`` would) with ``max_memory_allocated``/``max_memory_reserved`
 whether it ran out, and torch's message. The record is written as JSON to ``out`` and
 as markdown beside it (``out`` with ``.md``).
 
-``check_edge(...)`` is the entry point for ``scripts/gpu_check.py``; the command line:
+``check_edge(...)`` is the entry point for ``scripts/gpu/gpu_check.py``; the command line:
 
     python scripts/gpu/gpu_check_edge.py --gpu 12GiB:sm90 --batch-arg 0 --out edge.json \\
         [--batch N] [--dry] [--run-to-end] [--timeout S] -- train.py 16 1024

@@ -58,9 +58,9 @@ REGISTRY: tuple[Entry, ...] = (
     # Placeholders: the scripts the ViT, HF Trainer and LM-loop branches add (paths and arguments
     # to be set to theirs when merged); skipped as "missing" until then.
     Entry("vit-b16", "ViT-B/16, plain torch", CHECKOUT, "scripts/check/vit_b16_train.py"),
-    Entry("hf-llama", "Hugging Face Trainer, Llama", CHECKOUT, "scripts/check/hf_trainer_llama.py",
+    Entry("hf-llama", "Hugging Face Trainer, Llama", CHECKOUT, "scripts/check/hf_trainer_finetune.py",
           needs=("transformers", "accelerate")),
-    Entry("lm-loop", "cs336-style LM training loop", CHECKOUT, "scripts/check/lm_loop_train.py"),
+    Entry("lm-loop", "cs336-style LM loop, fp32, no optimizer", CHECKOUT, "scripts/check/lm_benchmark.py"),
     Entry("nanogpt-char-compiled", "nanoGPT char under torch.compile", NANOGPT, "train.py",
           (*_CHAR, "--compile=True", "--max_iters=20"), needs=("numpy",)),
     Entry("convnet", "gpu_mem_track.examples convnet", CHECKOUT, "scripts/gpu/gpu_check_train.py",
