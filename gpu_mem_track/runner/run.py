@@ -146,7 +146,7 @@ def _execute(
     session.profiler = profiler
     watch = _watch(options, profiler, sampler)
     engine = best_engine(watch or profiler, _wants(prepared), options.engine)
-    info = _info(prepared, sampler.source, engine.name)
+    info = _info(prepared, sampler.source, engine.name, profiler)
     _start_files(prepared, info, timeline, session, sampler)
     profiler.event_row("start", where=(str(prepared.script), "<module>", None))
     code = 1
@@ -221,10 +221,19 @@ def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None, l
     return replace(
         info,
         reserved_peak=getattr(sampler, "reserved_peak", None),
+        stats_reader=_stats_reader(sampler, gpu),
         simulation=simulation_info(gpu) if gpu is not None else None,
         stopped=watch.stopped if watch is not None else None,
         levers=tuple(report.to_dict() for report in levers.reports()),
     )
+
+
+def _stats_reader(sampler: Any, gpu: Any) -> str:
+    """How a real GPU's allocator statistics were read when the run ended (the sampler's
+    ``stats_reader``: ``"native"`` or ``"dict"``); "" on the CPU and a simulated GPU."""
+    if sampler.source != "cuda allocator" or gpu is not None:
+        return ""
+    return str(getattr(sampler, "stats_reader", ""))
 
 
 def _start_files(
@@ -374,7 +383,7 @@ def _wants(prepared: PreparedRun) -> Any:
     return wants
 
 
-def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
+def _info(prepared: PreparedRun, source: str, engine: str, profiler: LineProfiler) -> RunInfo:
     path = prepared.folder.path
     return RunInfo(
         run_name=path.name if prepared.rank is None else f"{path.parent.name}/{path.name}",
@@ -387,6 +396,8 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         python=platform.python_version(),
         torch=_torch_version(),
         gpu_mem_track=__version__,
+        line_sink="native" if profiler.native else "python",
+        line_sink_note=profiler.native_note,
         **_rank_fields(prepared),
     )
 
