@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import CodeType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._version import __version__
 from ..devices import Device
@@ -45,13 +45,15 @@ from .history import HistoryRecorder
 from .launch import run_script
 from .options import PreparedRun, RunOptions
 from .profiler import LineProfiler
-from .recording import SnapshotRun
 from .result import RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
 from .simulate import check_levers, check_simulate, simulation, simulation_info, stop_rule
 from .steady import LoopWatch
 from .tracer import best_engine
+
+if TYPE_CHECKING:  # imported by a --snapshot run only: it loads the allocator's model (0.1 s)
+    from .recording import SnapshotRun
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
@@ -268,6 +270,8 @@ def _abandon(folder: RunFolder) -> None:
 
 
 def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder | None) -> SnapshotRun:
+    from .recording import SnapshotRun
+
     if history is None:
         from .history import TorchHistory
 
@@ -313,11 +317,14 @@ def _write_reports(
     line at the end and left out of the summary's list of reports; nothing here raises
     ``OSError``, so the exit code stays the script's."""
     from ..runfolder.render import render_line_report, render_summary
-    from ..tracker.render import render_stamp
 
     folder, options, rank = prepared.folder, prepared.options, prepared.rank
     merge = snapshot.result if snapshot is not None else None
-    censuses = [render_stamp(stamp) for stamp in session.censuses]
+    censuses = []
+    if session.censuses:  # the tracker's renderer, imported only when there is one to render
+        from ..tracker.render import render_stamp
+
+        censuses = [render_stamp(stamp) for stamp in session.censuses]
     report = render_line_report(info, records, censuses, merge)
     writes = (
         (folder.lines, lambda: write_lines(folder.lines, records)),
