@@ -259,3 +259,24 @@ def test_the_real_background_build_ends_with_a_module_the_next_run_uses(tmp_path
     after = LineProfiler(FakeSampler())
     assert after.native, after.native_note
     assert after.native_note == f"in use: loaded from {target.module}"
+
+
+def test_a_build_another_process_holds_at_start_is_waited_for_not_started_again(tmp_path, monkeypatch):
+    """A run starting while another process (a rank, another run) builds the module starts
+    no build process of its own; its builder follows the other's lock."""
+    monkeypatch.setenv("GPU_MEM_TRACK_CACHE", str(tmp_path))
+    monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "auto")
+    monkeypatch.setattr(linesink, "_state", linesink._fresh_state())
+    target = build.plan(name=build.LINE_MODULE)
+    if target.missing:
+        pytest.skip(f"cannot build the line sink here: {target.missing}")
+    lock = target.folder / ".lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("12345")
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started a second build"))
+    profiler = LineProfiler(FakeSampler())
+    assert (profiler.native, profiler.native_note) == (False, "being built in the background")
+    assert linesink.building()
+    lock.unlink()  # the other build ended (here: without a module)
+    assert not linesink.building()
+    assert linesink.module() is None and linesink.status().startswith("not built")

@@ -291,22 +291,26 @@ def build_running(state: dict[str, Any], name: str) -> bool:
     try:
         from . import build
 
-        lock = build.plan(name=name).folder / ".lock"
-        return time.time() - lock.stat().st_mtime < build.STALE_LOCK_SECONDS
-    except Exception:  # no lock (or no plan): nobody is building it
+        return _fresh(build.plan(name=name).folder / ".lock")
+    except Exception:  # no plan: nobody is building it
         return False
 
 
 def start_build(name: str = "census_scan") -> subprocess.Popen[bytes] | None:
     """A background process building the module ``name`` (``build.MODULES``), detached from
-    this one's terminal and output; None when it is built, failed before, cannot be built
-    here, or the process could not start."""
+    this one's terminal and output, at low priority (``--background``); a stand-in whose
+    ``poll()`` says whether it is still running when another process holds that build's
+    lock; None when it is built, failed before, cannot be built here, or the process could
+    not start."""
     try:
         from . import build
 
         target = build.plan(name=name)
         if target.built or target.failed or target.missing:
             return None
+        lock = target.folder / ".lock"
+        if _fresh(lock):  # another process (a rank, another run) is building it: no second one
+            return _BuiltElsewhere(lock)
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH", "")]))
@@ -322,6 +326,28 @@ def start_build(name: str = "census_scan") -> subprocess.Popen[bytes] | None:
         )
     except Exception:
         return None
+
+
+def _fresh(lock: Path) -> bool:
+    """Whether ``lock`` is held by a build that is alive (younger than
+    ``build.STALE_LOCK_SECONDS``)."""
+    from . import build
+
+    try:
+        return time.time() - lock.stat().st_mtime < build.STALE_LOCK_SECONDS
+    except OSError:
+        return False
+
+
+class _BuiltElsewhere:
+    """:func:`start_build`'s builder when another process holds the build's lock: running
+    (``poll()`` None) while that lock is fresh, as a ``subprocess.Popen`` is while it runs."""
+
+    def __init__(self, lock: Path) -> None:
+        self.lock = lock
+
+    def poll(self) -> int | None:
+        return None if _fresh(self.lock) else 0
 
 
 class use:
