@@ -40,9 +40,10 @@ docs:
 
 # The native modules (gpu_mem_track/native), built for the torch installed into the cache
 # folder: the census's reader (a census otherwise builds it in the background once it meets
-# 20,000 tensors), the runner's line sink (nothing else builds it; runs use it once built)
-# and, for a CUDA build of torch, the CUDA statistics reader (a run on a GPU otherwise
-# builds it in the background and reads torch's dict until it is there).
+# 20,000 tensors), the runner's line sink (a run otherwise builds it in the background
+# and traces through Python; the runs after it use it) and, for a CUDA build of torch, the
+# CUDA statistics reader (a run on a GPU otherwise builds it in the background and reads
+# torch's dict until it is there).
 native: install-package
 	$(PYTHON) -m gpu_mem_track.native.build
 

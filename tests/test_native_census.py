@@ -320,7 +320,7 @@ def test_a_big_census_without_the_reader_asks_for_one_build_in_the_background(tm
         assert started == []  # small: no build
         take_census("cpu", lambda: tensors)
         take_census("cpu", lambda: tensors)
-        assert started == [[sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"]]
+        assert started == [[sys.executable, "-m", "gpu_mem_track.native.build", "--background"]]
         monkeypatch.setenv("GPU_MEM_TRACK_NATIVE", "off")
         native._state.update(requested=False)
         take_census("cpu", lambda: tensors)

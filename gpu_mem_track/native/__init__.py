@@ -11,18 +11,28 @@ statistics without torch's dict, is loaded and checked by :mod:`.cudastats`. ``l
 (``line_sink.cpp``, Python's C API only), the runner's per-line path, is loaded by
 :mod:`.linesink` and used by ``runner.profiler`` wherever it is built.
 
-Nothing is compiled at install time. The module is built (``build.py``, about 20 s of one
-core) into the user's cache folder:
+Nothing is compiled at install time. Each module is built (``build.py``) into the user's
+cache folder, once per torch build and Python, by ``python -m gpu_mem_track.native.build``
+(or ``make native``), or else in the background, in a process of its own at low priority,
+the first time it is wanted (:func:`start_build`; a failed build is not tried again):
 
-- by ``python -m gpu_mem_track.native.build`` (or ``make native``);
-- in the background, once per torch build, when a census first meets
-  :data:`AUTO_BUILD_TENSORS` plain tensors; censuses use it once it is there.
+- ``census_scan``: when a census first meets :data:`AUTO_BUILD_TENSORS` plain tensors
+  (about 20 s of one core); censuses use it once it is there;
+- ``line_sink``: when a run starts and finds it missing (a few seconds); that run traces
+  through Python, the runs after it natively;
+- ``cuda_stats``: when a CUDA run finds it missing; that run reads torch's dict until the
+  build has ended, and the native reader from then on.
+
+Concurrent processes (the ranks of one launch, two runs) build a module once: the build
+takes a lock file and moves the finished module into place in one rename
+(``build.build``); a process that finds another's build running keeps its Python path
+until it has ended (:func:`build_running`).
 
 ``GPU_MEM_TRACK_NATIVE`` chooses: ``auto`` (the default, as above), ``off`` (never load
-nor build either module: the census reads through Python only, the runner through
-torch's statistics dict). Without a C++ compiler or torch's
-headers, or when the built module does not match the torch in use, the census reads
-through Python and ``status()`` says why.
+nor build any module: the census reads through Python only, the runner traces through
+Python and reads torch's statistics dict). Without a C++ compiler or torch's
+headers, or when the built module does not match the torch in use, the Python paths are
+used and each module's ``status()`` says why.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -42,12 +53,14 @@ from ..switches import switched_off
 __all__ = [
     "AUTO_BUILD_TENSORS",
     "build_now",
+    "build_running",
     "census_scan",
     "load_built",
     "load_once",
     "load_planned",
     "loaded",
     "mode",
+    "request_background",
     "request_build",
     "start_build",
     "status",
@@ -247,20 +260,61 @@ def request_build() -> bool:
     return True
 
 
+def request_background(state: dict[str, Any], lock: threading.Lock, start: Callable[[], Any]) -> bool:
+    """Start a native module's background build with ``start()`` (:func:`start_build` for
+    that module, or a test's fake): once per process (``state["requested"]``), never with
+    ``GPU_MEM_TRACK_NATIVE=off`` nor once the module is loaded. The builder goes to
+    ``state["builder"]`` and ``state["looked"]`` is cleared, so that :func:`load_once`
+    looks for the module again once :func:`build_running` says the build has ended. True
+    when a build was started."""
+    if mode() == "off" or state["requested"] or state["module"] is not None:
+        return False
+    state["requested"] = True
+    builder = start()
+    if builder is None:
+        return False
+    with lock:
+        state.update(builder=builder, looked=False, note="being built in the background")
+    return True
+
+
+def build_running(state: dict[str, Any], name: str) -> bool:
+    """Whether the background build this process started for the module ``name``
+    (``state["builder"]``) is still running, or, after it was started, another process
+    (another rank, another run) holds that build's lock (``build.build`` takes it; a lock
+    older than ``build.STALE_LOCK_SECONDS`` belongs to a build that died)."""
+    builder = state["builder"]
+    if builder is None:
+        return False
+    if builder.poll() is None:
+        return True
+    try:
+        from . import build
+
+        return _fresh(build.plan(name=name).folder / ".lock")
+    except Exception:  # no plan: nobody is building it
+        return False
+
+
 def start_build(name: str = "census_scan") -> subprocess.Popen[bytes] | None:
     """A background process building the module ``name`` (``build.MODULES``), detached from
-    this one's terminal and output; None when it is built, failed before, cannot be built
-    here, or the process could not start."""
+    this one's terminal and output, at low priority (``--background``); a stand-in whose
+    ``poll()`` says whether it is still running when another process holds that build's
+    lock; None when it is built, failed before, cannot be built here, or the process could
+    not start."""
     try:
         from . import build
 
         target = build.plan(name=name)
         if target.built or target.failed or target.missing:
             return None
+        lock = target.folder / ".lock"
+        if _fresh(lock):  # another process (a rank, another run) is building it: no second one
+            return _BuiltElsewhere(lock)
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH", "")]))
-        command = [sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"]
+        command = [sys.executable, "-m", "gpu_mem_track.native.build", "--background"]
         return subprocess.Popen(
             command if name == build.MODULE else [*command, "--module", name],
             stdin=subprocess.DEVNULL,
@@ -272,6 +326,28 @@ def start_build(name: str = "census_scan") -> subprocess.Popen[bytes] | None:
         )
     except Exception:
         return None
+
+
+def _fresh(lock: Path) -> bool:
+    """Whether ``lock`` is held by a build that is alive (younger than
+    ``build.STALE_LOCK_SECONDS``)."""
+    from . import build
+
+    try:
+        return time.time() - lock.stat().st_mtime < build.STALE_LOCK_SECONDS
+    except OSError:
+        return False
+
+
+class _BuiltElsewhere:
+    """:func:`start_build`'s builder when another process holds the build's lock: running
+    (``poll()`` None) while that lock is fresh, as a ``subprocess.Popen`` is while it runs."""
+
+    def __init__(self, lock: Path) -> None:
+        self.lock = lock
+
+    def poll(self) -> int | None:
+        return None if _fresh(self.lock) else 0
 
 
 class use:

@@ -17,7 +17,7 @@ an automatic build is not tried again for that key (``python -m gpu_mem_track.na
 always tries). A lock file keeps concurrent processes (the ranks of one launch) from
 building the same key twice.
 
-    python -m gpu_mem_track.native.build [--quiet] [--module census_scan|cuda_stats|line_sink]
+    python -m gpu_mem_track.native.build [--quiet | --background] [--module census_scan|cuda_stats|line_sink]
 
 builds the modules (the CUDA one where torch is a CUDA build), or the one named; exits 0
 when what could be built is built (or was), 1 when a build failed, 2 when the census's
@@ -251,7 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="print nothing; the exit code says how it went")
     parser.add_argument("--module", choices=sorted(MODULES), help="build only this module")
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help="as --quiet, at low priority (nice 10): a build started by a run, beside it",
+    )
     args = parser.parse_args(argv)
+    if args.background:
+        args.quiet = True
+        try:
+            os.nice(10)
+        except (AttributeError, OSError):  # no nice on this platform: build at full priority
+            pass
     say = (lambda *a, **k: None) if args.quiet else print
     names = [args.module] if args.module else list(MODULES)
     code = 0

@@ -21,12 +21,11 @@ reads the dict until the build has ended, and the reader from then on.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import load_once, load_planned, mode, start_build
+from . import build_running, load_once, load_planned, request_background, start_build
 
 __all__ = ["awaiting", "building", "checked_read", "figures", "module", "request_build", "status"]
 
@@ -72,32 +71,13 @@ def request_build() -> bool:
     """Start building the module in the background (once per process, never with
     ``GPU_MEM_TRACK_NATIVE=off``, nor when it is built, failed before or cannot be built
     here). True when a build was started; :func:`module` finds it once it has ended."""
-    if mode() == "off" or _state["requested"] or _state["module"] is not None:
-        return False
-    _state["requested"] = True
-    builder = start_build("cuda_stats")
-    if builder is None:
-        return False
-    with _lock:
-        _state.update(builder=builder, looked=False, note="being built in the background")
-    return True
+    return request_background(_state, _lock, lambda: start_build("cuda_stats"))
 
 
 def building() -> bool:
     """Whether a build this process started is still running, or, after one was started,
     another process (another rank) holds the build's lock."""
-    builder = _state["builder"]
-    if builder is None:
-        return False
-    if builder.poll() is None:
-        return True
-    try:
-        from . import build
-
-        lock = build.plan(name=build.CUDA_MODULE).folder / ".lock"
-        return time.time() - lock.stat().st_mtime < build.STALE_LOCK_SECONDS
-    except Exception:  # no lock (or no plan): nobody is building it
-        return False
+    return build_running(_state, "cuda_stats")
 
 
 def figures(nested: dict[str, Any]) -> tuple[int, int, int, int, int]:

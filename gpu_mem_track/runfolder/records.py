@@ -288,6 +288,14 @@ class RunInfo:
     (``levers.LeverReport.to_dict()``: ``name``, ``applied``, ``reason``, ``detail``,
     ``change``, ``where``, ``cost``, ``changes_results``, ``reached``; empty without levers and in
     files written before them).
+
+    How the lines were read (all "" in files written before they were recorded):
+    ``line_sink``: ``"native"`` (the C++ line sink, ``native/line_sink.cpp``) or
+    ``"python"``, chosen when the run started; ``line_sink_note``: why
+    (``native.linesink.status()``: loaded from where, off, being built in the background,
+    not built and why); ``stats_reader``: on a real GPU, how the CUDA allocator's
+    statistics were read when the run ended, ``"native"`` (``native/cuda_stats.cpp``) or
+    ``"dict"`` (``torch._C._cuda_memoryStats``); "" on the CPU and a simulated GPU.
     """
 
     run_name: str
@@ -314,6 +322,9 @@ class RunInfo:
     simulation: SimulationInfo | None = None
     stopped: StopInfo | None = None
     levers: tuple[dict[str, Any], ...] = ()
+    line_sink: str = ""
+    line_sink_note: str = ""
+    stats_reader: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

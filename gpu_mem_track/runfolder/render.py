@@ -12,7 +12,7 @@ from ..units import format_bytes, format_peak
 from .records import HEAP_SOURCE, TENSORS_SOURCE, LineRecord, RunInfo, SnapshotMerge, by_function, hottest
 from .simtext import short_path, simulation_lines, simulation_report
 
-__all__ = ["render_launch_report", "render_line_report", "render_ranks", "render_summary"]
+__all__ = ["paths_line", "render_launch_report", "render_line_report", "render_ranks", "render_summary"]
 
 _HEAD = (
     f"{'Line #':>7}  {'Memory':>12}  {'Increment':>12}  {'Rise':>12}  {'Peak':>13}  {'Hits':>7}"
@@ -70,7 +70,8 @@ def render_summary(
     unwritten: Collection[str] = (),
 ) -> str:
     """The few lines printed at the end of a run: the ``top`` lines (0: all) that raised
-    memory most, how a ``--snapshot`` was used, and the report files in ``folder``,
+    memory most, how a ``--snapshot`` was used, which path read the lines
+    (:func:`paths_line`; not for runs recorded before it was), and the report files in ``folder``,
     without those named in ``unwritten`` (file names that could not be written: a full
     disk)."""
     lines = [f"gpu_mem_track: {_ending(info)} | memory: {_source(info)} | {_peak(info)}"]
@@ -92,8 +93,25 @@ def render_summary(
         lines.append(note)
     if snapshot is not None:
         lines.append(_snapshot_text(snapshot))
+    if info.line_sink:
+        lines.append(paths_line(info))
     lines.append(_reports_line(folder, snapshot, unwritten))
     return "\n".join(lines) + "\n"
+
+
+def paths_line(info: RunInfo) -> str:
+    """Which path the run's lines (and a real GPU's statistics) were read through, from
+    ``info.line_sink``, ``line_sink_note`` and ``stats_reader``: ``Line sink: native``, or
+    ``Line sink: Python (why)``, and ``CUDA statistics: native reader`` or ``torch's dict``."""
+    if info.line_sink == "native":
+        text = "Line sink: native"
+    else:
+        note = info.line_sink_note
+        if note == "being built in the background":
+            note = "the native one is being built in the background; the next runs use it"
+        text = f"Line sink: Python ({note})" if note else "Line sink: Python"
+    reader = {"native": "native reader", "dict": "torch's dict"}.get(info.stats_reader)
+    return f"{text} | CUDA statistics: {reader}" if reader else text
 
 
 def _reports_line(folder: Path, snapshot: SnapshotMerge | None, unwritten: Collection[str]) -> str:

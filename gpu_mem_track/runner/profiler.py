@@ -75,7 +75,8 @@ class LineProfiler:
         rank: the rank of the distributed launch, written in every row and record (None
             outside one).
         line_sink: the native ``line_sink`` module to run the common path with, None for
-            Python only; default: ``native.linesink.module()`` (built, not turned off).
+            Python only; default: ``native.linesink.for_run()``'s (built, not turned off;
+            when not built yet, it starts its build in the background for later runs).
     """
 
     def __init__(
@@ -126,9 +127,14 @@ class LineProfiler:
         self._candidates: list[tuple[int, int, tuple[str, int] | None]] = []
         self._peak_where: tuple[str, int] | None = None  # the first to reach the peak
         self.first_reading = self._sample()[0]
-        self._line_sink = linesink.module() if line_sink == "auto" else line_sink
+        if line_sink == "auto":
+            self._line_sink, note = linesink.for_run()
+        else:
+            self._line_sink, note = line_sink, "given" if line_sink is not None else "not given"
         #: whether ``line``/``enter``/``leave`` run natively (see the module docstring)
         self.native = False
+        #: why the native line sink is used or not (``native.linesink.status()``'s line)
+        self.native_note = note
         if self._line_sink is not None:
             core = self._line_sink.Core(self, self._python_line, self._native_reads())
             self.line, self.enter, self.leave = core.line, core.enter, core.leave  # type: ignore[method-assign]

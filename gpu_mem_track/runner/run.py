@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import CodeType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._version import __version__
 from ..devices import Device
@@ -45,13 +45,15 @@ from .history import HistoryRecorder
 from .launch import run_script
 from .options import PreparedRun, RunOptions
 from .profiler import LineProfiler
-from .recording import SnapshotRun
 from .result import RunResult
 from .samplers import CudaSampler, HeapSampler, RssSampler, Sampler
 from .session import RunSession
 from .simulate import check_levers, check_simulate, simulation, simulation_info, stop_rule
 from .steady import LoopWatch
 from .tracer import best_engine
+
+if TYPE_CHECKING:  # imported by a --snapshot run only: it loads the allocator's model (0.1 s)
+    from .recording import SnapshotRun
 
 __all__ = ["RunOptions", "PreparedRun", "prepare", "execute", "run"]
 
@@ -146,7 +148,7 @@ def _execute(
     session.profiler = profiler
     watch = _watch(options, profiler, sampler)
     engine = best_engine(watch or profiler, _wants(prepared), options.engine)
-    info = _info(prepared, sampler.source, engine.name)
+    info = _info(prepared, sampler.source, engine.name, profiler)
     _start_files(prepared, info, timeline, session, sampler)
     profiler.event_row("start", where=(str(prepared.script), "<module>", None))
     code = 1
@@ -221,10 +223,19 @@ def _simulated(info: RunInfo, sampler: Any, gpu: Any, watch: LoopWatch | None, l
     return replace(
         info,
         reserved_peak=getattr(sampler, "reserved_peak", None),
+        stats_reader=_stats_reader(sampler, gpu),
         simulation=simulation_info(gpu) if gpu is not None else None,
         stopped=watch.stopped if watch is not None else None,
         levers=tuple(report.to_dict() for report in levers.reports()),
     )
+
+
+def _stats_reader(sampler: Any, gpu: Any) -> str:
+    """How a real GPU's allocator statistics were read when the run ended (the sampler's
+    ``stats_reader``: ``"native"`` or ``"dict"``); "" on the CPU and a simulated GPU."""
+    if sampler.source != "cuda allocator" or gpu is not None:
+        return ""
+    return str(getattr(sampler, "stats_reader", ""))
 
 
 def _start_files(
@@ -259,6 +270,8 @@ def _abandon(folder: RunFolder) -> None:
 
 
 def _snapshot_run(prepared: PreparedRun, sampler: Any, history: HistoryRecorder | None) -> SnapshotRun:
+    from .recording import SnapshotRun
+
     if history is None:
         from .history import TorchHistory
 
@@ -304,11 +317,14 @@ def _write_reports(
     line at the end and left out of the summary's list of reports; nothing here raises
     ``OSError``, so the exit code stays the script's."""
     from ..runfolder.render import render_line_report, render_summary
-    from ..tracker.render import render_stamp
 
     folder, options, rank = prepared.folder, prepared.options, prepared.rank
     merge = snapshot.result if snapshot is not None else None
-    censuses = [render_stamp(stamp) for stamp in session.censuses]
+    censuses = []
+    if session.censuses:  # the tracker's renderer, imported only when there is one to render
+        from ..tracker.render import render_stamp
+
+        censuses = [render_stamp(stamp) for stamp in session.censuses]
     report = render_line_report(info, records, censuses, merge)
     writes = (
         (folder.lines, lambda: write_lines(folder.lines, records)),
@@ -374,7 +390,7 @@ def _wants(prepared: PreparedRun) -> Any:
     return wants
 
 
-def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
+def _info(prepared: PreparedRun, source: str, engine: str, profiler: LineProfiler) -> RunInfo:
     path = prepared.folder.path
     return RunInfo(
         run_name=path.name if prepared.rank is None else f"{path.parent.name}/{path.name}",
@@ -387,6 +403,8 @@ def _info(prepared: PreparedRun, source: str, engine: str) -> RunInfo:
         python=platform.python_version(),
         torch=_torch_version(),
         gpu_mem_track=__version__,
+        line_sink="native" if profiler.native else "python",
+        line_sink_note=profiler.native_note,
         **_rank_fields(prepared),
     )
 
