@@ -3,7 +3,7 @@
 What a user meets before the census's native reader is built: each round starts a fresh
 process whose ``GPU_MEM_TRACK_CACHE`` is an empty temporary folder (``auto`` mode, so the
 first census meeting 20,000 tensors starts the reader's build in the background, as it
-would for a user), makes the tensors of ``scripts/bench_census.py``'s tensor curve (a
+would for a user), makes the tensors of ``scripts/bench/bench_census.py``'s tensor curve (a
 model of ``Linear(4, 4)`` layers with gradients and Adam state, plain tensors, views),
 then times ``gc.get_objects()`` and ``MemTracker.track()`` alternately for the first
 ``--calls`` calls. The background build, if one started, is stopped when the round ends.
