@@ -103,3 +103,20 @@ def test_cublaslt_workspace_size_follows_its_variable():
     assert lt_workspace_bytes({}) == 1_048_576
     assert lt_workspace_bytes({"CUBLASLT_WORKSPACE_SIZE": "4096"}) == 4 * 2**20
     assert lt_workspace_bytes({"CUBLASLT_WORKSPACE_SIZE": "lots"}) == 1_048_576
+
+
+def test_autocast_casts_the_last_argument_first():
+    # Every linear of the recording casts its bias (4,608 B for qkv), then its weight
+    # (3,538,944 B), then its float32 input (19,365,888 B), then allocates its output; the
+    # patch embedding's convolution the same (1,536, 1,179,648, 19,267,584).
+    with simulated_gpu("h200"):
+        qkv = nn.Linear(768, 2304).to("cuda")
+        x = torch.randn(64, 197, 768, device="cuda")
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                qkv(x)
+
+        trace = trace_of(step)
+    sizes = [e["size"] for e in trace if e["action"] == "alloc"]
+    assert sizes[:4] == [4608, 3_538_944, 19_365_888, 58_097_664]
