@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn import _reduction
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_map
 
 __all__ = ["FLOAT32", "LOWER", "SET_DTYPE", "CudaAutocast"]
 
@@ -101,12 +101,7 @@ class CudaAutocast:
                 self._cache[id(value)] = cached
             return cached[1]
 
-        # The CUDA build casts the last argument first (autocast_mode.h's pack expansion
-        # ``(*F)(cached_cast(..., args, ...)...)``, evaluated right to left by GCC): the
-        # H200 traces cast a linear's bias, then its weight, then its input.
-        leaves, spec = tree_flatten(tree)
-        cast_leaves = [cast(leaf) for leaf in reversed(leaves)][::-1]
-        return tree_unflatten(cast_leaves, spec)
+        return tree_map(cast, tree)
 
     def _cross_entropy(
         self,
