@@ -105,18 +105,26 @@ def test_cublaslt_workspace_size_follows_its_variable():
     assert lt_workspace_bytes({"CUBLASLT_WORKSPACE_SIZE": "lots"}) == 1_048_576
 
 
-def test_autocast_casts_the_last_argument_first():
-    # Every linear of the recording casts its bias (4,608 B for qkv), then its weight
-    # (3,538,944 B), then its float32 input (19,365,888 B), then allocates its output; the
-    # patch embedding's convolution the same (1,536, 1,179,648, 19,267,584).
+def test_attention_on_hopper_takes_cudnns_seed_and_offset_before_its_output():
+    # Every attention forward of the recording (attention.py:124): alloc 8, 8 (cuDNN's
+    # seed and offset), 19,365,888 (output), 605,184 (float32 log-sum-exp), 256 (scratch,
+    # freed); the first three and the log-sum-exp kept for backward. Flash's meta kernel
+    # gave the output and log-sum-exp first, then 16 B and 8 B.
     with simulated_gpu("h200"):
-        qkv = nn.Linear(768, 2304).to("cuda")
-        x = torch.randn(64, 197, 768, device="cuda")
+        q, k, v = (
+            torch.randn(64, 12, 197, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)
+        )
+        trace = trace_of(lambda: F.scaled_dot_product_attention(q, k, v).sum().backward())
+    allocs = [(i, e["size"]) for i, e in enumerate(trace) if e["action"] == "alloc"]
+    assert [size for _, size in allocs[:5]] == [8, 8, 19_365_888, 605_184, 256]
+    assert [transient(trace, i) for i, _ in allocs[:5]] == [True, True, True, True, True]
+    assert sum(1 for _, size in allocs if size == 39_337_216) == 1  # the backward's scratch
 
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                qkv(x)
 
-        trace = trace_of(step)
+def test_attention_before_hopper_stays_flash():
+    with simulated_gpu("a100-80gb"):
+        q, k, v = (torch.randn(64, 12, 197, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        trace = trace_of(lambda: F.scaled_dot_product_attention(q, k, v))
     sizes = [e["size"] for e in trace if e["action"] == "alloc"]
-    assert sizes[:4] == [4608, 3_538_944, 19_365_888, 58_097_664]
+    assert sizes[:2] == [19_365_888, 605_184] and 256 not in sizes

@@ -76,7 +76,8 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference(
         "scaled_dot_product_attention",
         "math path: keeps a (batch, heads, T, T) matrix and its softmax for backward",
-        "flash (sm80+, half precision) or memory-efficient attention: output and log-sum-exp only",
+        "flash (sm80+, half precision) or memory-efficient attention: output and log-sum-exp only; "
+        "on sm90+ cuDNN's attention where flash would run, its 8 B seed and offset taken first",
         "modelled: gpumodel.attention runs the fused op CUDA would pick; sdpa_kernel respected",
         "tests/test_simgpu.py::test_attention_keeps_no_sequence_square_matrix_on_ampere_unless_math_is_forced",
     ),

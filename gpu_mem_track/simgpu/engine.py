@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_leaves
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
 from ..dispatch.lifetimes import WORKSPACE, Lifetimes
 from ..gpumodel.addresses import TopDownDevice
-from ..gpumodel.attention import kernel_scratch
+from ..gpumodel.attention import CUDNN_FORWARD, kernel_scratch
 from ..gpumodel.convops import CONVOLUTION_OPS, convolution_plan, cudnn_settings
 from ..gpumodel.cudnn import CudnnConvolutions, Step
 from ..gpumodel.reduce import float_result_first, lt_workspace_bytes, staging_bytes
@@ -275,7 +275,10 @@ class Storages(Lifetimes):
                 return self._convolution(func, args, kwargs or {})
             if func in SUM_OPS and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 return self._sum(func, types, args, kwargs)
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if func is CUDNN_FORWARD:
+                out = self._seed_first(func, args, kwargs or {})
+            else:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
             if func is _ADDMM and isinstance(args[0], torch.Tensor) and args[0].dim() == 1:
                 self._lt_workspace(kwargs or {})
             scratch = kernel_scratch(func, args, self.capability)
@@ -288,6 +291,19 @@ class Storages(Lifetimes):
         key = self._new_key(nbytes, 0)
         self._note_peak(op)
         self._release(key)
+
+    def _seed_first(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """cuDNN attention: its seed and offset registered before its other outputs,
+        as CUDA allocates them (:mod:`~gpu_mem_track.gpumodel.attention`)."""
+        out = func(*args, **kwargs)
+        leaves = [leaf for i in (6, 7, 0, 1) for leaf in tree_leaves(out[i])]
+        grew = False
+        for leaf in [*leaves, *tree_leaves(out)]:
+            if isinstance(leaf, torch.Tensor):
+                grew |= self._register(leaf) is not None
+        if grew:
+            self._note_peak(str(func.overloadpacket.__name__))
+        return out
 
     def _sum(self, func: Any, types: Any, args: tuple, kwargs: Any) -> Any:
         """A sum with CUDA's staging blocks around it; in backward, a half-precision

@@ -6,7 +6,8 @@ The layers are timm's ``VisionTransformer`` (``timm/models/vision_transformer.py
 ``timm/layers``, huggingface/pytorch-image-models aa4b5850) with its defaults for
 ``vit_base_patch16_224``: ``PatchEmbed`` (a 16x16 stride-16 convolution with bias, then
 ``flatten(2).transpose(1, 2)``), a class token concatenated before the learned position
-embedding is added (``_pos_embed``), pre-norm ``Block``s (``LayerNorm`` eps 1e-6,
+embedding is added (``_pos_embed``, a method as in timm, so the patch embedding's output
+lives until it returns), pre-norm ``Block``s (``LayerNorm`` eps 1e-6,
 ``Attention`` with a biased ``qkv`` linear whose output is reshaped to (3, B, heads, N,
 head_dim) and unbound, ``F.scaled_dot_product_attention``, ``transpose(1, 2).reshape``,
 ``proj``; ``Mlp``: ``fc1``, exact GELU, ``fc2``), a final ``LayerNorm``, the class token
@@ -125,12 +126,25 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(0.0)
         self.head = nn.Linear(dim, 1000)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = self.pos_drop(x + self.pos_embed)
-        x = self.norm(self.blocks(self.norm_pre(self.patch_drop(x))))
-        return self.head(self.head_drop(self.fc_norm(x[:, 0])))
+        x = x + self.pos_embed
+        return self.pos_drop(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        x = self._pos_embed(x)  # the patch embedding's output lives until this returns
+        x = self.norm_pre(self.patch_drop(x))
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, 0]  # global_pool 'token'
+        return self.head(self.head_drop(self.fc_norm(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_features(x)
+        return self.forward_head(x)
 
 
 def main() -> None:
