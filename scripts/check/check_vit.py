@@ -82,9 +82,18 @@ def simulate(work: Path, name: str, to_end: bool, batch: int) -> dict:
         "seconds": round(seconds, 1),
         "allocated": int(meta["peak"]),
         "reserved": int(meta["reserved_peak"]),
-        "stopped": meta.get("stopped"),
+        "stopped": relative(meta.get("stopped")),
         "snapshot": work / name / "snapshot.pickle",
     }
+
+
+def relative(stopped: dict | None) -> dict | None:
+    """The run's ``stopped`` record with its paths relative to the checkout (a committed
+    report names no path of the machine that wrote it)."""
+    if not stopped:
+        return stopped
+    root = str(ROOT) + "/"
+    return {k: v.replace(root, "") if isinstance(v, str) else v for k, v in stopped.items()}
 
 
 def steps(trace: tuple[TraceEntry, ...]) -> list[int]:
