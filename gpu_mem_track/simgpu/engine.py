@@ -345,10 +345,11 @@ class Storages(Lifetimes):
 
     def _lt_workspace(self, kwargs: dict) -> None:
         """cuBLASLt's workspace, once per handle, after an ``addmm`` with a bias vector
-        and beta 1 (its bias epilogue), kept to the end as the cuBLAS one is."""
+        and beta 1 (its bias epilogue), kept to the end as the cuBLAS one is, and counted
+        with it (``workspace_keys``: the estimate's ``cublas_workspace``)."""
         handle = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-        if handle in self.lt_handles or kwargs.get("beta", 1) != 1:
-            return
+        if handle in self.lt_handles or kwargs.get("beta", 1) != 1 or not self.workspace.nbytes:
+            return  # workspaces switched off (a cuBLAS workspace of 0, as the estimator sets): none
         self.lt_handles.add(handle)
         self.workspace_keys.add(self._new_key(lt_workspace_bytes(), 0, WORKSPACE))
         self._note_peak("addmm")
