@@ -275,11 +275,16 @@ class Storages(Lifetimes):
                 return self._convolution(func, args, kwargs or {})
             if func in SUM_OPS and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 return self._sum(func, types, args, kwargs)
-            if func is CUDNN_FORWARD:
+            if func is CUDNN_FORWARD and args[0].is_meta:
                 out = self._seed_first(func, args, kwargs or {})
             else:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
-            if func is _ADDMM and isinstance(args[0], torch.Tensor) and args[0].dim() == 1:
+            if (
+                func is _ADDMM
+                and isinstance(args[0], torch.Tensor)
+                and args[0].is_meta
+                and args[0].dim() == 1
+            ):
                 self._lt_workspace(kwargs or {})
             scratch = kernel_scratch(func, args, self.capability)
             if scratch:
@@ -310,7 +315,7 @@ class Storages(Lifetimes):
         sum's float32 result first (:mod:`~gpu_mem_track.gpumodel.reduce`)."""
         source = args[0]
         dims = args[1] if len(args) > 1 and args[1] is not None else list(range(source.dim()))
-        reduced = [d % source.dim() for d in dims] if source.dim() else []
+        reduced = sorted({d % source.dim() for d in dims} or range(source.dim())) if source.dim() else []
         staging = staging_bytes(
             tuple(source.shape),
             reduced,
