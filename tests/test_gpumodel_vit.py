@@ -128,3 +128,23 @@ def test_attention_before_hopper_stays_flash():
         trace = trace_of(lambda: F.scaled_dot_product_attention(q, k, v))
     sizes = [e["size"] for e in trace if e["action"] == "alloc"]
     assert sizes[:2] == [19_365_888, 605_184] and 256 not in sizes
+
+
+@pytest.mark.parametrize("rows, dtype", [(64, torch.bfloat16), (128, torch.float16)])
+def test_head_bias_gradient_takes_a_float32_result_without_staging(rows, dtype):
+    # The ViT's head (64 rows, bf16) and timm-resnet50-amp's (128 rows, fp16): alloc 4,000
+    # (float32 sum), 2,000 (the bias gradient), free 4,000; too few rows to split.
+    with simulated_gpu("h200"):
+        head = nn.Linear(768, 1000).to("cuda")
+        features = torch.randn(rows, 768, device="cuda", dtype=dtype, requires_grad=True)
+
+        def step():
+            with torch.autocast("cuda", dtype=dtype):
+                out = head(features)
+            out.backward(torch.ones_like(out))
+
+        trace = trace_of(step)
+    allocs = [(i, e["size"]) for i, e in enumerate(trace) if e["action"] == "alloc"]
+    sizes = [size for _, size in allocs]
+    start = sizes.index(4000)
+    assert sizes[start : start + 2] == [4000, 2000] and transient(trace, allocs[start][0])
