@@ -129,7 +129,8 @@ def test_phases_of_a_user_step_come_from_hooks_and_autograd():
 
 def test_cuda_target_user_step_gets_the_allocator_and_workspaces():
     est = estimate(mlp, (16, 32), step=keep_last_output)
-    assert est.cublas_workspace == 2 * 8_519_680 and est.reserved_peak >= est.peak
+    assert est.cublas_workspace == 2 * 8_519_680 + (1 << 20)  # + cuBLASLt's (the biased addmm)
+    assert est.reserved_peak >= est.peak
     assert Estimate.from_dict(json.loads(json.dumps(est.to_dict()))) == est
     text = render_estimate(est)
     assert text.startswith("Estimated step test_estimate_step:keep_last_output of ")

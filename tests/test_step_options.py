@@ -133,7 +133,8 @@ def test_warmup_and_the_cuda_memory_options_go_through_step_options():
     assert memory == tuple(given.values())
     by_keywords = estimate(_net, (4, 8), optimizer="sgd", **given)
     assert by_keywords == estimate_step(_net, (4, 8), options)
-    assert by_keywords.allocator == "max_split_size_mb:64" and by_keywords.cublas_workspace == 2 * 131_072
+    assert by_keywords.allocator == "max_split_size_mb:64"
+    assert by_keywords.cublas_workspace == 2 * 131_072 + (1 << 20)  # + cuBLASLt's (a biased linear)
     # warmup=0 measures the first step: its optimizer step makes the momentum buffers.
     assert by_keywords.optimizer_state_bytes == estimate(_net, (4, 8), optimizer="sgd").optimizer_state_bytes
     for bad in (-1, 1.5, True):

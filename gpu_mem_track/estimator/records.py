@@ -110,7 +110,8 @@ class Estimate:
     ``largest_free_block`` are the reserved bytes and the largest free cached block at
     the allocated peak, ``allocator`` its settings (``PYTORCH_CUDA_ALLOC_CONF`` form,
     ``""`` for the defaults); on the CPU target they are None. ``cublas_workspace``: the
-    bytes of the cuBLAS workspaces allocated (one per handle: forward and backward).
+    bytes of the cuBLAS workspaces allocated (one per handle: forward and backward),
+    cuBLASLt's (taken by an ``addmm`` with a bias vector) with them.
     ``rounding`` names the rounding applied. ``step`` is the user's step function
     (``""``: the built-in step). Training steps are measured as the second of two
     identical steps, so the optimizer state already exists, as in a training loop.

@@ -13,10 +13,17 @@ PyTorch picks a fused kernel when it can (``sdp_utils.cpp``), in this order:
 - else the math path.
 
 A backend disabled by ``torch.backends.cuda.enable_*_sdp(False)`` or left out of
-``torch.nn.attention.sdpa_kernel`` is skipped. cuDNN attention is not modelled (it is
-after these in the default order). With ``enable_gqa`` and fewer key/value heads than
-query heads, flash runs on the grouped heads as they are (no repeated copies:
-sdp_utils.cpp's ``check_batch_size_and_num_heads_dense<true /*supports GQA*/>``; its
+``torch.nn.attention.sdpa_kernel`` is skipped. Where flash would run on compute
+capability 9.0 and later with a head dimension of at most 128, PyTorch prefers cuDNN's
+attention (``check_prefer_cudnn_attention``): it takes its random seed and offset, one
+int64 each (8 B), before the output and the float32 log-sum-exp of (batch, heads, query
+length, 1), and keeps all four for backward (every attention forward of the H200
+recordings ``timm-vit-b16-bf16`` and ``nanogpt-*``: 8, 8, output, log-sum-exp, where
+flash's meta kernel gave the output, the log-sum-exp, then 16 B and 8 B);
+:func:`pick_backend` says ``"cudnn"`` there, and the simulated GPU registers the seed and
+offset first (``simgpu.engine``). With ``enable_gqa`` and fewer key/value heads than
+query heads, flash (and cuDNN) run on the grouped heads as they are (no repeated copies:
+sdp_utils.cpp's ``check_batch_size_and_num_heads_dense<true /*supports GQA*/>``; their
 backward's expanded key/value gradients, summed inside the kernel, are not modelled); the
 memory-efficient kernel does not take them, so the math path runs (it repeats them
 itself). Dropout's random state is a few bytes.
@@ -39,7 +46,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["cuda_attention", "kernel_scratch", "pick_backend"]
+__all__ = ["CUDNN_FORWARD", "cuda_attention", "kernel_scratch", "pick_backend"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -47,7 +54,7 @@ _HALF = (torch.float16, torch.bfloat16)
 def pick_backend(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, has_mask: bool, capability: tuple[int, int]
 ) -> str:
-    """``"flash"``, ``"efficient"`` or ``"math"``: the backend CUDA would run."""
+    """``"cudnn"``, ``"flash"``, ``"efficient"`` or ``"math"``: the backend CUDA would run."""
     shaped = query.dim() == 4 and key.dim() == 4 and value.dim() == 4
     head = query.shape[-1]
     same = key.shape[-1] == head and value.shape[-1] == head and query.dtype == key.dtype == value.dtype
@@ -61,7 +68,8 @@ def pick_backend(
         and head <= 256
         and head % 8 == 0
     ):
-        return "flash"
+        prefer_cudnn = capability >= (9, 0) and head <= 128 and torch.backends.cuda.cudnn_sdp_enabled()
+        return "cudnn" if prefer_cudnn else "flash"
     align = 4 if query.dtype == torch.float32 else 8
     if (
         shaped
@@ -87,6 +95,11 @@ def cuda_attention(func: Any, args: tuple, kwargs: dict, capability: tuple[int, 
     if grouped and backend == "efficient":
         backend = "math"  # sdp_utils.cpp: only flash (and cuDNN) take grouped key/value heads
     dropout, causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
+    if backend == "cudnn":
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            query, key, value, None, grad, dropout, causal, False, scale=scale
+        )[0]
     if backend == "flash":
         return torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout, causal, False, scale=scale
@@ -102,16 +115,24 @@ def cuda_attention(func: Any, args: tuple, kwargs: dict, capability: tuple[int, 
 
 #: Scratch bytes a fused attention forward takes and frees on sm90+ (recorded).
 FORWARD_SCRATCH = 256
-_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention.default
-_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+_FORWARDS = (
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+)
+_BACKWARDS = (
+    torch.ops.aten._scaled_dot_product_flash_attention_backward.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default,
+)
+#: cuDNN attention's forward, whose seed and offset (outputs 6 and 7) CUDA allocates first.
+CUDNN_FORWARD = _FORWARDS[1]
 
 
 def kernel_scratch(func: Any, args: tuple, capability: tuple[int, int]) -> int:
     """Bytes the aten op ``func`` takes and frees at once on a GPU of ``capability``
     beyond its outputs (0: none modelled); see the module doc."""
-    if func is not _FORWARD and func is not _BACKWARD or capability < (9, 0):
+    if func not in _FORWARDS and func not in _BACKWARDS or capability < (9, 0):
         return 0
-    if func is _FORWARD:
+    if func in _FORWARDS:
         return FORWARD_SCRATCH
     if len(args) > 1 and args[1].dim() == 4:
         batch, heads, length, head = args[1].shape

@@ -76,7 +76,8 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference(
         "scaled_dot_product_attention",
         "math path: keeps a (batch, heads, T, T) matrix and its softmax for backward",
-        "flash (sm80+, half precision) or memory-efficient attention: output and log-sum-exp only",
+        "flash (sm80+, half precision) or memory-efficient attention: output and log-sum-exp only; "
+        "on sm90+ cuDNN's attention where flash would run, its 8 B seed and offset taken first",
         "modelled: gpumodel.attention runs the fused op CUDA would pick; sdpa_kernel respected",
         "tests/test_simgpu.py::test_attention_keeps_no_sequence_square_matrix_on_ampere_unless_math_is_forced",
     ),
@@ -86,6 +87,25 @@ DIFFERENCES: tuple[Difference, ...] = (
         "one per (handle, stream) at its first GEMM, never freed: 8,519,680 B, 32 MiB on sm90+",
         "modelled: gpumodel.workspace, forward and backward handles; CUBLAS_WORKSPACE_CONFIG read",
         "tests/test_simgpu.py::test_cublas_workspace_per_gpu_and_from_the_environment",
+    ),
+    Difference(
+        "cuBLASLt workspace (addmm with a bias vector)",
+        "none",
+        "cuBLASLt's bias-epilogue GEMM takes its own workspace after the cuBLAS one, once per handle, "
+        "never freed: 1 MiB (CUBLASLT_WORKSPACE_SIZE KiB; H200 traces timm-vit-b16-bf16 and "
+        "timm-resnet50-amp, their first biased linear)",
+        "modelled: gpumodel.reduce.lt_workspace_bytes, taken by simgpu.engine after such an addmm",
+        "tests/test_gpumodel_vit.py::test_addmm_with_a_bias_takes_cublaslt_workspace_once_per_handle",
+    ),
+    Difference(
+        "sums (bias gradients) on CUDA",
+        "the output only",
+        "Reduce.cuh splits long reductions over several blocks: a staging buffer and semaphores, "
+        "freed at once (77,463,552 + 24 B for each 768-wide bias gradient of a ViT-B/16 at batch 64, "
+        "its step's peak); in backward a half-precision sum takes a float32 result first",
+        "modelled: gpumodel.reduce.staging_bytes (setReduceConfig, sums over leading dimensions of a "
+        "contiguous tensor); sums along the fastest dimension and other reductions take none",
+        "tests/test_gpumodel_vit.py::test_bias_gradient_in_backward_takes_a_float32_result_and_the_staging_first",
     ),
     Difference(
         "caching allocator",

@@ -29,11 +29,12 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..allocator import Allocator, AllocatorSettings, SimulatedOutOfMemory, allocation_size
-from ..dispatch.lifetimes import Lifetimes
+from ..dispatch.lifetimes import WORKSPACE, Lifetimes
 from ..gpumodel.addresses import TopDownDevice
-from ..gpumodel.attention import kernel_scratch
+from ..gpumodel.attention import CUDNN_FORWARD, kernel_scratch
 from ..gpumodel.convops import CONVOLUTION_OPS, convolution_plan, cudnn_settings
 from ..gpumodel.cudnn import CudnnConvolutions, Step
+from ..gpumodel.reduce import float_result_first, lt_workspace_bytes, staging_bytes
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
@@ -43,6 +44,9 @@ __all__ = ["CUDNN_WORKSPACE", "GpuMemory", "Storages", "format_size", "oom_messa
 
 #: ``born_in`` phase of cuDNN's workspaces (allocated and freed inside a convolution).
 CUDNN_WORKSPACE = "cuDNN workspace"
+#: Sums whose staging blocks are modelled (:mod:`~gpu_mem_track.gpumodel.reduce`).
+SUM_OPS = frozenset({torch.ops.aten.sum.dim_IntList})
+_ADDMM = torch.ops.aten.addmm.default
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _OUR_DIR = str(Path(__file__).resolve().parents[1])
@@ -257,13 +261,18 @@ class Storages(Lifetimes):
     scratch blocks (:func:`~gpu_mem_track.gpumodel.attention.kernel_scratch`) are taken
     and given back right after their op. Convolutions take cuDNN's workspaces and
     benchmark trials around their outputs (:mod:`~gpu_mem_track.gpumodel.cudnn`;
-    ``convolutions`` holds the benchmark cache)."""
+    ``convolutions`` holds the benchmark cache). Sums take CUDA's reduction staging
+    blocks, and an ``addmm`` with a bias vector cuBLASLt's workspace
+    (:mod:`~gpu_mem_track.gpumodel.reduce`)."""
 
     def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
         super().__init__({"meta"}, memory, workspace, history=False)
         self.virtual = virtual
         self.capability = memory.spec.capability
         self.convolutions = CudnnConvolutions()
+        self.multiprocessors = memory.spec.multiprocessors
+        self.threads_per_multiprocessor = 2048 if self.capability >= (8, 0) else 1024
+        self.lt_handles: set[str] = set()  # handles (forward, backward) given a cuBLASLt workspace
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunction():
@@ -276,7 +285,19 @@ class Storages(Lifetimes):
                 return out
             if func in CONVOLUTION_OPS:
                 return self._convolution(func, args, kwargs or {})
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if func in SUM_OPS and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+                return self._sum(func, types, args, kwargs)
+            if func is CUDNN_FORWARD and args[0].is_meta:
+                out = self._seed_first(func, args, kwargs or {})
+            else:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+            if (
+                func is _ADDMM
+                and isinstance(args[0], torch.Tensor)
+                and args[0].is_meta
+                and args[0].dim() == 1
+            ):
+                self._lt_workspace(kwargs or {})
             scratch = kernel_scratch(func, args, self.capability)
             if scratch:
                 self._scratch(scratch, str(func.overloadpacket.__name__))
@@ -287,6 +308,68 @@ class Storages(Lifetimes):
         key = self._new_key(nbytes, 0)
         self._note_peak(op)
         self._release(key)
+
+    def _seed_first(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """cuDNN attention: its seed and offset registered before its other outputs,
+        as CUDA allocates them (:mod:`~gpu_mem_track.gpumodel.attention`)."""
+        out = func(*args, **kwargs)
+        leaves = [leaf for i in (6, 7, 0, 1) for leaf in tree_leaves(out[i])]
+        grew = False
+        for leaf in [*leaves, *tree_leaves(out)]:
+            if isinstance(leaf, torch.Tensor):
+                grew |= self._register(leaf) is not None
+        if grew:
+            self._note_peak(str(func.overloadpacket.__name__))
+        return out
+
+    def _sum(self, func: Any, types: Any, args: tuple, kwargs: Any) -> Any:
+        """A sum with CUDA's staging blocks around it; in backward, a half-precision
+        sum's float32 result first (:mod:`~gpu_mem_track.gpumodel.reduce`)."""
+        source = args[0]
+        dims = args[1] if len(args) > 1 and args[1] is not None else list(range(source.dim()))
+        reduced = sorted({d % source.dim() for d in dims} or range(source.dim())) if source.dim() else []
+        staging = staging_bytes(
+            tuple(source.shape),
+            reduced,
+            source.is_contiguous(),
+            self.multiprocessors,
+            self.threads_per_multiprocessor,
+        )
+        in_backward = torch._C._current_graph_task_id() != -1
+        float_first = float_result_first(source.element_size(), source.is_floating_point(), in_backward)
+        wanted = (kwargs or {}).get("dtype")
+        first = None
+        if float_first and wanted in (None, source.dtype):
+            outputs = source.numel() // max(1, _product(source.shape[d] for d in reduced))
+            first = self._new_key(4 * outputs, 0)
+            self._note_peak("sum")
+            self._staging(staging)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if first is None:
+            self._staging(staging)
+        else:
+            self._release(first)
+        return out
+
+    def _staging(self, staging: Any) -> None:
+        """A reduction's staging buffer and semaphores: taken, then freed (the
+        semaphores first, as the recording shows)."""
+        keys = [self._new_key(n, 0) for n in (staging.buffer, staging.semaphores) if n]
+        if keys:
+            self._note_peak("sum")
+        for key in reversed(keys):
+            self._release(key)
+
+    def _lt_workspace(self, kwargs: dict) -> None:
+        """cuBLASLt's workspace, once per handle, after an ``addmm`` with a bias vector
+        and beta 1 (its bias epilogue), kept to the end as the cuBLAS one is, and counted
+        with it (``workspace_keys``: the estimate's ``cublas_workspace``)."""
+        handle = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+        if handle in self.lt_handles or kwargs.get("beta", 1) != 1 or not self.workspace.nbytes:
+            return  # workspaces switched off (a cuBLAS workspace of 0, as the estimator sets): none
+        self.lt_handles.add(handle)
+        self.workspace_keys.add(self._new_key(lt_workspace_bytes(), 0, WORKSPACE))
+        self._note_peak("addmm")
 
     def _from_virtual(self, args: Any, kwargs: Any) -> bool:
         metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]
@@ -339,3 +422,10 @@ class Storages(Lifetimes):
                 return
         finally:
             memory.on_oom = on_oom
+
+
+def _product(sizes: Any) -> int:
+    result = 1
+    for size in sizes:
+        result *= size
+    return result
