@@ -35,13 +35,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for _folder in ("scripts", "scripts/check", "scripts/tools"):  # the check helpers, wherever they live
-    if (ROOT / _folder / "simulated.py").is_file():
-        sys.path.insert(0, str(ROOT / _folder))
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package, and scripts/_common
 
-from fixtures import shown  # noqa: E402
-from simulated import run_simulated  # noqa: E402
+from _common.fixtures import shown  # noqa: E402
+from _common.simulated import run_simulated  # noqa: E402
 
 from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
 from gpu_mem_track.snapshotfile.records import TraceEntry  # noqa: E402

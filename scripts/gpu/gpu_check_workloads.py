@@ -57,7 +57,7 @@ REGISTRY: tuple[Entry, ...] = (
           "scripts/check/resnet50_train.py", ("--steps", "8")),
     # Placeholders: the scripts the ViT, HF Trainer and LM-loop branches add (paths and arguments
     # to be set to theirs when merged); skipped as "missing" until then.
-    Entry("vit-b16", "ViT-B/16, plain torch", CHECKOUT, "scripts/check/vit_b16_train.py"),
+    Entry("vit-b16", "ViT-B/16 (timm's, plain torch), bf16", CHECKOUT, "scripts/check/vit_train.py"),
     Entry("hf-llama", "Hugging Face Trainer, Llama", CHECKOUT, "scripts/check/hf_trainer_finetune.py",
           needs=("transformers", "accelerate")),
     Entry("lm-loop", "cs336-style LM loop, fp32, no optimizer", CHECKOUT, "scripts/check/lm_benchmark.py"),
