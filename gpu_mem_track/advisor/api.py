@@ -9,6 +9,11 @@ the largest batch that fits is searched for the script as it is and for every ro
 levers applied (``batch.find_batch``; the searches run side by side, each started as soon
 as its row's trial is known, their trials share the pool, and the trial at the user's
 batch is reused). Every "fits" is a trial that ran.
+
+When nothing fits at the user's batch but some row fits a smaller one, the answer is
+that row (the largest batch; on a tie the cheapest: ``best_smaller``), verdict
+``"smaller"``, with how to keep the batch asked for by gradient accumulation where the
+script has an argument for it (``accumulation``).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..levers.allocator import NOT_SIMULATED
+from .accumulation import accumulation
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
-from .records import BatchAnswer, FitResult, FitRow, LeverNote, Trial
+from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
 from .trials import SubprocessRunner, TrialPool, TrialSpec
 
-__all__ = ["default_jobs", "fit"]
+__all__ = ["best_smaller", "default_jobs", "fit"]
 
 
 def default_jobs() -> int:
@@ -112,6 +118,11 @@ def fit(
             rows = searches.finish(rows)
     finally:
         pool.close()
+    keep: Accumulation | None = None
+    best = best_smaller(rows) if verdict == "none" and user_batch is not None else None
+    if best is not None and best.batch is not None and user_batch is not None:
+        verdict, recommended = "smaller", best.label
+        keep = accumulation(_text(script), args, user_batch, best.batch.batch)
     capacity = baseline.capacity or spec.capacity  # what the trials saw
     return FitResult(
         script=str(script),
@@ -129,7 +140,28 @@ def fit(
         seconds=round(time.monotonic() - started, 1),
         batch_arg=None if where is None else str(batch_arg),
         batch=user_batch,
+        accumulation=keep,
     )
+
+
+def best_smaller(rows: Sequence[FitRow]) -> FitRow | None:
+    """The row whose largest batch that fits is the largest (on a tie the cheapest,
+    ``plan.rank``); None when no row fits any batch."""
+    found = [row for row in rows if row.batch is not None and row.batch.batch >= 1]
+    if not found:
+        return None
+    return min(found, key=lambda row: (-row.batch.batch if row.batch else 0, rank(row.levers)))
+
+
+def _text(script: str | os.PathLike[str]) -> str:
+    """The script's text ("" when it cannot be read: a folder's ``__main__.py`` is read)."""
+    path = Path(script)
+    if path.is_dir():
+        path = path / "__main__.py"
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _advise(
