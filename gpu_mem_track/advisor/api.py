@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,9 +32,22 @@ from .accumulation import accumulation
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
-from .trials import SubprocessRunner, TrialPool, TrialSpec
+from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec
 
-__all__ = ["best_smaller", "default_jobs", "fit"]
+__all__ = ["FitInterrupted", "best_smaller", "default_jobs", "fit"]
+
+
+class FitInterrupted(KeyboardInterrupt):
+    """``fit`` interrupted (Ctrl-C; SIGTERM or SIGHUP where the caller turns them into a
+    ``KeyboardInterrupt`` with a ``signum``): every trial was ended and no process of its
+    is left. ``folder``: the session folder; ``complete``: the run folders of the trials
+    that ended before (complete reports); ``stopped``: the names of the trials ended or
+    never started (their folders, where any, are not complete); ``signum``: the signal
+    (``signal.SIGINT`` for Ctrl-C)."""
+
+    def __init__(self, folder: str, complete: list[str], stopped: list[str], signum: int) -> None:
+        super().__init__(f"fit interrupted by signal {signum}")
+        self.folder, self.complete, self.stopped, self.signum = folder, complete, stopped, signum
 
 
 def default_jobs() -> int:
@@ -102,7 +116,11 @@ def fit(
     user_batch = where.value(args) if where is not None else None
     folder = _session_folder(Path(out_dir), Path(script))
     options = _run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
-    runner = runner or SubprocessRunner(str(script), args, gpu, folder, options, where)
+    if runner is None:
+        from .forked import resume
+
+        resume()  # a fit before in this process may have been interrupted
+        runner = SubprocessRunner(str(script), args, gpu, folder, options, where)
     say = progress or (lambda line: None)
     pool = TrialPool(runner, jobs, say)
     try:
@@ -116,6 +134,13 @@ def fit(
         )
         if searches is not None:
             rows = searches.finish(rows)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP turned into one by the caller
+        import signal
+
+        stopped = pool.stop()
+        complete = [trial.folder for trial in pool.complete]
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise FitInterrupted(str(folder), complete, [spec.name for spec in stopped], signum) from None
     finally:
         pool.close()
     keep: Accumulation | None = None
@@ -247,7 +272,10 @@ class _Searches:
             return TrialSpec(levers, None if b == self.batch else b)
 
         run = lambda b: self.pool.run(spec(b))  # noqa: E731
-        self.answers[levers] = find_batch(run, self.batch, self.capacity, max_batch=self.max_batch)
+        try:
+            self.answers[levers] = find_batch(run, self.batch, self.capacity, max_batch=self.max_batch)
+        except (Stopped, CancelledError):  # fit was interrupted: its caller says so
+            return
 
     def finish(self, rows: list[FitRow]) -> list[FitRow]:
         """The rows with the largest batch that fits with each one's levers (not for

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from . import Command, count, print_result
+
+if TYPE_CHECKING:
+    from ..advisor.api import FitInterrupted
+    from ..advisor.records import FitResult
 
 __all__ = ["COMMAND"]
 
@@ -109,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     ``FitResult.exit_code`` (0 fits as asked, 3 only with a smaller batch, 1 nothing fits)."""
     from pathlib import Path
 
-    from ..advisor.api import fit
+    from ..advisor.api import FitInterrupted
     from ..advisor.render import render_fit
     from ..errors import UsageError
 
@@ -120,7 +127,24 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
         sys.stderr.flush()
 
-    result = fit(
+    try:
+        with _signals_interrupt():
+            result = _fit(args, progress)
+    except FitInterrupted as stop:
+        _say_interrupted(stop)
+        return 128 + stop.signum
+    print_result(result, args.json, render_fit)
+    if args.html:
+        from ..advisor.page import write_fit_page
+
+        print(f"Wrote {write_fit_page(result, args.html)}", file=sys.stderr)
+    return result.exit_code
+
+
+def _fit(args: argparse.Namespace, progress: Callable[[str], None]) -> FitResult:
+    from ..advisor.api import fit
+
+    return fit(
         args.script,
         tuple(args.args),
         gpu=args.gpu,
@@ -138,12 +162,65 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         progress=progress,
     )
-    print_result(result, args.json, render_fit)
-    if args.html:
-        from ..advisor.page import write_fit_page
 
-        print(f"Wrote {write_fit_page(result, args.html)}", file=sys.stderr)
-    return result.exit_code
+
+class _Signalled(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP while fit runs: unwinds it like Ctrl-C (``fit`` then
+    stops every trial and raises ``FitInterrupted``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP (those at their default or
+    Python's, not one ignored as under ``nohup``) raise ``_Signalled`` in the main thread,
+    once: a second signal while the trials are being stopped is ignored, so the stop
+    finishes. The handlers before are put back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not raised:
+            raised.append(signum)
+            raise _Signalled(signum)
+
+    replaced = {}
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            replaced[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, before in replaced.items():
+            signal.signal(signum, before)
+
+
+def _say_interrupted(stop: FitInterrupted) -> None:
+    """Which trial folders are complete, on standard error."""
+    import signal
+
+    name = signal.Signals(stop.signum).name if stop.signum in iter(signal.Signals) else str(stop.signum)
+    lines = [f"interrupted ({name}): every trial stopped, no process left"]
+    if stop.complete:
+        lines.append(f"complete trial folders ({len(stop.complete)}): {', '.join(stop.complete)}")
+    else:
+        lines.append("no trial was complete")
+    if stop.stopped:
+        lines.append(
+            f"stopped, not complete ({len(stop.stopped)}): {', '.join(stop.stopped)} (under {stop.folder}/)"
+        )
+    for line in lines:
+        sys.stderr.write(f"gpu_mem_track fit: {line}\n")
+    sys.stderr.flush()
 
 
 COMMAND = Command(
