@@ -377,6 +377,14 @@ def test_the_batch_is_split_into_the_fewest_accumulation_steps(batch, fits, spli
             "TrainingArguments(gradient_accumulation_steps=2)",
         ),
         ("HfArgumentParser((TrainingArguments,))", [], "--gradient_accumulation_steps=2"),
+        ("p.add_argument('--grad_accum', type=int, default=4)", [], "--grad_accum=8 (4 x 2)"),
+        (
+            "gradient_accumulation_steps = 5 * 8  # used to simulate larger batches\n"
+            "exec(open('configurator.py').read())",
+            ["--batch_size=32"],
+            "--gradient_accumulation_steps=80 (40 x 2)",
+        ),
+        ("gradient_accumulation_steps = 4\nfor x in data: model(x)", [], None),  # no way to set it
         ("for x in data: model(x)", ["--steps=3"], None),
     ],
 )

@@ -52,7 +52,8 @@ def accumulation(script_text: str, args: Sequence[str], batch: int, fits: int) -
 
 
 def _how(text: str, args: Sequence[str], steps: int) -> str | None:
-    """The change that sets ``steps`` accumulation steps, in the script's own terms."""
+    """The change that sets ``steps`` accumulation steps, in the script's own terms; the
+    steps the script has now (its argument's value or default) are multiplied."""
     for i, token in enumerate(args):
         found = _OPTION.match(token)
         if found is None:
@@ -60,21 +61,40 @@ def _how(text: str, args: Sequence[str], steps: int) -> str | None:
         value = found.group(2)
         if value is None and i + 1 < len(args):
             value = args[i + 1]
-        try:
-            now = int(value) if value is not None else 1
-        except ValueError:
-            now = 1
-        times = f" ({now} x {steps})" if now != 1 else ""
-        return f"{found.group(1)}={now * steps}{times}"
+        return _times(found.group(1), _int(value), steps)
     defined = _DEFINED.search(text)
-    if defined is not None:
-        return f"{defined.group(1)}={steps}"
+    if defined is not None:  # argparse's add_argument("--gradient_accumulation_steps", ..., default=N)
+        call = text[defined.end() : defined.end() + 300].split(")", 1)[0]
+        default = re.search(r"default\s*=\s*(\d+)", call)
+        return _times(defined.group(1), _int(default.group(1) if default else None), steps)
+    glob = re.search(rf"^({_NAME})\s*=\s*([\d\s*]+?)\s*(?:#.*)?$", text, re.MULTILINE)
+    if glob is not None and "configurator" in text:  # nanoGPT: globals set by --name=value
+        return _times(f"--{glob.group(1)}", _product(glob.group(2)), steps)
+    if "TrainingArguments" not in text:
+        return None
+    if "HfArgumentParser" in text:
+        return _times("--gradient_accumulation_steps", 1, steps)
     given = re.search(r"\bgradient_accumulation_steps\s*=\s*(\d+)", text)
-    if given is not None and int(given.group(1)) > 1:
-        now = int(given.group(1))
-        return f"TrainingArguments(gradient_accumulation_steps={now * steps}) ({now} x {steps})"
-    if "HfArgumentParser" in text and "TrainingArguments" in text:
-        return f"--gradient_accumulation_steps={steps}"
-    if re.search(r"\bTrainingArguments\s*\(", text):
-        return f"TrainingArguments(gradient_accumulation_steps={steps})"
-    return None
+    now = int(given.group(1)) if given is not None else 1
+    more = f" ({now} x {steps})" if now > 1 else ""
+    return f"TrainingArguments(gradient_accumulation_steps={now * steps}){more}"
+
+
+def _times(option: str, now: int, steps: int) -> str:
+    more = f" ({now} x {steps})" if now > 1 else ""
+    return f"{option}={now * steps}{more}"
+
+
+def _int(text: str | None) -> int:
+    try:
+        return max(1, int(text)) if text is not None else 1
+    except ValueError:
+        return 1
+
+
+def _product(text: str) -> int:
+    """``"5 * 8"`` as 40 (nanoGPT's default is written so)."""
+    out = 1
+    for part in text.split("*"):
+        out *= _int(part.strip())
+    return out

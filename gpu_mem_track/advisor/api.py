@@ -117,9 +117,10 @@ def fit(
     folder = _session_folder(Path(out_dir), Path(script))
     options = _run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
     if runner is None:
-        from .forked import resume
+        from .forked import preload_script_imports, resume
 
         resume()  # a fit before in this process may have been interrupted
+        preload_script_imports(script)
         runner = SubprocessRunner(str(script), args, gpu, folder, options, where)
     say = progress or (lambda line: None)
     pool = TrialPool(runner, jobs, say)

@@ -21,6 +21,7 @@ server, so no process of fit's is left behind.
 from __future__ import annotations
 
 import atexit
+import json
 import multiprocessing
 import os
 import runpy
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from ..switches import switched_off
 
-__all__ = ["PRELOAD", "Stopped", "run_forked", "stop_all"]
+__all__ = ["PRELOAD", "Stopped", "preload_script_imports", "run_forked", "stop_all"]
 
 #: What the fork server imports before it forks: torch (with dynamo, which the simulated GPU
 #: imports when it starts), the simulated GPU, the runner.
@@ -47,14 +48,33 @@ PRELOAD = [
     "gpu_mem_track.cli",
 ]
 _ENV = "GPU_MEM_TRACK_FORKSERVER"
+_IMPORTS = "GPU_MEM_TRACK_FIT_PRELOAD"
 _lock = threading.Lock()
 _context: list[object] = []
+_extra: list[str] = []  # the preload of the script's imports, when asked for
 _live: dict[int, object] = {}  # pid -> the running trial's Process or Popen
 _stopping: list[bool] = [False]
 
 
 class Stopped(Exception):
     """A trial asked for after :func:`stop_all`: it is not started."""
+
+
+def preload_script_imports(script: str | os.PathLike[str]) -> None:
+    """Have the fork server also import ``script``'s imports of installed packages
+    (``preload``), when it has not started yet and ``GPU_MEM_TRACK_FIT_PRELOAD`` is not
+    ``off``: every trial then starts with them imported."""
+    if switched_off(_IMPORTS):
+        return
+    from .preload import ENV, script_imports
+
+    with _lock:
+        if _context:  # the server of an earlier fit in this process: as it is
+            return
+        imports = script_imports(script)
+        if imports:
+            os.environ[ENV] = json.dumps(imports)
+            _extra[:] = ["gpu_mem_track.advisor.preload"]
 
 
 def _fork_server() -> object | None:
@@ -67,7 +87,7 @@ def _fork_server() -> object | None:
     with _lock:
         if not _context:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(PRELOAD)
+            context.set_forkserver_preload(PRELOAD + _extra)
             _context.append(context)
         return _context[0]
 
