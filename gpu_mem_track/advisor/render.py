@@ -157,11 +157,17 @@ def verdict_lines(result: FitResult) -> list[str]:
         return lines + _batch_line(row, result, f"with {row.label}")
     if result.verdict == "smaller" and result.recommended is not None:
         return _smaller_lines(result, result.row(result.recommended))
-    at = f" at any batch tried ({result.batch_arg})" if result.batch_arg is not None else ""
+    at = f" at any batch tried ({_where(result)})" if result.batch_arg is not None else ""
     lines = [
         f"Nothing tried fits{at}: no lever alone, and no combination tried, completed within the capacity."
     ]
     return lines + _batch_line(first, result, "as it is")
+
+
+def _where(result: FitResult) -> str:
+    """The batch argument in words: ``--batch_size``, or ``argument 0 after the script``."""
+    arg = result.batch_arg or ""
+    return f"argument {arg} after the script" if arg.isdigit() else arg
 
 
 def _smaller_lines(result: FitResult, row: FitRow) -> list[str]:
@@ -169,7 +175,7 @@ def _smaller_lines(result: FitResult, row: FitRow) -> list[str]:
     best = row.batch.batch if row.batch is not None else 0
     what = "no change, a smaller batch" if not row.levers else row.label
     lines = [
-        f"Nothing fits at batch {result.batch} ({result.batch_arg}). Best: {what}, which fits batch {best} "
+        f"Nothing fits at batch {result.batch} ({_where(result)}). Best: {what}, which fits batch {best} "
         "(the largest batch of any row; on a tie the cheapest)."
     ]
     if row.levers:
@@ -193,9 +199,9 @@ def _batch_line(row: FitRow, result: FitResult, with_what: str) -> list[str]:
     if row.batch is None:
         return []
     if row.batch.batch == 0:
-        return [f"{with_what.capitalize()}, no batch tried fits ({result.batch_arg})."]
+        return [f"{with_what.capitalize()}, no batch tried fits ({_where(result)})."]
     sentence = f"{with_what.capitalize()}, batch {row.batch.batch} fits"
-    return [f"{sentence} ({result.batch_arg}; you run {result.batch})."]
+    return [f"{sentence} ({_where(result)}; you run {result.batch})."]
 
 
 def bound_lines(result: FitResult) -> list[str]:
