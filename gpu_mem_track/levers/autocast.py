@@ -104,15 +104,15 @@ def _already_low(torch: Any, module: Any) -> str | None:
     (words for the report), None when it does not."""
     if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != torch.float32:
         return f"the script already autocasts ({_name(torch.get_autocast_dtype('cuda'))})"
-    if "forward" in vars(module) and getattr(module, "_original_forward", None) is not None:
-        return (
-            "the model's forward already runs under Accelerate's mixed-precision autocast (Trainer bf16/fp16)"
-        )
     lower = (torch.bfloat16, torch.float16)
     dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
     if dtypes and dtypes <= set(lower):
         names = " and ".join(sorted(_name(d) for d in dtypes))
         return f"the model's weights are already {names}"
+    if "forward" in vars(module) and getattr(module, "_original_forward", None) is not None:
+        return (
+            "the model's forward already runs under Accelerate's mixed-precision autocast (Trainer bf16/fp16)"
+        )
     return None
 
 
