@@ -52,17 +52,19 @@ def _children(pid: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pythonpath", required=True, help="the checkout whose gpu_mem_track runs")
+    parser.add_argument("--stdout", default=os.devnull, help="where fit's standard output goes (its answer)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="gpu_mem_track's arguments, after --")
     options = parser.parse_args(argv)
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
     env = {**os.environ, "PYTHONPATH": options.pythonpath}
     load_before = os.getloadavg()[0]
     started = time.monotonic()
+    answer = open(options.stdout, "wb")  # noqa: SIM115 - closed after fit ends
     fit = subprocess.Popen(
         [sys.executable, "-m", "gpu_mem_track", *args],
         env=env,
         start_new_session=True,
-        stdout=subprocess.DEVNULL,
+        stdout=answer,
         stderr=subprocess.DEVNULL,
     )
     own = server = 0
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = max(server, sum(int(v) for v in fields[11:15]))
         time.sleep(0.2)
     wall = time.monotonic() - started
+    answer.close()
     print(
         json.dumps(
             {
