@@ -74,7 +74,7 @@ def preload_script_imports(script: str | os.PathLike[str]) -> None:
         imports = script_imports(script)
         if imports:
             os.environ[ENV] = json.dumps(imports)
-            _extra[:] = ["gpu_mem_track.advisor.preload"]
+            _extra[:] = ["gpu_mem_track.advisor.serverimports"]
 
 
 def _fork_server() -> object | None:

@@ -7,12 +7,12 @@ top-level ``import X`` and ``from X import a, b`` statements of the script (its 
 ``ast``; relative imports and anything inside functions left out) whose package is
 installed (found under a ``site-packages`` or ``dist-packages`` folder: not the script's
 own modules, which may do work on import). ``forked`` passes them to the fork server in
-the environment variable :data:`ENV` (JSON) and the server imports this module among its
-preloads: importing it makes those imports (each name of a ``from`` import is looked up,
-which loads a lazily imported module such as ``transformers.Trainer``), and a failure
-is ignored (the trial then imports it itself, as without the fork server). Only where
-the module is imported it reads :data:`ENV`; ``GPU_MEM_TRACK_FIT_PRELOAD=off`` turns the
-preload of the script's imports off.
+the environment variable :data:`ENV` (JSON) and the server imports ``serverimports``
+among its preloads, which calls :func:`make_imports`: those imports (each name of a
+``from`` import is looked up, which loads a lazily imported module such as
+``transformers.Trainer``), a failure ignored (the trial then imports it itself, as
+without the fork server). Importing this module imports nothing else;
+``GPU_MEM_TRACK_FIT_PRELOAD=off`` turns the preload of the script's imports off.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["ENV", "script_imports"]
+__all__ = ["ENV", "make_imports", "script_imports"]
 
 #: The environment variable holding the imports for the fork server: JSON ``[[module, [names]], ...]``.
 ENV = "GPU_MEM_TRACK_FIT_IMPORTS"
@@ -64,7 +64,7 @@ def _installed(module: str) -> bool:
     return "site-packages" in origin or "dist-packages" in origin
 
 
-def _preload() -> None:
+def make_imports() -> None:
     """In the fork server: the imports :data:`ENV` names (failures ignored)."""
     try:
         wanted = json.loads(os.environ.get(ENV, "[]"))
@@ -77,6 +77,3 @@ def _preload() -> None:
                 getattr(loaded, name, None)
         except Exception:  # noqa: BLE001 - the trial imports it itself, as without a preload
             continue
-
-
-_preload()
