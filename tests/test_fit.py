@@ -3,6 +3,8 @@ the batch argument and search, the records, the text, JSON and HTML answers."""
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import json
 import re
 import threading
@@ -523,3 +525,38 @@ def test_a_row_that_ran_out_shows_the_highest_memory_before_it_did():
     row = make_row(trial, 0.9)
     assert (row.peak, row.reserved_peak) == (800 * MiB, 950 * MiB)  # not the 700/900 at the failed request
     assert (row.fits, row.margin, row.at_least, row.line) == ("no", -200 * MiB, True, "/s/train.py:7")
+
+
+def test_a_compiled_baseline_says_so_in_the_answer_its_json_and_its_page(tmp_path, script):
+    """A trial whose run compiled regions carries the simulation's note; the answer
+    repeats the baseline's once, as text, in JSON and on the page (regions run as eager)."""
+    record = {
+        "filename": "train.py",
+        "line": 208,
+        "api": "torch.compile",
+        "backend": "inductor",
+        "mode": "",
+        "count": 1,
+    }
+    gpu = {"name": "g", "total_memory": 1000, "context_bytes": 100, "library_bytes": 0, "cublas_workspace": 0}
+    info = RunInfo(
+        "t", "a.py", ("a.py",), "cuda:0", "CUDA caching allocator", "sys.settrace", 0.0, "3.11", "", "",
+        exit_code=0, peak=10, reserved_peak=20, peak_at="a.py:3",
+        simulation=SimulationInfo(gpu, compiled=(record,)),
+    )  # fmt: skip
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "meta.json").write_text(json.dumps(info.to_dict()))
+    note = read_trial(tmp_path / "t", (), None).compiled
+    assert note.startswith("torch.compile at train.py:208: 1 compiled region simulated as eager")
+
+    class Compiled(FakeRunner):
+        def __call__(self, spec: TrialSpec) -> Trial:
+            return dataclasses.replace(super().__call__(spec), compiled=note)
+
+    result = fit(script, gpu="2GiB:sm80", runner=Compiled(), levers="expandable,checkpoint", jobs=1)
+    assert result.compiled == note
+    assert render_fit(result).splitlines().count(f"Note: {note}") == 1
+    assert FitResult.from_dict(json.loads(json.dumps(result.to_dict()))).compiled == note
+    assert html.escape(note) in render_fit_page(result)
+    plain = fit(script, gpu="2GiB:sm80", runner=FakeRunner(), levers="expandable,checkpoint", jobs=1)
+    assert plain.compiled == "" and "Note:" not in render_fit(plain)

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UsageError
-from ..levers.allocator import NOT_SIMULATED
+from ..levers.allocator import NOT_TRIED
 from .accumulation import accumulation
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
@@ -167,6 +167,7 @@ def fit(
         batch_arg=None if where is None else str(batch_arg),
         batch=user_batch,
         accumulation=keep,
+        compiled=baseline.compiled,
     )
 
 
@@ -205,8 +206,8 @@ def _advise(
     if first.fits in ("failed", "yes"):
         return ("fits" if first.fits == "yes" else "failed"), [first], None, []
     say(f"as it is: {'too tight' if first.fits == 'tight' else 'out of memory'}; trying {', '.join(chosen)}")
-    singles = pool.run_all(TrialSpec((name,)) for name in chosen if name not in NOT_SIMULATED)
-    why: dict[str, str] = {name: NOT_SIMULATED[name] for name in chosen if name in NOT_SIMULATED}
+    singles = pool.run_all(TrialSpec((name,)) for name in chosen if name not in NOT_TRIED)
+    why: dict[str, str] = {name: NOT_TRIED[name] for name in chosen if name in NOT_TRIED}
     tried: list[Trial] = []
     for trial in singles:
         note = next((n for n in trial.notes if n.name == trial.levers[0]), None)

@@ -58,6 +58,11 @@ def render_fit_page(result: FitResult) -> str:
         f"<p class='note'>{result.trials} simulated trial(s) in {result.seconds:.1f} s; run folders under "
         f"{html.escape(result.folder)}/</p></section>\n"
         + (f"<section><h2>Not tried</h2><ul>{skipped}</ul></section>\n" if skipped else "")
+        + (
+            f"<section><h2>Note</h2><p>{html.escape(result.compiled)}</p></section>\n"
+            if result.compiled
+            else ""
+        )
         + "</main>\n</body>\n</html>\n"
     )
 

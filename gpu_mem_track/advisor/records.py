@@ -57,7 +57,9 @@ class Trial:
     out-of-memory (None: none), ``capacity`` the bytes the allocator may reserve,
     ``notes`` the levers' reports, ``error`` why it failed when it did not run out of
     memory ("" otherwise), ``stopped`` why the runner stopped its loop (``"steady"``,
-    ``"max-iterations"``, ``"max-seconds"``; "" when it did not)."""
+    ``"max-iterations"``, ``"max-seconds"``; "" when it did not), ``compiled`` the
+    simulation's note on torch.compile regions run as eager ("" without any:
+    ``runfolder.simtext.compiled_note``)."""
 
     levers: tuple[str, ...]
     batch: int | None
@@ -71,6 +73,7 @@ class Trial:
     notes: tuple[LeverNote, ...] = ()
     error: str = ""
     stopped: str = ""
+    compiled: str = ""
 
     @property
     def completed(self) -> bool:
@@ -110,6 +113,7 @@ class Trial:
             notes=tuple(LeverNote.from_dict(n) for n in data.get("notes", ())),
             error=str(data.get("error", "")),
             stopped=str(data.get("stopped", "")),
+            compiled=str(data.get("compiled", "")),
         )
 
 
@@ -222,7 +226,8 @@ class FitResult:
     not apply to this script, or cannot change anything in it). ``batch_arg`` and
     ``batch``: the batch argument and its value in ``args`` (None without one).
     ``folder``: the session folder holding every trial's run folder; ``trials``: how
-    many simulated runs it took; ``seconds``: wall time."""
+    many simulated runs it took; ``seconds``: wall time; ``compiled``: the baseline
+    trial's note on torch.compile regions simulated as eager ("" without any)."""
 
     script: str
     args: tuple[str, ...]
@@ -240,6 +245,7 @@ class FitResult:
     batch_arg: str | None = None
     batch: int | None = None
     accumulation: Accumulation | None = None
+    compiled: str = ""
 
     @property
     def exit_code(self) -> int:

@@ -225,6 +225,8 @@ def render_fit(result: FitResult) -> str:
     ]
     for name, reason in result.not_applied:
         lines.append(f"Not tried: {name}: {reason}")
+    if result.compiled:
+        lines.append(f"Note: {result.compiled}")
     lines.extend(bound_lines(result))
     lines.append(
         f"{result.trials} simulated trial(s) in {result.seconds:.1f} s; run folders under {result.folder}/"

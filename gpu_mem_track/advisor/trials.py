@@ -62,6 +62,7 @@ def read_trial(
     ``runfolder.files.read_meta``); a folder without a readable one is a failed trial
     whose ``error`` says so (``exit_code`` is then the child's)."""
     from ..runfolder.files import read_meta
+    from ..runfolder.simtext import compiled_note
 
     try:
         info = read_meta(folder / "meta.json")
@@ -85,6 +86,7 @@ def read_trial(
         notes=tuple(LeverNote.from_dict(n) for n in info.levers),
         error="" if code == 0 or oom is not None else f"the script exited with {code}",
         stopped=info.stopped.reason if info.stopped is not None else "",
+        compiled=compiled_note(simulation) if simulation is not None else "",
     )
 
 

@@ -67,8 +67,6 @@ NOT_TRIED = {
         "which fit's trials do not set"
     )
 }
-#: The former name of :data:`NOT_TRIED` (the advisor imports it).
-NOT_SIMULATED = NOT_TRIED
 
 
 class AllocatorLever:
