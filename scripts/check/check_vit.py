@@ -298,10 +298,10 @@ FINDINGS = (
     "",
     "## What is left",
     "",
-    "- 38,731,776 B (float32 activations' gradients), 2 more per block and step: where two gradients of "
-    "the residual stream meet, autograd's `InputBuffer::accumulate` adds in place on the GPU; under the "
-    "simulation's dispatch mode the engine adds out of place (a new block, the old freed at once). "
-    "Not at the peak; the nanoGPT checks show the same (`train.py:305`).",
+    "- Where two gradients of the residual stream meet, autograd adds in place on the GPU and, under "
+    "any dispatch mode, out of place: 2 more 38,731,776 B blocks per block and step before "
+    "`gpumodel/accumulate.py` made the simulation add in place where CUDA does (no longer in the "
+    "tables above).",
     "- The patch embedding's convolution (`cudnn.benchmark`'s choices): forward workspace modelled as "
     "input + output (38,535,168 B) where the GPU's plan took 3,072 B; weight-gradient workspace "
     "41,232,629 B where it took 92,668,048 B, after a contiguous copy of the non-contiguous output "
@@ -313,7 +313,8 @@ FINDINGS = (
     "its weight, then its input; C++ evaluates the cast arguments right to left); the simulation casts "
     "the input first. Same sizes and lifetimes; casting in the GPU's order was tried and left out: it "
     "raised nanogpt-gpt2-bf16's simulated peak reserved from 16,022,241,280 B (the GPU's) to "
-    "18,494,783,488 B (+15.4%), the blocks placed around the out-of-place accumulation above.",
+    "18,494,783,488 B (+15.4%), with the blocks then placed around the out-of-place accumulation "
+    "(since modelled in place: worth trying again).",
 )
 
 
