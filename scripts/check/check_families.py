@@ -75,8 +75,9 @@ REMAINING = [
     "key/value copies are live there). Flash's backward expands the key/value gradients inside "
     "the kernel (transient, not modelled). No GPU trace of either family exists here: run this "
     "check with `--measure` on a GPU to compare.",
-    "Kernel scratch (reduction and sort buffers) is not modelled: the GPU holds more there "
-    "(gpu_mem_track/gpumodel/differences.py).",
+    "Kernel scratch beyond reduction staging over leading dimensions, cuBLASLt's workspace and "
+    "attention's (sorting, reductions along the fastest dimension) is not modelled: the GPU holds "
+    "more there (gpu_mem_track/gpumodel/differences.py).",
 ]
 
 
