@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..switches import switched_off
@@ -58,17 +58,21 @@ def _fork_server() -> object | None:
         return _context[0]
 
 
-def run_forked(argv: Sequence[str], cwd: Path, log: Path) -> int:
-    """Run ``gpu_mem_track`` with ``argv`` (``["run", ...]``) in ``cwd`` with this
-    process's environment, its output to ``log``; its exit code."""
+def run_forked(argv: Sequence[str], cwd: Path, log: Path, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``gpu_mem_track`` with ``argv`` (``["run", ...]``) in ``cwd`` with
+    ``environ`` (default: this process's environment), its output to ``log``; its exit
+    code."""
+    environ = dict(os.environ if environ is None else environ)
     context = _fork_server()
     if context is None:
         with open(log, "wb") as stream:
             command = [sys.executable, "-m", "gpu_mem_track", *argv]
-            done = subprocess.run(command, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT, check=False)
+            done = subprocess.run(
+                command, cwd=cwd, env=environ, stdout=stream, stderr=subprocess.STDOUT, check=False
+            )
             return done.returncode
     process = context.Process(  # type: ignore[attr-defined]
-        target=_child, args=(list(argv), str(cwd), dict(os.environ), str(log)), daemon=False
+        target=_child, args=(list(argv), str(cwd), environ, str(log)), daemon=False
     )
     with _lock:  # the child must not import the caller's main script again, as spawning does
         main = sys.modules["__main__"]

@@ -65,6 +65,14 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         help="folder under which fit-<script>-<date>-<time>/ keeps each trial's run folder "
         "(default: reports)",
     )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=_positive,
+        metavar="N",
+        help="simulate the script's ranks on N GPUs as torchrun would start them (rank 0 and the last "
+        "rank, each alone), and try the distributed levers (zero, fsdp2 and its options) and other world "
+        "sizes; figures per GPU. Under torchrun, WORLD_SIZE gives N",
+    )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON instead of the table")
     parser.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page to PATH")
     parser.add_argument(
@@ -116,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
         sys.stderr.flush()
 
+    nproc = _world(args)
+    if nproc is not None:
+        return _distributed(args, nproc, progress)
     result = fit(
         args.script,
         tuple(args.args),
@@ -139,6 +150,57 @@ def run(args: argparse.Namespace) -> int:
         from ..advisor.page import write_fit_page
 
         print(f"Wrote {write_fit_page(result, args.html)}", file=sys.stderr)
+    return result.exit_code
+
+
+def _world(args: argparse.Namespace) -> int | None:
+    """The ranks asked for: --nproc-per-node, else torchrun's WORLD_SIZE (None: one GPU)."""
+    import os
+
+    if args.nproc_per_node is not None:
+        return int(args.nproc_per_node)
+    world = os.environ.get("WORLD_SIZE", "")
+    return int(world) if world.isdigit() and int(world) > 1 else None
+
+
+def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
+    """``fit --nproc-per-node`` (``advisor.distributed``); under torchrun only rank 0 answers."""
+    import os
+
+    from ..advisor.api import _run_options
+    from ..advisor.distributed import fit_distributed
+    from ..advisor.worldrender import render_distributed
+
+    if args.nproc_per_node is None and os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 simulates every rank; the others have nothing to do
+    if args.levers or args.html:
+        from ..errors import UsageError
+
+        raise UsageError(
+            "--nproc-per-node tries the distributed levers itself: --levers and --html are for one GPU"
+        )
+    options = _run_options(
+        tuple(args.include),
+        args.max_iterations,
+        args.max_seconds,
+        args.run_to_end,
+        args.end_script,
+        args.engine,
+    )
+    result = fit_distributed(
+        args.script,
+        tuple(args.args),
+        gpu=args.gpu,
+        nproc=nproc,
+        batch_arg=args.batch_arg,
+        threshold=args.threshold,
+        jobs=args.jobs,
+        out_dir=args.out_dir,
+        max_batch=args.max_batch,
+        run_options=options,
+        progress=progress,  # type: ignore[arg-type]
+    )
+    print_result(result, args.json, render_distributed)
     return result.exit_code
 
 
