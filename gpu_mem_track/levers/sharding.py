@@ -139,16 +139,16 @@ class Sharding:
             to, cuda = torch.nn.Module.to, torch.nn.Module.cuda
             self._set(torch.nn.Module, "to", self._moved(to, cuda=False))
             self._set(torch.nn.Module, "cuda", self._moved(cuda, cuda=True))
-            from torch.nn.parallel import DistributedDataParallel
+            import torch.nn.parallel as parallel
+            from torch.nn.parallel import distributed
 
-            self._set(DistributedDataParallel, "__new__", staticmethod(self._ddp_new))
+            replaced = _replaced_ddp(parallel.DistributedDataParallel, self)
+            self._set(parallel, "DistributedDataParallel", replaced)
+            self._set(distributed, "DistributedDataParallel", replaced)
 
     def uninstall(self) -> None:
         for owner, name, value in reversed(self._saved):
-            if name == "__new__" and value is object.__new__:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
+            setattr(owner, name, value)
         self._saved.clear()
 
     def _fully_shard(self, module: Any, *args: Any, **kwargs: Any) -> Any:
@@ -214,11 +214,23 @@ class Sharding:
         finally:
             self._local.ours = False
 
-    def _ddp_new(self, cls: Any, module: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if module is not None and module is self.model:
-            self.ddp_site = caller(sys._getframe(1))
-            return _unwrapped(module)
-        return object.__new__(cls)
+
+def _replaced_ddp(real: type, sharding: Sharding) -> type:
+    """A subclass of DDP (so ``isinstance`` holds) whose construction around the model
+    ``sharding`` sharded gives the sharded model back (``_unwrapped``). A subclass, not
+    a ``__new__`` set on DDP itself: CPython cannot take such a ``__new__`` back off a
+    class (``object.__new__`` then refuses the arguments)."""
+
+    class DistributedDataParallel(real):  # type: ignore[misc, valid-type]
+        def __new__(cls, module: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if module is not None and module is sharding.model:
+                sharding.ddp_site = caller(sys._getframe(1))
+                return _unwrapped(module)
+            return super().__new__(cls)
+
+    DistributedDataParallel.__qualname__ = real.__qualname__
+    DistributedDataParallel.__module__ = real.__module__
+    return DistributedDataParallel
 
 
 _WRAPPER: list[type] = []
@@ -317,27 +329,38 @@ class ZeroLever:
         self.param_bytes = 0
         self.world = 0
         self._local = threading.local()
-        self._saved: list[type] = []
+        self._saved: list[tuple[str, type]] = []
 
     def install(self) -> None:
         import torch
 
-        for value in vars(torch.optim).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, torch.optim.Optimizer)
-                and value is not torch.optim.Optimizer
-            ):
-                if "__new__" not in vars(value):
-                    self._saved.append(value)
-                    value.__new__ = staticmethod(self._new)  # type: ignore[assignment]
+        for name, value in list(vars(torch.optim).items()):
+            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer):
+                if value is not torch.optim.Optimizer:
+                    self._saved.append((name, value))
+                    setattr(torch.optim, name, self._replaced(value))
 
     def uninstall(self) -> None:
-        for cls in self._saved:
-            del cls.__new__
+        import torch
+
+        for name, value in self._saved:
+            setattr(torch.optim, name, value)
         self._saved.clear()
 
-    def _new(self, cls: Any, *args: Any, **kwargs: Any) -> Any:
+    def _replaced(self, real: type) -> type:
+        """A subclass of the optimizer class ``real`` (its name, signature and
+        ``isinstance`` kept) whose construction may give ZeRO's optimizer instead
+        (``_new``); see ``_replaced_ddp`` for why not a ``__new__`` on ``real``."""
+        lever = self
+
+        def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+            return lever._new(real, cls, *args, **kwargs)
+
+        replaced = type(real.__name__, (real,), {"__new__": __new__, "__module__": real.__module__})
+        replaced.__qualname__ = real.__qualname__
+        return replaced
+
+    def _new(self, real: type, cls: Any, *args: Any, **kwargs: Any) -> Any:
         plain = object.__new__(cls)
         if getattr(self._local, "inside", False):
             return plain
@@ -353,10 +376,10 @@ class ZeroLever:
         self.site = self.site or caller(sys._getframe(1))
         self._local.inside = True
         try:
-            optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+            optimizer = ZeroRedundancyOptimizer(params, optimizer_class=real, **kwargs)
         finally:
             self._local.inside = False
-        self.built.append(cls.__name__)
+        self.built.append(real.__name__)
         return optimizer
 
     def _refused(self, args: tuple) -> str:
@@ -377,7 +400,7 @@ class ZeroLever:
         self.world = dist.get_world_size()
         if self.world < 2:
             return "one rank: there is nothing to shard the optimizer's state over"
-        if any(isinstance(o, FSDPModule) for o in gc.get_objects()):
+        if any(issubclass(type(o), FSDPModule) for o in gc.get_objects()):
             return "the model is sharded with FSDP2: its optimizer's state is sharded already"
         return ""
 
@@ -390,13 +413,25 @@ class ZeroLever:
         words, sent = communication("zero", self.param_bytes, self.world)
         detail = f"{', '.join(self.built)} as ZeroRedundancyOptimizer over {self.world} ranks ({sent} bytes sent per GPU per step)"
         text = self.site.text if self.site is not None else ""
-        change = "ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=...)"
-        if text and "(" in text and "=" in text:
-            target, _, call = text.partition("=")
-            name = callee(call.strip())
-            if name:
-                inner = call.strip()[len(name) + 1 :]
-                change = (
-                    f"{target.strip()} = ZeroRedundancyOptimizer({inner.rstrip(')')}, optimizer_class={name})"
-                )
+        change = _zero_line(text) or describe(self.name).change
         return LeverReport(self.name, True, "", detail, change, self.site.where if self.site else "", words)
+
+
+def _zero_line(text: str) -> str:
+    """``text`` (``opt = Cls(params, k=v)``, one line) as ``opt =
+    ZeroRedundancyOptimizer(params, k=v, optimizer_class=Cls)``; "" for any other line."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ""
+    node = tree.body[0] if len(tree.body) == 1 else None
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.value, ast.Call):
+        return ""
+    call = node.value
+    segment = lambda part: ast.get_source_segment(text, part) or ""  # noqa: E731
+    parts = [segment(arg) for arg in call.args]
+    parts += [f"{k.arg}={segment(k.value)}" if k.arg else f"**{segment(k.value)}" for k in call.keywords]
+    parts.append(f"optimizer_class={segment(call.func)}")
+    return f"{segment(node.targets[0])} = ZeroRedundancyOptimizer({', '.join(parts)})"
