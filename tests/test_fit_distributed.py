@@ -173,3 +173,11 @@ def test_the_ranks_runner_runs_rank_0_and_the_last_each_with_its_environment(tmp
     trial = runner(WorldSpec((), None, 4, 4))
     assert sorted(seen) == [("0", "4", "0", "train.py"), ("3", "4", "3", "train.py")]
     assert not trial.completed and "no run description" in trial.error
+
+
+def test_a_tight_fit_as_it_is_gives_way_to_a_sharding_that_fits_under_the_threshold(tmp_path):
+    fake = FakeRanks(states=30 * GIB, activations=7 * GIB)  # 37 GiB: above 0.9 x 40
+    result = fit(tmp_path, fake, nproc=4)
+    assert result.rows[0].row.fits == "tight"
+    assert result.answer.startswith("fits on 4 x A100-40GB with zero")  # the cheapest that fits
+    assert result.exit_code == 0

@@ -244,7 +244,7 @@ class _Search:
 
     def _worlds(self) -> None:
         """The smallest of ``WORLDS`` that fits with ``sharding`` (bisection)."""
-        fits = lambda t: t.fits(self.threshold) in ("yes", "tight")  # noqa: E731
+        fits = lambda t: t.fits(self.threshold) == "yes"  # noqa: E731  (tight is no world to recommend)
         known = next(t for t, w in self.rows if t.levers == self.sharding and w == self.nproc)
         self.worlds[self.nproc] = known
         lo, hi = 0, len(WORLDS) - 1
@@ -309,11 +309,14 @@ def _verdict(rows: tuple[WorldRow, ...], world: int | None) -> str:
 
 
 def _best(rows: tuple[WorldRow, ...], world: int | None) -> WorldRow | None:
-    """The row to recommend: the first that fits at the asked size (cheapest first),
-    else the world search's, else the first with a batch that fits."""
-    for row in rows:
-        if row.row.fits in ("yes", "tight") and row.world == rows[0].world:
-            return row
+    """The row to recommend: at the asked size, the first change that fits under the
+    threshold (cheapest first), else the script as it is when it fits, else any that
+    fits tight; else the world search's; else the first with a batch that fits."""
+    asked = [r for r in rows if r.world == rows[0].world]
+    for wanted in ("yes", "tight"):
+        for row in [*asked[1:], asked[0]]:
+            if row.row.fits == wanted:
+                return row
     for row in rows:
         if row.world == world and row.row.fits in ("yes", "tight"):
             return row
