@@ -46,10 +46,22 @@ class FakeRanks:
             folder = f"/s/{spec.name}/rank{rank}"
             if need > CAPACITY:
                 oom = OutOfMemory("train.py:30", GIB, CAPACITY - GIB, CAPACITY - GIB // 2, CAPACITY)
-                per_rank.append(Trial(spec.levers, spec.batch, folder, 1, oom=oom, capacity=CAPACITY, notes=notes))
+                per_rank.append(
+                    Trial(spec.levers, spec.batch, folder, 1, oom=oom, capacity=CAPACITY, notes=notes)
+                )
             else:
                 per_rank.append(
-                    Trial(spec.levers, spec.batch, folder, 0, need, need, "train.py:30", capacity=CAPACITY, notes=notes)
+                    Trial(
+                        spec.levers,
+                        spec.batch,
+                        folder,
+                        0,
+                        need,
+                        need,
+                        "train.py:30",
+                        capacity=CAPACITY,
+                        notes=notes,
+                    )
                 )
         return worst(per_rank)
 
@@ -65,7 +77,9 @@ class FakeRanks:
 def fit(tmp_path, fake, **options):
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    return fit_distributed(script, ("--batch_size=8",), gpu="A100-40GB", runner=fake, out_dir=tmp_path, jobs=4, **options)
+    return fit_distributed(
+        script, ("--batch_size=8",), gpu="A100-40GB", runner=fake, out_dir=tmp_path, jobs=4, **options
+    )
 
 
 def test_a_model_too_big_for_its_ranks_gets_fsdp2_and_the_smallest_world_that_fits(tmp_path):
