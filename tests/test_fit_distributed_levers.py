@@ -149,8 +149,8 @@ def test_zero_shards_a_ddp_scripts_optimizer_state(in_process, tmp_path, rank0):
     assert report.applied, report.reason
     assert report.detail.startswith("AdamW as ZeroRedundancyOptimizer over 4 ranks")
     assert (
-        report.change
-        == "optimizer = ZeroRedundancyOptimizer(model.parameters(), lr=1e-3, optimizer_class=torch.optim.AdamW)"
+        report.change == "optimizer = ZeroRedundancyOptimizer(model.parameters(), lr=1e-3, "
+        "optimizer_class=torch.optim.AdamW)"
     )
     assert lever.peak < ddp.peak
 

@@ -212,7 +212,8 @@ class _Search:
         if self.baseline.fits(self.threshold) in ("failed", "yes"):
             return self  # failed for another reason, or fits as it is: nothing to change
         self.say(
-            f"as it is on {self.nproc} ranks: {self.baseline.fits(self.threshold)}; trying the sharding levers"
+            f"as it is on {self.nproc} ranks: {self.baseline.fits(self.threshold)}; "
+            "trying the sharding levers"
         )
         tried = self.pool.run_all(WorldSpec(s, None, self.nproc, self.nproc) for s in SHARDED)
         why: dict[str, str] = {}
@@ -367,7 +368,8 @@ def _launch(
             lines += [
                 "import os, torch.distributed as dist; dist.init_process_group('nccl'); "
                 "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
-                "sampler = torch.utils.data.DistributedSampler(dataset)  # then DataLoader(dataset, sampler=sampler, ...)",
+                "sampler = torch.utils.data.DistributedSampler(dataset)  "
+                "# then DataLoader(dataset, sampler=sampler, ...)",
             ]
         if "fsdp2" in notes:
             lines.append(

@@ -104,7 +104,8 @@ _SHARDING_INFOS = (
         7,
         "all-reduce of the gradients + broadcast of the updated parameters each step",
         False,
-        "each optimizer as torch.distributed.optim.ZeroRedundancyOptimizer (its state sharded over the ranks)",
+        "each optimizer as torch.distributed.optim.ZeroRedundancyOptimizer "
+        "(its state sharded over the ranks)",
         "ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=...)",
     ),
     LeverInfo(
@@ -128,15 +129,18 @@ _SHARDING_INFOS = (
         10,
         "numerics: bfloat16 parameters in forward and backward (results change); half the all-gather bytes",
         True,
-        "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
-        "fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
+        "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.float32))",
+        "fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.float32))",
     ),
     LeverInfo(
         "cpu-offload",
         11,
         "host<->GPU copies of the shards each step and the optimizer step on the CPU (much slower)",
         False,
-        "fully_shard(..., offload_policy=CPUOffloadPolicy()): shards, gradients and optimizer state on the CPU",
+        "fully_shard(..., offload_policy=CPUOffloadPolicy()): shards, gradients and optimizer "
+        "state on the CPU",
         "fully_shard(module, offload_policy=CPUOffloadPolicy())",
     ),
 )

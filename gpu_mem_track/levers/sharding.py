@@ -313,7 +313,10 @@ class ShardingLever:
         if s.error:
             return s.error
         if not s.moved:
-            return "no module with repeated blocks was moved to the GPU with .to()/.cuda() (a model built on the GPU directly is not sharded)"
+            return (
+                "no module with repeated blocks was moved to the GPU with .to()/.cuda() "
+                "(a model built on the GPU directly is not sharded)"
+            )
         return "not applied"
 
 
@@ -396,7 +399,10 @@ class ZeroLever:
                 "the optimizer's arguments are given by position (ZeroRedundancyOptimizer takes them by name)"
             )
         if not dist.is_available() or not dist.is_initialized():
-            return "the optimizer is built outside a process group (not a distributed script, or it starts one later)"
+            return (
+                "the optimizer is built outside a process group "
+                "(not a distributed script, or it starts one later)"
+            )
         self.world = dist.get_world_size()
         if self.world < 2:
             return "one rank: there is nothing to shard the optimizer's state over"
@@ -411,7 +417,8 @@ class ZeroLever:
                 self.name, False, self.why or "no optimizer was built", cost=info.cost, reached=bool(self.why)
             )
         words, sent = communication("zero", self.param_bytes, self.world)
-        detail = f"{', '.join(self.built)} as ZeroRedundancyOptimizer over {self.world} ranks ({sent} bytes sent per GPU per step)"
+        detail = f"{', '.join(self.built)} as ZeroRedundancyOptimizer over {self.world} ranks"
+        detail += f" ({sent} bytes sent per GPU per step)"
         text = self.site.text if self.site is not None else ""
         change = _zero_line(text) or describe(self.name).change
         return LeverReport(self.name, True, "", detail, change, self.site.where if self.site else "", words)
