@@ -71,7 +71,8 @@ for step in range(3):
     optimizer.zero_grad()
 if OUT != "-":
     with open(OUT, "w") as f:
-        json.dump({"peak": torch.cuda.max_memory_allocated(), "reserved_peak": torch.cuda.max_memory_reserved()}, f)
+        peaks = {"peak": torch.cuda.max_memory_allocated(), "reserved_peak": torch.cuda.max_memory_reserved()}
+        json.dump(peaks, f)
 """
 
 
@@ -142,7 +143,8 @@ def main() -> int:
                 got = real(script, strategy, world, out, args.dry)
                 if got is None:
                     print(
-                        f"{strategy} rank 0 of {world}: simulated {sim['peak']:,} allocated, {sim['reserved_peak']:,} reserved (dry)"
+                        f"{strategy} rank 0 of {world}: simulated {sim['peak']:,} allocated, "
+                        f"{sim['reserved_peak']:,} reserved (dry)"
                     )
                     continue
                 a = abs(sim["peak"] - got["peak"]) / got["peak"]
@@ -151,7 +153,8 @@ def main() -> int:
                 failed += not ok
                 print(
                     f"{strategy} rank 0 of {world}: allocated {sim['peak']:,} vs {got['peak']:,} ({a:.3%}), "
-                    f"reserved {sim['reserved_peak']:,} vs {got['reserved_peak']:,} ({r:.3%}): {'ok' if ok else 'FAIL'}"
+                    f"reserved {sim['reserved_peak']:,} vs {got['reserved_peak']:,} ({r:.3%}): "
+                    f"{'ok' if ok else 'FAIL'}"
                 )
     return 1 if failed else 0
 
