@@ -74,12 +74,10 @@ class FakeRanks:
         return LeverNote(name, True, "", change=change, cost=f"{name} words")
 
 
-def fit(tmp_path, fake, **options):
+def fit(tmp_path, fake, args=("--batch_size=8",), **options):
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    return fit_distributed(
-        script, ("--batch_size=8",), gpu="A100-40GB", runner=fake, out_dir=tmp_path, jobs=4, **options
-    )
+    return fit_distributed(script, args, gpu="A100-40GB", runner=fake, out_dir=tmp_path, jobs=4, **options)
 
 
 def test_a_model_too_big_for_its_ranks_gets_fsdp2_and_the_smallest_world_that_fits(tmp_path):
@@ -195,3 +193,22 @@ def test_a_tight_fit_as_it_is_gives_way_to_a_sharding_that_fits_under_the_thresh
     assert result.rows[0].row.fits == "tight"
     assert result.answer.startswith("fits on 4 x A100-40GB with zero")  # the cheapest that fits
     assert result.exit_code == 0
+
+
+def test_gradient_accumulation_makes_up_for_a_smaller_batch_per_gpu(tmp_path):
+    fake = FakeRanks(states=60 * GIB, activations=60 * GIB)
+    args = ("--batch_size=8", "--accum=2")
+    result = fit(tmp_path, fake, args, nproc=4, batch_arg="--batch_size", accum_arg="--accum")
+    [fsdp2] = [r.row for r in result.rows if r.row.label == "fsdp2"]
+    assert fsdp2.fits == "no" and fsdp2.batch.batch == 3  # 15 + 1 + 60 * 3 / 8 <= 40 GiB
+    accumulated = result.rows[-1]
+    assert accumulated.row.label == "fsdp2 at batch 3 x 3 accumulation (--accum=6)"
+    assert accumulated.accum == 6 and accumulated.row.fits == "tight"  # 15 + 1 + 22.5 GiB
+    assert [s for s in fake.specs if s.accum is not None] == [WorldSpec(("fsdp2",), 3, 4, 4, 6)]
+    assert result.answer.startswith("fits on 4 x A100-40GB with fsdp2 at batch 3 x 3 accumulation")
+    assert result.exit_code == 3  # only at a smaller batch per GPU
+
+
+def test_the_accumulation_argument_needs_the_batch_argument(tmp_path):
+    with pytest.raises(UsageError, match="--accum-arg needs --batch-arg"):
+        fit(tmp_path, FakeRanks(GIB, GIB), ("--accum=2",), nproc=2, accum_arg="--accum")

@@ -58,13 +58,14 @@ class WorldRow:
     row: FitRow
     world: int
     rank: int | None
+    accum: int | None = None  # a gradient accumulation row: the accumulation argument's value
 
     def to_dict(self) -> dict[str, Any]:
-        return {"row": self.row.to_dict(), "world": self.world, "rank": self.rank}
+        return {"row": self.row.to_dict(), "world": self.world, "rank": self.rank, "accum": self.accum}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorldRow:
-        return cls(FitRow.from_dict(data["row"]), int(data["world"]), data.get("rank"))
+        return cls(FitRow.from_dict(data["row"]), int(data["world"]), data.get("rank"), data.get("accum"))
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class DistributedFit:
         only at a smaller batch per GPU; 1: nothing fits, or the script failed."""
         if self.verdict not in ("fits", "found"):
             return 1
-        fitting = [r.row for r in self.rows if r.row.fits in ("yes", "tight")]
+        fitting = [r.row for r in self.rows if r.row.fits in ("yes", "tight") and r.accum is None]
         return 0 if fitting or self.world is not None else 3
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,6 +128,7 @@ def fit_distributed(
     out_dir: str | os.PathLike[str] = "reports",
     max_batch: int | None = None,
     run_options: Sequence[str] = (),
+    accum_arg: str | int | None = None,
     runner: Callable[[TrialSpec], Trial] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DistributedFit:
@@ -147,9 +149,14 @@ def fit_distributed(
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
+    accum = BatchArg.parse(accum_arg) if accum_arg is not None else None
+    if accum is not None and where is None:
+        raise UsageError("--accum-arg needs --batch-arg: the accumulation makes up for a smaller batch")
+    user_accum = accum.value(args) if accum is not None else None
     folder = _session_folder(Path(out_dir), Path(script))
     if runner is None:
-        runner = RanksRunner(SubprocessRunner(str(script), args, gpu, folder, tuple(run_options), where))
+        base = SubprocessRunner(str(script), args, gpu, folder, tuple(run_options), where)
+        runner = RanksRunner(base, accum_arg=accum)
     say = progress or (lambda line: None)
     jobs = max(1, (default_jobs() if jobs is None else jobs) // 2)  # a trial runs two ranks
     pool = TrialPool(runner, jobs, say)
@@ -158,13 +165,15 @@ def fit_distributed(
         batches: dict[tuple[tuple[str, ...], int], BatchAnswer] = {}
         if where is not None and user_batch is not None:
             batches = _batches(pool, found, user_batch, max_batch)
+        rows = tuple(
+            WorldRow(replace(make_row(t, threshold), batch=batches.get((t.levers, w))), w, rank_of(t))
+            for t, w in found.rows
+        )
+        if user_accum is not None and user_batch is not None:
+            rows += _accumulated(pool, rows, user_batch, user_accum, nproc, threshold, str(accum_arg))
     finally:
         pool.close()
     capacity = found.baseline.capacity or spec.capacity
-    rows = tuple(
-        WorldRow(replace(make_row(t, threshold), batch=batches.get((t.levers, w))), w, rank_of(t))
-        for t, w in found.rows
-    )
     worlds = tuple(sorted((w, t.fits(threshold)) for w, t in found.worlds.items()))
     verdict = _verdict(rows, found.world)
     best = _best(rows, found.world)
@@ -296,6 +305,33 @@ def _batches(
     return out
 
 
+def _accumulated(
+    pool: TrialPool,
+    rows: tuple[WorldRow, ...],
+    batch: int,
+    accum: int,
+    nproc: int,
+    threshold: float,
+    accum_arg: str,
+) -> tuple[WorldRow, ...]:
+    """Gradient accumulation at a smaller batch per GPU: for the first row that does not
+    fit at the asked batch but fits at a smaller one ``b`` (its batch search), one trial
+    at ``b`` with the accumulation argument ``accum`` x ceil(batch / b), so a step sees as
+    many samples; its row is labelled with both."""
+    for item in rows:
+        answer = item.row.batch
+        if item.row.fits in ("yes", "tight") or answer is None or not 0 < answer.batch < batch:
+            continue
+        times = -(-batch // answer.batch)
+        trial = pool.run(WorldSpec(item.row.levers, answer.batch, item.world, nproc, accum * times))
+        row = make_row(trial, threshold)
+        text = (
+            f"{item.row.label} at batch {answer.batch} x {times} accumulation ({accum_arg}={accum * times})"
+        )
+        return (WorldRow(replace(row, label=text), item.world, rank_of(trial), accum * times),)
+    return ()
+
+
 def _verdict(rows: tuple[WorldRow, ...], world: int | None) -> str:
     first = rows[0].row
     if first.fits == "failed":
@@ -339,11 +375,11 @@ def _answer(
     if best is None:
         tried = ", ".join(str(w) for w, _ in worlds) or str(nproc)
         return f"does not fit on {tried} x {gpu} with what was tried"
-    how = "as it is" if not best.row.levers else f"with {best.row.label}"
+    how = "as it is" if not best.row.label or best.row.label == "as it is" else f"with {best.row.label}"
     text = f"fits on {best.world} x {gpu} {how}"
-    if best.row.fits == "no" and best.row.batch is not None:
-        text = f"fits on {best.world} x {gpu} {how} only at a smaller batch"
-    if best.row.batch is not None and best.row.batch.batch > 0:
+    if best.row.fits in ("no", "failed") and best.row.batch is not None:
+        text += f" only at batch {best.row.batch.batch} per GPU"
+    elif best.row.batch is not None and best.row.batch.batch > 0:
         text += f" at batch {best.row.batch.batch} per GPU"
     smaller = [w for w, fits in worlds if w < best.world and fits not in ("yes", "tight")]
     if smaller:

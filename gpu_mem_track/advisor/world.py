@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,11 @@ class WorldSpec(TrialSpec):
 
     world: int = 1
     nproc: int = 1
+    accum: int | None = None  # the accumulation argument's value (None: as given)
 
     @property
     def name(self) -> str:
-        return f"{super().name}-w{self.world}"
+        return f"{super().name}-w{self.world}" + (f"-a{self.accum}" if self.accum is not None else "")
 
 
 def distinct_ranks(world: int) -> tuple[int, ...]:
@@ -92,6 +93,7 @@ class RanksRunner:
 
     base: SubprocessRunner
     environ: Mapping[str, str] | None = None
+    accum_arg: Any = None  # where the args set the accumulation steps (``batch.BatchArg``)
 
     def __call__(self, spec: TrialSpec) -> Trial:
         world = spec.world if isinstance(spec, WorldSpec) else 1
@@ -107,7 +109,10 @@ class RanksRunner:
         log = folder / f"{spec.name}-rank{rank}.log"
         base = _without_launch(os.environ if self.environ is None else self.environ)
         env = rank_environ(base, rank, world, nproc, spec.name)
-        code = run_forked(self.base.command(spec)[3:], Path.cwd(), log, env)
+        base = self.base
+        if isinstance(spec, WorldSpec) and spec.accum is not None and self.accum_arg is not None:
+            base = replace(base, args=self.accum_arg.with_batch(base.args, spec.accum))
+        code = run_forked(base.command(spec)[3:], Path.cwd(), log, env)
         trial = read_trial(folder / spec.name / f"rank{rank}", spec.levers, spec.batch, code)
         if trial.error.startswith("no run description"):
             tail = _last_line(log)

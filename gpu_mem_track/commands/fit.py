@@ -73,6 +73,13 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         "rank, each alone), and try the distributed levers (zero, fsdp2 and its options) and other world "
         "sizes; figures per GPU. Under torchrun, WORLD_SIZE gives N",
     )
+    parser.add_argument(
+        "--accum-arg",
+        metavar="ARG",
+        help="with --nproc-per-node and --batch-arg: the script's argument that sets the gradient "
+        "accumulation steps (written as --batch-arg); where a row fits only at a smaller batch per GPU, one "
+        "trial runs at that batch with the accumulation raised to keep the samples per step",
+    )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON instead of the table")
     parser.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page to PATH")
     parser.add_argument(
@@ -127,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     nproc = _world(args)
     if nproc is not None:
         return _distributed(args, nproc, progress)
+    if args.accum_arg is not None:
+        raise UsageError("--accum-arg is for --nproc-per-node")
     result = fit(
         args.script,
         tuple(args.args),
@@ -198,6 +207,7 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
         out_dir=args.out_dir,
         max_batch=args.max_batch,
         run_options=options,
+        accum_arg=args.accum_arg,
         progress=progress,  # type: ignore[arg-type]
     )
     print_result(result, args.json, render_distributed)
