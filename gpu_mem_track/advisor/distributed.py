@@ -381,7 +381,9 @@ def _answer(
         text += f" only at batch {best.row.batch.batch} per GPU"
     elif best.row.batch is not None and best.row.batch.batch > 0:
         text += f" at batch {best.row.batch.batch} per GPU"
-    smaller = [w for w, fits in worlds if w < best.world and fits not in ("yes", "tight")]
+    if world is not None and world < best.world:
+        text += f"; with {label(sharding or ())} from {world} GPUs"
+    smaller = [w for w, fits in worlds if w < min(best.world, world or best.world) and fits != "yes"]
     if smaller:
         text += f"; not on {max(smaller)}"
     return text
