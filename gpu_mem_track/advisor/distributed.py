@@ -383,9 +383,10 @@ def _answer(
         text += f" at batch {best.row.batch.batch} per GPU"
     if world is not None and world < best.world:
         text += f"; with {label(sharding or ())} from {world} GPUs"
-    smaller = [w for w, fits in worlds if w < min(best.world, world or best.world) and fits != "yes"]
+    smaller = [(w, fits) for w, fits in worlds if w < min(best.world, world or best.world) and fits != "yes"]
     if smaller:
-        text += f"; not on {max(smaller)}"
+        below, fits = max(smaller)
+        text += f"; not on {below}" if fits != "tight" else f"; on {below} only above the threshold (tight)"
     return text
 
 
