@@ -4,15 +4,17 @@ the batch argument and search, the records, the text, JSON and HTML answers."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import pytest
 
 from gpu_mem_track.advisor import fit
+from gpu_mem_track.advisor.accumulation import accumulation, split_batch
 from gpu_mem_track.advisor.batch import BatchArg, find_batch, start_batches
 from gpu_mem_track.advisor.page import render_fit_page
 from gpu_mem_track.advisor.plan import LEVERS, cheapest_combination, parse_levers
-from gpu_mem_track.advisor.records import FitResult, LeverNote, OutOfMemory, Trial
+from gpu_mem_track.advisor.records import Accumulation, FitResult, LeverNote, OutOfMemory, Trial
 from gpu_mem_track.advisor.render import render_fit
 from gpu_mem_track.advisor.trials import TrialPool, TrialSpec, read_trial
 from gpu_mem_track.errors import UsageError
@@ -115,12 +117,23 @@ def test_the_batch_argument_is_read_and_rewritten(where, args, value, moved):
         ("--batch_size", ["--batch_size"], "no value follows"),
         ("--batch_size", ["--batch_size=0"], "'0' is not a positive integer"),
         ("--batch_size", ["--batch_size=big"], "'big' is not a positive integer"),
-        ("3", ["a"], "the script has 1 argument"),
+        (
+            "3",
+            ["a"],
+            "--batch-arg 3 (counted from 0) names the 4th argument after the script (sys.argv[4]), "
+            "but the script has 1 argument(s): a",
+        ),
+        (
+            "1",
+            ["16", "1024x"],
+            "--batch-arg 1 (counted from 0) took '1024x', the 2nd argument after the script "
+            "(sys.argv[2]): not a positive integer (0 is the first argument after the script)",
+        ),
         ("x", ["a"], "an option (e.g. --batch_size) or an index"),
     ],
 )
 def test_a_bad_batch_argument_is_one_usage_error(where, args, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UsageError, match=re.escape(message)):
         BatchArg.parse(where).value(args)
 
 
@@ -255,22 +268,131 @@ def test_a_script_that_fails_for_another_reason_tries_nothing(script):
     )
 
 
-def test_nothing_fits_exits_1(script):
+def test_nothing_fits_at_any_batch_exits_1(script):
     fake = FakeRunner(base=2000)
     result = fit(script, gpu="2GiB:sm80", runner=fake, levers="expandable,checkpoint")
-    assert (result.verdict, result.exit_code) == ("none", 1)
+    assert (result.verdict, result.exit_code, result.recommended) == ("none", 1, None)
     assert [r.label for r in result.rows][-1] == "expandable + checkpoint"
     assert "Nothing tried fits" in render_fit(result)
-    smaller = fit(
+    never = fit(script, ["--bs=10"], gpu="2GiB:sm80", runner=fake, levers="expandable", batch_arg="--bs")
+    assert (never.verdict, never.exit_code, never.accumulation) == ("none", 1, None)
+    assert "Nothing tried fits at any batch tried (--bs)" in render_fit(never)
+
+
+def test_nothing_fits_at_the_users_batch_leads_with_the_change_that_reaches_the_largest_batch(script):
+    """As it is 3 (300/100 MiB a sample), expandable 3, checkpoint 7, both 8: nothing
+    fits at 10, so the answer is expandable + checkpoint at batch 8, exit 3."""
+    result = fit(
+        script,
+        ["--bs=10", "--grad_accum=2"],
+        gpu="2GiB:sm80",
+        runner=FakeRunner(base=700),
+        levers="expandable,checkpoint",
+        batch_arg="--bs",
+    )
+    assert (result.verdict, result.exit_code) == ("smaller", 3)
+    assert result.recommended == "expandable + checkpoint"
+    assert {r.label: r.batch.batch for r in result.rows} == {
+        "as it is": 3,
+        "expandable": 3,
+        "checkpoint": 7,
+        "expandable + checkpoint": 8,
+    }
+    assert result.accumulation == Accumulation(batch=5, steps=2, how="--grad_accum=4 (2 x 2)")
+    lines = render_fit(result).splitlines()
+    assert lines[1:5] == [
+        "Nothing fits at batch 10 (--bs). Best: expandable + checkpoint, which fits batch 8 (the largest "
+        "batch of any row; on a tie the cheapest).",
+        f"  To make it: {CHANGES['expandable']}; {CHANGES['checkpoint']}; and run batch 8.",
+        "  Cost: none; one more forward.",
+        "  To keep the effective batch of 10: batch 5 x 2 accumulation steps (--grad_accum=4 (2 x 2)).",
+    ]
+    table = lines[lines.index("  The other rows follow, best first.") + 1 :]
+    assert table[0].split() == [
+        "change",
+        "fits",
+        "at",
+        "10",
+        "largest",
+        "batch",
+        "headroom",
+        "at",
+        "10",
+        "cost",
+    ]
+    firsts = [line.split("  ")[1].strip() for line in table[1:5]]
+    assert firsts == ["expandable + checkpoint (recommended)", "checkpoint", "as it is", "expandable"]
+    again = FitResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again == result and again.to_dict()["recommended"] == "expandable + checkpoint"
+    page = render_fit_page(result)
+    assert page.count("<tr class='recommended'>") == 2  # the table and the details
+    assert "Nothing fits at batch 10" in page
+
+
+def test_on_a_tie_the_cheapest_change_is_the_answer_and_no_accumulation_argument_says_nothing(script):
+    result = fit(
         script,
         ["--bs=10"],
         gpu="2GiB:sm80",
-        runner=FakeRunner(base=500),
-        levers="expandable",
+        runner=FakeRunner(base=700, saves={"expandable": 0, "checkpoint": 60}),
+        levers="expandable,checkpoint",
         batch_arg="--bs",
     )
-    assert smaller.verdict == "none"
-    assert "As it is, batch 5 fits (--bs; you run 10)." in render_fit(smaller).splitlines()  # (1000-500)/100
+    assert result.recommended == "checkpoint" and result.row("expandable + checkpoint").batch.batch == 7
+    assert (result.verdict, result.accumulation) == ("smaller", None)
+    assert "accumulation" not in render_fit(result)
+
+
+def test_as_it_is_at_a_smaller_batch_is_the_answer_when_no_lever_helps(script):
+    result = fit(
+        script, ["8"], gpu="2GiB:sm80", runner=FakeRunner(base=700), levers="expandable", batch_arg="0"
+    )
+    assert (result.verdict, result.recommended, result.exit_code) == ("smaller", "as it is", 3)
+    assert "Best: no change, a smaller batch, which fits batch 3" in render_fit(result)
+    assert "  To make it: run batch 3." in render_fit(result).splitlines()
+
+
+@pytest.mark.parametrize(
+    ("batch", "fits", "split"),
+    [(32, 27, (16, 2)), (33, 27, (17, 2)), (32, 5, (5, 7)), (100, 30, (25, 4)), (8, 8, (8, 1))],
+)
+def test_the_batch_is_split_into_the_fewest_accumulation_steps(batch, fits, split):
+    assert split_batch(batch, fits) == split
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "how"),
+    [
+        ("", ["--gradient_accumulation_steps=4"], "--gradient_accumulation_steps=8 (4 x 2)"),
+        ("", ["--gradient_accumulation_steps", "1"], "--gradient_accumulation_steps=2"),
+        ("p.add_argument('--grad-accum', type=int)", [], "--grad-accum=2"),
+        (
+            "TrainingArguments(out, gradient_accumulation_steps=3)",
+            [],
+            "TrainingArguments(gradient_accumulation_steps=6) (3 x 2)",
+        ),
+        (
+            "TrainingArguments(out, per_device_train_batch_size=b)",
+            [],
+            "TrainingArguments(gradient_accumulation_steps=2)",
+        ),
+        ("HfArgumentParser((TrainingArguments,))", [], "--gradient_accumulation_steps=2"),
+        ("p.add_argument('--grad_accum', type=int, default=4)", [], "--grad_accum=8 (4 x 2)"),
+        (
+            "gradient_accumulation_steps = 5 * 8  # used to simulate larger batches\n"
+            "exec(open('configurator.py').read())",
+            ["--batch_size=32"],
+            "--gradient_accumulation_steps=80 (40 x 2)",
+        ),
+        ("gradient_accumulation_steps = 4\nfor x in data: model(x)", [], None),  # no way to set it
+        ("for x in data: model(x)", ["--steps=3"], None),
+    ],
+)
+def test_the_accumulation_is_set_by_the_scripts_own_argument(text, args, how):
+    found = accumulation(text, args, 32, 27)
+    assert (found.how if found else None) == how
+    if found:
+        assert (found.batch, found.steps) == (16, 2)
 
 
 def test_the_answer_round_trips_through_json_and_renders_the_same(script):
@@ -281,43 +403,42 @@ def test_the_answer_round_trips_through_json_and_renders_the_same(script):
 
 
 def test_the_table_text(script):
+    """The answer first, then the table best first (the change, fits, headroom, cost),
+    then the details (peaks, line, change to make)."""
     result = fit(script, gpu="2GiB:sm80", runner=FakeRunner(), levers="expandable,checkpoint", jobs=1)
     lines = render_fit(result).splitlines()
-    assert lines[1].split() == [
-        "change",
-        "peak",
-        "allocated",
-        "peak",
-        "reserved",
-        "fits",
-        "headroom",
-        "line",
-        "cost",
-        "to",
-        "make",
-        "it",
-    ]
-    assert lines[2].split()[:8] == ["as", "it", "is", "900.00", "MiB", "984.00", "MiB", "no"]
-    assert "short >= 48.00 MiB" in lines[2] and "train.py:7" in lines[2]
-    assert lines[4].split()[:9] == [
+    assert lines[1] == f"Recommended: checkpoint (cheapest change that fits): {CHANGES['checkpoint']}"
+    assert lines[2].split() == ["change", "fits", "headroom", "cost"]
+    assert lines[3].split() == [
         "checkpoint",
-        "592.00",
-        "MiB",
-        "600.00",
-        "MiB",
+        "(recommended)",
         "yes",
         "400.00",
         "MiB",
         "(40%)",
+        "one",
+        "more",
+        "forward",
     ]
-    assert lines[5] == f"Recommended: checkpoint (cheapest change that fits): {CHANGES['checkpoint']}"
+    assert lines[4].split()[:4] == ["as", "it", "is", "no"] and "short >= 48.00 MiB" in lines[4]
+    assert lines[5].split()[:2] == ["expandable", "no"]  # as short as it is, and costs more
+    assert lines[6] == "Details:"
+    assert lines[7].split() == ["change", "peak", "allocated", "peak", "reserved", "line", "to", "make", "it"]
+    assert lines[8].split()[:6] == ["checkpoint", "(recommended)", "592.00", "MiB", "600.00", "MiB"]
+    assert lines[8].endswith(CHANGES["checkpoint"]) and "train.py:9" in lines[8]
+    assert (
+        lines[9].split()[:7] == ["as", "it", "is", "900.00", "MiB", "984.00", "MiB"]
+        and "train.py:7" in lines[9]
+    )
 
 
 def test_the_html_page_holds_the_table_and_the_answer(script):
     result = fit(script, gpu="2GiB:sm80", runner=FakeRunner(), levers="expandable,checkpoint")
     page = render_fit_page(result)
-    assert page.count("<tr>") == 4  # header and three rows
-    assert "Recommended: checkpoint" in page and "<style>" in page and "<script" not in page
+    assert page.count("<tr>") == 6  # two tables: a header and two rows each
+    assert page.count("<tr class='recommended'>") == 2
+    assert page.index("Recommended: checkpoint") < page.index("<table")
+    assert "<style>" in page and "<script" not in page
 
 
 def test_read_trial_reads_a_run_folder(tmp_path):

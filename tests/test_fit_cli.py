@@ -92,3 +92,16 @@ def test_help_names_every_option(tmp_path):
         "--engine",
     ):
         assert option in done.stdout
+    text = " ".join(done.stdout.split())
+    assert "counted from 0 (the first argument after the script" in text
+    assert "Exit codes: 0 it fits as asked" in text and "3 it fits only with a smaller batch" in text
+
+
+def test_a_wrong_index_says_which_argument_it_took(tmp_path):
+    (tmp_path / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    done = fit_cli("--batch-arg", "0", "2GiB:sm80", "train.py", "--seq", "1024", "32", cwd=tmp_path)
+    assert done.returncode == 2 and not (tmp_path / "reports").exists()
+    assert done.stderr.strip() == (
+        "gpu_mem_track: --batch-arg 0 (counted from 0) took '--seq', the 1st argument after the script "
+        "(sys.argv[1]): not a positive integer (0 is the first argument after the script)"
+    )

@@ -53,3 +53,24 @@ def test_a_caller_without_a_main_guard_is_not_run_again(tmp_path):
     assert done.stdout.count("CALLER RAN") == 1, done.stdout + done.stderr
     assert "CODE 0" in done.stdout
     assert "RTX-4090" in (tmp_path / "g.log").read_text()
+
+
+def test_the_script_imports_of_installed_packages_are_listed_and_made(tmp_path, monkeypatch):
+    """The fork server's preload of the script's imports: installed packages only (not the
+    script's own modules), and made by ``make_imports`` from the environment."""
+    import json
+
+    from gpu_mem_track.advisor import preload
+
+    (tmp_path / "mine.py").write_text("raise SystemExit('a local module is not preloaded')\n")
+    (tmp_path / "train.py").write_text(
+        "import json\nimport pytest\nimport mine\nfrom mine import x\nfrom _pytest import python as p\n"
+        "from . import rel\n\ndef f():\n    import numpy\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = preload.script_imports(tmp_path / "train.py")
+    assert found == [("pytest", ()), ("_pytest", ("python",))]  # json: stdlib; mine: local
+    monkeypatch.setenv(preload.ENV, json.dumps([["colorsys", ["rgb_to_hls"]], ["no_such_pkg", []]]))
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    preload.make_imports()  # the missing package is ignored
+    assert "colorsys" in sys.modules

@@ -175,7 +175,7 @@ def test_levers_the_script_already_has_are_not_applied_and_change_nothing(in_pro
     run = simulate(in_process, tmp_path, script, "levers", *(f"--lever={name}" for name in levers))
     reports = read_levers(tmp_path / "reports" / "levers")
     assert [(r.name, r.applied, r.reason) for r in reports] == [
-        ("autocast", False, "the script already autocasts (bfloat16)"),
+        ("autocast", False, "the script already autocasts (bfloat16): autocast changes nothing"),
         ("fused", False, "AdamW is already fused (fused=True)"),
         ("no-foreach", False, "AdamW is fused (fused=True): foreach does not apply"),
         (
@@ -190,8 +190,8 @@ def test_levers_the_script_already_has_are_not_applied_and_change_nothing(in_pro
     assert (run.peak, run.reserved_peak) == (base.peak, base.reserved_peak)
     summary = (tmp_path / "reports" / "levers" / "report.txt").read_text()
     assert (
-        "Levers applied: none; not applied: autocast (the script already autocasts (bfloat16)), fused ("
-        in summary
+        "Levers applied: none; not applied: autocast (the script already autocasts (bfloat16): "
+        "autocast changes nothing), fused (" in summary
     )
 
 
@@ -491,3 +491,33 @@ def test_a_hugging_face_model_is_checkpointed_by_its_own_switch(in_process, tmp_
         "GPT2LMHeadModel checkpoints its blocks already (its activation checkpointing is on)"
     )
     assert (again.peak, again.reserved_peak) == (by_hand.peak, by_hand.reserved_peak)
+
+
+LOW = {
+    "bf16 weights": (
+        "model = Net().cuda()\n",
+        "model = Net().cuda().to(torch.bfloat16)\n",
+        "the model's weights are already bfloat16: autocast changes nothing",
+    ),
+    "accelerate": (  # as accelerate's prepare_model with mixed precision wraps the forward
+        "model = Net().cuda()\n",
+        "model = Net().cuda()\nmodel._original_forward = model.forward\n"
+        'model.forward = torch.autocast("cuda", dtype=torch.bfloat16)(model.forward)\n',
+        "the model's forward already runs under Accelerate's mixed-precision autocast (Trainer bf16/fp16): "
+        "autocast changes nothing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOW))
+def test_autocast_is_not_applied_to_a_model_that_already_computes_in_bf16(in_process, tmp_path, case):
+    old, new, reason = LOW[case]
+    text = TRAIN.replace(old, new).replace(
+        "    out = model(x)\n", "    out = model(x.to(next(model.parameters()).dtype)).float()\n"
+    )
+    script = write(tmp_path / "train.py", text)
+    base = simulate(in_process, tmp_path, script, "base")
+    run = simulate(in_process, tmp_path, script, "lever", "--lever", "autocast")
+    [report] = read_levers(tmp_path / "reports" / "lever")
+    assert (report.applied, report.reason, report.reached) == (False, reason, True)
+    assert (run.peak, run.reserved_peak) == (base.peak, base.reserved_peak)

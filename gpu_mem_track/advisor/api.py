@@ -9,6 +9,11 @@ the largest batch that fits is searched for the script as it is and for every ro
 levers applied (``batch.find_batch``; the searches run side by side, each started as soon
 as its row's trial is known, their trials share the pool, and the trial at the user's
 batch is reused). Every "fits" is a trial that ran.
+
+When nothing fits at the user's batch but some row fits a smaller one, the answer is
+that row (the largest batch; on a tie the cheapest: ``best_smaller``), verdict
+``"smaller"``, with how to keep the batch asked for by gradient accumulation where the
+script has an argument for it (``accumulation``).
 """
 
 from __future__ import annotations
@@ -17,17 +22,32 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UsageError
 from ..levers.allocator import NOT_SIMULATED
+from .accumulation import accumulation
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
-from .records import BatchAnswer, FitResult, FitRow, LeverNote, Trial
-from .trials import SubprocessRunner, TrialPool, TrialSpec
+from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
+from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec
 
-__all__ = ["default_jobs", "fit"]
+__all__ = ["FitInterrupted", "best_smaller", "default_jobs", "fit"]
+
+
+class FitInterrupted(KeyboardInterrupt):
+    """``fit`` interrupted (Ctrl-C; SIGTERM or SIGHUP where the caller turns them into a
+    ``KeyboardInterrupt`` with a ``signum``): every trial was ended and no process of its
+    is left. ``folder``: the session folder; ``complete``: the run folders of the trials
+    that ended before (complete reports); ``stopped``: the names of the trials ended or
+    never started (their folders, where any, are not complete); ``signum``: the signal
+    (``signal.SIGINT`` for Ctrl-C)."""
+
+    def __init__(self, folder: str, complete: list[str], stopped: list[str], signum: int) -> None:
+        super().__init__(f"fit interrupted by signal {signum}")
+        self.folder, self.complete, self.stopped, self.signum = folder, complete, stopped, signum
 
 
 def default_jobs() -> int:
@@ -96,7 +116,12 @@ def fit(
     user_batch = where.value(args) if where is not None else None
     folder = _session_folder(Path(out_dir), Path(script))
     options = _run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
-    runner = runner or SubprocessRunner(str(script), args, gpu, folder, options, where)
+    if runner is None:
+        from .forked import preload_script_imports, resume
+
+        resume()  # a fit before in this process may have been interrupted
+        preload_script_imports(script)
+        runner = SubprocessRunner(str(script), args, gpu, folder, options, where)
     say = progress or (lambda line: None)
     pool = TrialPool(runner, jobs, say)
     try:
@@ -110,8 +135,20 @@ def fit(
         )
         if searches is not None:
             rows = searches.finish(rows)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP turned into one by the caller
+        import signal
+
+        stopped = pool.stop()
+        complete = [trial.folder for trial in pool.complete]
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise FitInterrupted(str(folder), complete, [spec.name for spec in stopped], signum) from None
     finally:
         pool.close()
+    keep: Accumulation | None = None
+    best = best_smaller(rows) if verdict == "none" and user_batch is not None else None
+    if best is not None and best.batch is not None and user_batch is not None:
+        verdict, recommended = "smaller", best.label
+        keep = accumulation(_text(script), args, user_batch, best.batch.batch)
     capacity = baseline.capacity or spec.capacity  # what the trials saw
     return FitResult(
         script=str(script),
@@ -129,7 +166,28 @@ def fit(
         seconds=round(time.monotonic() - started, 1),
         batch_arg=None if where is None else str(batch_arg),
         batch=user_batch,
+        accumulation=keep,
     )
+
+
+def best_smaller(rows: Sequence[FitRow]) -> FitRow | None:
+    """The row whose largest batch that fits is the largest (on a tie the cheapest,
+    ``plan.rank``); None when no row fits any batch."""
+    found = [row for row in rows if row.batch is not None and row.batch.batch >= 1]
+    if not found:
+        return None
+    return min(found, key=lambda row: (-row.batch.batch if row.batch else 0, rank(row.levers)))
+
+
+def _text(script: str | os.PathLike[str]) -> str:
+    """The script's text ("" when it cannot be read: a folder's ``__main__.py`` is read)."""
+    path = Path(script)
+    if path.is_dir():
+        path = path / "__main__.py"
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _advise(
@@ -215,7 +273,10 @@ class _Searches:
             return TrialSpec(levers, None if b == self.batch else b)
 
         run = lambda b: self.pool.run(spec(b))  # noqa: E731
-        self.answers[levers] = find_batch(run, self.batch, self.capacity, max_batch=self.max_batch)
+        try:
+            self.answers[levers] = find_batch(run, self.batch, self.capacity, max_batch=self.max_batch)
+        except (Stopped, CancelledError):  # fit was interrupted: its caller says so
+            return
 
     def finish(self, rows: list[FitRow]) -> list[FitRow]:
         """The rows with the largest batch that fits with each one's levers (not for

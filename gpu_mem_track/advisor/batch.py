@@ -2,7 +2,8 @@
 
 ``BatchArg.parse("--batch_size")`` names an option, given as ``--batch_size=32`` or
 ``--batch_size 32`` (the last occurrence wins, as argparse reads it);
-``BatchArg.parse("0")`` a positional index into the arguments. The search reuses
+``BatchArg.parse("0")`` a positional index into the arguments after the script, counted
+from 0 (index 0 is what the script reads as ``sys.argv[1]``). The search reuses
 ``estimator.search.search_batch_size``: peaks at a few batches, a fitted line, a jump
 to the batch it predicts, a confirmation there and at the next batch. Every batch it
 evaluates is a simulated trial; a trial that runs out of memory (or fails) does not fit.
@@ -49,11 +50,23 @@ class BatchArg:
     def __str__(self) -> str:
         return self.option if self.option is not None else f"argument {self.index}"
 
+    def took(self, args: Sequence[str]) -> str:
+        """Which of ``args`` an index takes, in words: ``"'32', the 1st argument after
+        the script (sys.argv[1])"``; "" for an option."""
+        if self.index is None:
+            return ""
+        where = f"the {_ordinal(self.index + 1)} argument after the script (sys.argv[{self.index + 1}])"
+        return f"{args[self.index]!r}, {where}" if self.index < len(args) else where
+
     def _position(self, args: Sequence[str]) -> tuple[int, bool]:
         """``(index of the token holding the value, whether it is ``option=value``)``."""
         if self.index is not None:
             if self.index >= len(args):
-                raise UsageError(f"--batch-arg {self.index}: the script has {len(args)} argument(s)")
+                given = " ".join(args) if args else "none"
+                raise UsageError(
+                    f"--batch-arg {self.index} (counted from 0) names {self.took(args)}, but the script has "
+                    f"{len(args)} argument(s): {given}"
+                )
             return self.index, False
         found: tuple[int, bool] | None = None
         for i, token in enumerate(args):
@@ -81,6 +94,11 @@ class BatchArg:
         except ValueError:
             batch = 0
         if batch < 1:
+            if self.index is not None:
+                raise UsageError(
+                    f"--batch-arg {self.index} (counted from 0) took {self.took(args)}: not a positive "
+                    "integer (0 is the first argument after the script)"
+                )
             raise UsageError(f"--batch-arg {self}: its value {text!r} is not a positive integer")
         return batch
 
@@ -90,6 +108,11 @@ class BatchArg:
         out = list(args)
         out[at] = f"{self.option}={batch}" if joined else str(batch)
         return tuple(out)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def start_batches(run: Callable[[int], Trial], batch: int) -> tuple[int, ...]:

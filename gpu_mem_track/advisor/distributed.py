@@ -155,6 +155,10 @@ def fit_distributed(
     user_accum = accum.value(args) if accum is not None else None
     folder = _session_folder(Path(out_dir), Path(script))
     if runner is None:
+        from .forked import preload_script_imports, resume
+
+        resume()  # a fit before in this process may have been interrupted
+        preload_script_imports(script)
         base = SubprocessRunner(str(script), args, gpu, folder, tuple(run_options), where)
         runner = RanksRunner(base, accum_arg=accum)
     say = progress or (lambda line: None)
@@ -171,6 +175,15 @@ def fit_distributed(
         )
         if user_accum is not None and user_batch is not None:
             rows += _accumulated(pool, rows, user_batch, user_accum, nproc, threshold, str(accum_arg))
+    except KeyboardInterrupt as exc:  # as api.fit: every trial's ranks ended, then FitInterrupted
+        import signal
+
+        from .api import FitInterrupted
+
+        stopped = pool.stop()
+        complete = [trial.folder for trial in pool.complete]
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise FitInterrupted(str(folder), complete, [spec.name for spec in stopped], signum) from None
     finally:
         pool.close()
     capacity = found.baseline.capacity or spec.capacity

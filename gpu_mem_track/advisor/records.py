@@ -13,7 +13,7 @@ from typing import Any
 
 from ..levers.records import LeverReport as LeverNote  # what a lever did in one trial
 
-__all__ = ["BatchAnswer", "FitResult", "FitRow", "LeverNote", "OutOfMemory", "Trial"]
+__all__ = ["Accumulation", "BatchAnswer", "FitResult", "FitRow", "LeverNote", "OutOfMemory", "Trial"]
 
 #: What ``FitRow.fits`` says: a completed run at most ``threshold`` of the capacity
 #: ("yes"), a completed run above it but within the capacity ("tight"), a run that ran
@@ -140,6 +140,25 @@ class BatchAnswer:
 
 
 @dataclass(frozen=True)
+class Accumulation:
+    """The user's batch kept with a smaller one: ``batch`` samples per step over
+    ``steps`` gradient-accumulation steps (``batch * steps`` samples per optimizer step,
+    at least the batch asked for), set by ``how`` (the script's own argument, e.g.
+    ``"--gradient_accumulation_steps=2"``)."""
+
+    batch: int
+    steps: int
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Accumulation:
+        return cls(batch=int(data["batch"]), steps=int(data["steps"]), how=str(data["how"]))
+
+
+@dataclass(frozen=True)
 class FitRow:
     """One row of the table: ``label`` ("as it is", a lever's name or ``"a + b"``),
     ``levers`` (names), ``peak`` and ``reserved_peak`` (bytes; for a run that ran out,
@@ -193,10 +212,14 @@ class FitResult:
     context and libraries); ``threshold``: the fraction of it above which a run counts
     as tight. ``verdict``: ``"fits"`` (as it is), ``"found"`` (a change fits:
     ``recommended`` is its row's label), ``"tight"`` (it fits as it is but nothing tried
-    brings it under the threshold), ``"none"`` (nothing tried fits) or ``"failed"``
-    (the script failed for a reason other than memory: no levers tried). ``rows``: the
-    baseline first, then each lever alone, then any combination tried. ``not_applied``:
-    ``(lever, reason)`` for levers that did not apply to this script. ``batch_arg`` and
+    brings it under the threshold), ``"smaller"`` (nothing fits at the user's batch;
+    ``recommended`` is the row whose largest batch is the largest, on a tie the
+    cheapest, and ``accumulation`` how to keep the batch asked for where the script has
+    a gradient-accumulation argument), ``"none"`` (nothing tried fits, at any batch
+    tried) or ``"failed"`` (the script failed for a reason other than memory: no levers
+    tried). ``rows``: the baseline first, then each lever alone, then any combination
+    tried. ``not_applied``: ``(lever, reason)`` for levers not tried as rows (they did
+    not apply to this script, or cannot change anything in it). ``batch_arg`` and
     ``batch``: the batch argument and its value in ``args`` (None without one).
     ``folder``: the session folder holding every trial's run folder; ``trials``: how
     many simulated runs it took; ``seconds``: wall time."""
@@ -216,12 +239,16 @@ class FitResult:
     seconds: float
     batch_arg: str | None = None
     batch: int | None = None
+    accumulation: Accumulation | None = None
 
     @property
     def exit_code(self) -> int:
-        """0: it fits as it is or a change that fits was found; 1: nothing tried fits,
-        or the script failed for another reason."""
-        return 0 if self.verdict in ("fits", "found", "tight") else 1
+        """0: it fits as asked (as it is, or with a change found); 3: it fits only with a
+        smaller batch; 1: nothing tried fits at any batch, or the script failed for
+        another reason."""
+        if self.verdict in ("fits", "found", "tight"):
+            return 0
+        return 3 if self.verdict == "smaller" else 1
 
     def row(self, label: str) -> FitRow:
         """The row labelled ``label`` (KeyError when there is none)."""
@@ -235,14 +262,17 @@ class FitResult:
         out["args"] = list(self.args)
         out["rows"] = [row.to_dict() for row in self.rows]
         out["not_applied"] = [list(pair) for pair in self.not_applied]
+        out["accumulation"] = None if self.accumulation is None else self.accumulation.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FitResult:
-        skip = ("args", "rows", "not_applied")
+        skip = ("args", "rows", "not_applied", "accumulation")
         values = {f.name: data[f.name] for f in fields(cls) if f.name not in skip and f.name in data}
+        accumulation = data.get("accumulation")
         return cls(
             **values,
+            accumulation=None if accumulation is None else Accumulation.from_dict(accumulation),
             args=tuple(data["args"]),
             rows=tuple(FitRow.from_dict(row) for row in data["rows"]),
             not_applied=tuple((str(a), str(b)) for a, b in data.get("not_applied", ())),

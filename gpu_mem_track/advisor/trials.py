@@ -7,7 +7,9 @@ output goes to ``<folder>.log``) and reads the run folder's
 ``meta.json`` into a ``Trial``; ``read_trial`` is that reader alone. ``TrialPool`` is
 what the advisor calls: it runs trials through any runner (a ``Callable[[TrialSpec],
 Trial]``, so tests inject a fake one), at most ``jobs`` at a time, remembers each
-(levers, batch) so no trial runs twice, and reports each start and end to ``progress``.
+(levers, batch) so no trial runs twice, and reports each start and end to ``progress``;
+``TrialPool.stop`` (fit interrupted) cancels the trials not started, ends the running
+ones (the runner's ``stop``) and refuses new ones.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any
 
 from ..errors import BadInput
 from ..units import format_bytes
-from .forked import run_forked
+from .forked import Stopped, run_forked, stop_all
 from .records import LeverNote, OutOfMemory, Trial
 
-__all__ = ["SubprocessRunner", "TrialPool", "TrialSpec", "read_trial", "trial_name"]
+__all__ = ["Stopped", "SubprocessRunner", "TrialPool", "TrialSpec", "read_trial", "trial_name"]
 
 Runner = Callable[["TrialSpec"], Trial]
 Progress = Callable[[str], None]
@@ -136,6 +138,10 @@ class SubprocessRunner:
             *args,
         ]
 
+    def stop(self) -> None:
+        """End every running trial and its fork server; no trial starts after it."""
+        stop_all()
+
     def __call__(self, spec: TrialSpec) -> Trial:
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"{spec.name}.log"
@@ -165,6 +171,9 @@ class TrialPool:
         self._executor = ThreadPoolExecutor(max_workers=max(1, jobs))
         self._futures: dict[TrialSpec, Future[Trial]] = {}
         self._lock = threading.Lock()
+        self._stopped = False
+        #: The trials that ended before any stop, in the order they ended.
+        self.complete: list[Trial] = []
 
     @property
     def count(self) -> int:
@@ -175,6 +184,8 @@ class TrialPool:
         """The future of ``spec``'s trial (started now unless it was already)."""
         with self._lock:
             if spec not in self._futures:
+                if self._stopped:
+                    raise Stopped("fit was interrupted")
                 self._futures[spec] = self._executor.submit(self._run, spec)
             return self._futures[spec]
 
@@ -190,9 +201,30 @@ class TrialPool:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
+    def stop(self) -> list[TrialSpec]:
+        """Refuse new trials, cancel those not started, end the running ones (the
+        runner's ``stop()``, when it has one) and wait for their threads; returns the
+        trials that were running or queued (their folders are not complete)."""
+        with self._lock:
+            self._stopped = True
+            pending = [spec for spec, future in self._futures.items() if not future.done()]
+        for spec in pending:
+            self._futures[spec].cancel()
+        stop = getattr(self.runner, "stop", None)
+        if stop is not None:
+            stop()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        return pending
+
     def _run(self, spec: TrialSpec) -> Trial:
+        if self._stopped:
+            raise Stopped("fit was interrupted")
         self.progress(f"trial {spec.name}: started")
         trial = self.runner(spec)
+        with self._lock:
+            if self._stopped:  # ended by the stop: its folder is not a complete trial
+                raise Stopped("fit was interrupted")
+            self.complete.append(trial)
         self.progress(f"trial {spec.name}: {describe(trial)}")
         return trial
 

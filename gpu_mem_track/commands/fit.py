@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from . import Command, count, print_result
+
+if TYPE_CHECKING:
+    from ..advisor.api import FitInterrupted
+    from ..advisor.records import FitResult
 
 __all__ = ["COMMAND"]
 
@@ -28,6 +35,7 @@ def _positive(text: str) -> int:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
     parser.add_argument("gpu", help="the simulated GPU: a name the gpus command lists, or SIZE:smXY")
     parser.add_argument("script", help="the Python script (our options go before it)")
     rest = parser.add_argument(
@@ -52,8 +60,10 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         "--batch-arg",
         metavar="ARG",
         help="the script's argument that sets the batch: an option (--batch-arg=--batch_size for "
-        "--batch_size=32 or --batch_size 32 in the script's arguments; write it with =) or an index into "
-        "the script's arguments; each row then gets the largest batch that fits, found by simulated trials",
+        "--batch_size=32 or --batch_size 32 in the script's arguments; write it with =) or the index of a "
+        "positional argument, counted from 0 (the first argument after the script: --batch-arg 0 for "
+        "train.py 32 1024, which the script reads as sys.argv[1]); each row then gets the largest batch "
+        "that fits, found by simulated trials",
     )
     parser.add_argument("--max-batch", type=_positive, metavar="N", help="the largest batch the search tries")
     parser.add_argument(
@@ -117,10 +127,11 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the trials, print the table (or JSON), write the page; 0 fits, 1 nothing fits."""
+    """Run the trials, print the answer (or JSON), write the page; the exit code is
+    ``FitResult.exit_code`` (0 fits as asked, 3 only with a smaller batch, 1 nothing fits)."""
     from pathlib import Path
 
-    from ..advisor.api import fit
+    from ..advisor.api import FitInterrupted
     from ..advisor.render import render_fit
     from ..errors import UsageError
 
@@ -133,10 +144,32 @@ def run(args: argparse.Namespace) -> int:
 
     nproc = _world(args)
     if nproc is not None:
-        return _distributed(args, nproc, progress)
+        try:
+            with _signals_interrupt():
+                return _distributed(args, nproc, progress)
+        except FitInterrupted as stop:
+            _say_interrupted(stop)
+            return 128 + stop.signum
     if args.accum_arg is not None:
         raise UsageError("--accum-arg is for --nproc-per-node")
-    result = fit(
+    try:
+        with _signals_interrupt():
+            result = _fit(args, progress)
+    except FitInterrupted as stop:
+        _say_interrupted(stop)
+        return 128 + stop.signum
+    print_result(result, args.json, render_fit)
+    if args.html:
+        from ..advisor.page import write_fit_page
+
+        print(f"Wrote {write_fit_page(result, args.html)}", file=sys.stderr)
+    return result.exit_code
+
+
+def _fit(args: argparse.Namespace, progress: Callable[[str], None]) -> FitResult:
+    from ..advisor.api import fit
+
+    return fit(
         args.script,
         tuple(args.args),
         gpu=args.gpu,
@@ -154,12 +187,65 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         progress=progress,
     )
-    print_result(result, args.json, render_fit)
-    if args.html:
-        from ..advisor.page import write_fit_page
 
-        print(f"Wrote {write_fit_page(result, args.html)}", file=sys.stderr)
-    return result.exit_code
+
+class _Signalled(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP while fit runs: unwinds it like Ctrl-C (``fit`` then
+    stops every trial and raises ``FitInterrupted``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP (those at their default or
+    Python's, not one ignored as under ``nohup``) raise ``_Signalled`` in the main thread,
+    once: a second signal while the trials are being stopped is ignored, so the stop
+    finishes. The handlers before are put back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not raised:
+            raised.append(signum)
+            raise _Signalled(signum)
+
+    replaced = {}
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            replaced[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, before in replaced.items():
+            signal.signal(signum, before)
+
+
+def _say_interrupted(stop: FitInterrupted) -> None:
+    """Which trial folders are complete, on standard error."""
+    import signal
+
+    name = signal.Signals(stop.signum).name if stop.signum in iter(signal.Signals) else str(stop.signum)
+    lines = [f"interrupted ({name}): every trial stopped, no process left"]
+    if stop.complete:
+        lines.append(f"complete trial folders ({len(stop.complete)}): {', '.join(stop.complete)}")
+    else:
+        lines.append("no trial was complete")
+    if stop.stopped:
+        lines.append(
+            f"stopped, not complete ({len(stop.stopped)}): {', '.join(stop.stopped)} (under {stop.folder}/)"
+        )
+    for line in lines:
+        sys.stderr.write(f"gpu_mem_track fit: {line}\n")
+    sys.stderr.flush()
 
 
 def _world(args: argparse.Namespace) -> int | None:
@@ -220,12 +306,25 @@ COMMAND = Command(
     description="Run SCRIPT with ARGS on the simulated GPU (see run --simulate), each trial in its own run "
     "folder. If its peak reserved is within --threshold of the capacity (the GPU's memory less the CUDA "
     "context and libraries), say so with the headroom and the line of the peak. Otherwise run it with each "
-    "lever of run --lever alone, in parallel, then the cheapest combination that fits, and print one table: "
-    "peak allocated and reserved, fits (yes, tight, no), the headroom or the shortfall, the line of the peak "
-    "(or of the out-of-memory), the cost, the change to make in the script, and with --batch-arg the largest "
-    "batch that fits. Every 'fits' is a simulated run that completed within the capacity. Exit code: 0 it "
-    "fits as it is or a change that fits was found, 1 nothing tried fits or the script failed for another "
-    "reason, 2 a usage mistake.",
+    "lever of run --lever alone, in parallel, then combinations until one fits. The answer leads with what "
+    "to do: the cheapest change that fits; or, when nothing fits at your batch (with --batch-arg), the "
+    "change that reaches the largest batch (on a tie the cheapest) and, where the script has a "
+    "gradient-accumulation argument, how to keep your batch (batch 16 x 2 accumulation steps). Then one "
+    "table, best first: the change, fits (yes, tight, no), the largest batch that fits, the headroom or "
+    "the shortfall, the cost; then the details (peaks, the line of the peak or of the out-of-memory, the "
+    "change to make in the script). A lever that cannot change anything in this script (autocast on a "
+    "model that already computes in bf16/fp16, an optimizer lever the optimizer already has) is listed "
+    "under 'not tried' with the reason, and not combined. Every 'fits' is a simulated run that completed "
+    "within the capacity.",
     prepare_parser=prepare_parser,
     run=run,
+)
+
+#: The exit codes and what an interrupt does, under the options in --help.
+EPILOG = (
+    "Exit codes: 0 it fits as asked (as it is, or with the change recommended); 3 it fits only "
+    "with a smaller batch (with --batch-arg; the answer names the change and the batch); 1 nothing tried "
+    "fits at any batch, or the script failed for another reason; 2 a usage mistake. Ctrl-C, SIGTERM or a "
+    "closed terminal stop every trial; fit then says which trial folders are complete and exits 130, "
+    "143 or 129."
 )

@@ -11,7 +11,15 @@ sites (an evaluation's), where the change goes too. A call the script already ru
 CUDA autocast to a lower precision is left as it is (when every call was, the lever is
 not applied); one under autocast to float32 (which changes nothing, as nanoGPT's
 ``--dtype=float32`` does) gets the lever's autocast inside it, as the one-line change
-would. The loss, computed outside the model, stays outside autocast, as with the
+would. A call that already computes in a lower precision without it is left as it is
+too: a model whose floating-point parameters are all bfloat16 or float16 (``.to(
+torch.bfloat16)``, ``torch_dtype=torch.bfloat16``: autocast casts float32 inputs of its
+ops down, and there are none), and a model whose forward runs under its own autocast
+(Accelerate's ``prepare_model`` with mixed precision, which the Hugging Face Trainer's
+``bf16=True``/``fp16=True`` uses, wraps ``model.forward`` in it and keeps the original
+as ``model._original_forward``: ``accelerate/accelerator.py``). When every call is left
+so, the lever is not applied and its report says why, so that ``fit`` does not count
+it as a change. The loss, computed outside the model, stays outside autocast, as with the
 one-line change the report gives.
 """
 
@@ -38,7 +46,7 @@ class AutocastLever:
         calls.outer.append(self._outer)
         self.applied = 0
         self.already = 0
-        self.already_dtype = ""
+        self.already_why = ""  # how the calls left as they are already compute in it
         self.dtype: Any = None
         self.site: Site | None = None  # the first training call's, else the first call's
         self.sites: dict[str, Site | None] = {}  # every call site (file:line), in order
@@ -49,9 +57,10 @@ class AutocastLever:
 
         if not any(True for _ in module.parameters()):
             return  # a loss or an activation module, not a model
-        if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != torch.float32:
+        low = _already_low(torch, module)
+        if low is not None:
             self.already += 1
-            self.already_dtype = _name(torch.get_autocast_dtype("cuda"))
+            self.already_why = low
             return
         if self.dtype is None:
             self.dtype = _dtype(torch)
@@ -69,7 +78,7 @@ class AutocastLever:
         info = describe(self.name)
         if not self.applied:
             if self.already:
-                why = f"the script already autocasts ({self.already_dtype})"
+                why = f"{self.already_why}: autocast changes nothing"
             else:
                 why = "the script called no model (no module with parameters called from outside a forward)"
             reached = bool(self.already)
@@ -88,6 +97,23 @@ class AutocastLever:
         cost = info.cost.replace("bfloat16", dtype)
         where = self.site.where if self.site else ""
         return LeverReport(self.name, True, "", detail, change, where, cost, True)
+
+
+def _already_low(torch: Any, module: Any) -> str | None:
+    """How a call of ``module`` already computes in a precision lower than float32
+    (words for the report), None when it does not."""
+    if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != torch.float32:
+        return f"the script already autocasts ({_name(torch.get_autocast_dtype('cuda'))})"
+    lower = (torch.bfloat16, torch.float16)
+    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    if dtypes and dtypes <= set(lower):
+        names = " and ".join(sorted(_name(d) for d in dtypes))
+        return f"the model's weights are already {names}"
+    if "forward" in vars(module) and getattr(module, "_original_forward", None) is not None:
+        return (
+            "the model's forward already runs under Accelerate's mixed-precision autocast (Trainer bf16/fp16)"
+        )
+    return None
 
 
 def _dtype(torch: Any) -> Any:
