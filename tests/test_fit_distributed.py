@@ -212,3 +212,10 @@ def test_gradient_accumulation_makes_up_for_a_smaller_batch_per_gpu(tmp_path):
 def test_the_accumulation_argument_needs_the_batch_argument(tmp_path):
     with pytest.raises(UsageError, match="--accum-arg needs --batch-arg"):
         fit(tmp_path, FakeRanks(GIB, GIB), ("--accum=2",), nproc=2, accum_arg="--accum")
+
+
+def test_fit_for_one_gpu_refuses_a_distributed_lever():
+    from gpu_mem_track.advisor.plan import parse_levers
+
+    with pytest.raises(UsageError, match="--levers zero: a distributed lever, which fit --nproc-per-node tries"):
+        parse_levers("expandable,zero")
