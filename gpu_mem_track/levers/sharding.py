@@ -364,16 +364,19 @@ class ZeroLever:
         return replaced
 
     def _new(self, real: type, cls: Any, *args: Any, **kwargs: Any) -> Any:
-        plain = object.__new__(cls)
-        if getattr(self._local, "inside", False):
-            return plain
-        why = self._refused(args)
-        if why:  # the plain optimizer, its __init__ given the arguments untouched
+        """The optimizer for ``cls(*args, **kwargs)``. ZeRO's, or ``real``'s built here
+        from the same arguments: neither is an instance of ``cls`` (the replaced class),
+        so Python does not call ``__init__`` again on the arguments read here."""
+        if getattr(self._local, "inside", False) or cls.__dict__.get("__new__") is None:
+            return object.__new__(cls)  # a subclass of the script's own: left as it is
+        params = _listed(args[0] if args else kwargs.pop("params", None))
+        rest = args[1:]
+        why = self._refused(params, rest)
+        if why:
             self.why = self.why or why
-            return plain
+            return real(params, *rest, **kwargs)
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        params = list(args[0] if args else kwargs.pop("params"))
         tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
         self.param_bytes += sum(t.numel() * t.element_size() for t in tensors)
         self.site = self.site or caller(sys._getframe(1))
@@ -385,16 +388,12 @@ class ZeroLever:
         self.built.append(real.__name__)
         return optimizer
 
-    def _refused(self, args: tuple) -> str:
-        """Why this optimizer is built as it is ("": it becomes ZeRO's). The parameters
-        are not read here: an iterator read would be lost to the optimizer's own
-        ``__init__``; FSDP2's sharded parameters are told by a sharded module existing."""
-        import gc
-
+    def _refused(self, params: Any, rest: tuple) -> str:
+        """Why this optimizer is built as it is ("": it becomes ZeRO's)."""
         import torch.distributed as dist
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
 
-        if len(args) > 1:
+        if rest or not isinstance(params, list):
             return (
                 "the optimizer's arguments are given by position (ZeroRedundancyOptimizer takes them by name)"
             )
@@ -406,7 +405,8 @@ class ZeroLever:
         self.world = dist.get_world_size()
         if self.world < 2:
             return "one rank: there is nothing to shard the optimizer's state over"
-        if any(issubclass(type(o), FSDPModule) for o in gc.get_objects()):
+        tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+        if any(isinstance(t, DTensor) for t in tensors):
             return "the model is sharded with FSDP2: its optimizer's state is sharded already"
         return ""
 
@@ -422,6 +422,23 @@ class ZeroLever:
         text = self.site.text if self.site is not None else ""
         change = _zero_line(text) or describe(self.name).change
         return LeverReport(self.name, True, "", detail, change, self.site.where if self.site else "", words)
+
+
+def _listed(params: Any) -> Any:
+    """An optimizer's ``params`` read once into lists (each group's ``params`` too), so
+    they can be looked at and still given to the optimizer; None stays None."""
+    import torch
+
+    if params is None:
+        return None
+    items = [params] if isinstance(params, torch.Tensor) else list(params)
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            inner = item.get("params", ())
+            item = {**item, "params": [inner] if isinstance(inner, torch.Tensor) else list(inner)}
+        out.append(item)
+    return out
 
 
 def _zero_line(text: str) -> str:
