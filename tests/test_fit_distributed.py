@@ -217,5 +217,5 @@ def test_the_accumulation_argument_needs_the_batch_argument(tmp_path):
 def test_fit_for_one_gpu_refuses_a_distributed_lever():
     from gpu_mem_track.advisor.plan import parse_levers
 
-    with pytest.raises(UsageError, match="--levers zero: a distributed lever, which fit --nproc-per-node tries"):
+    with pytest.raises(UsageError, match="--levers zero: a distributed lever, which fit --nproc-per-node"):
         parse_levers("expandable,zero")
