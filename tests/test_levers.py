@@ -145,7 +145,7 @@ def test_the_run_command_refuses_levers_it_cannot_apply(in_process, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "gpu_mem_track: unknown lever 'amp'; the levers are: expandable, grads-to-none, no-foreach, "
-        "fused, gc-threshold, autocast, checkpoint"
+        "fused, gc-threshold, autocast, checkpoint, zero, fsdp2, no-reshard, fsdp2-bf16, cpu-offload"
     ]
     done = in_process(
         "run", "--lever", "fused", "--lever", "fused", "--simulate", "2GiB:sm80", "--out-dir", out, script

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..switches import switched_off
@@ -92,15 +92,16 @@ def _fork_server() -> object | None:
         return _context[0]
 
 
-def run_forked(argv: Sequence[str], cwd: Path, log: Path) -> int:
-    """Run ``gpu_mem_track`` with ``argv`` (``["run", ...]``) in ``cwd`` with this
-    process's environment, its output to ``log``; its exit code. :class:`Stopped` once
-    :func:`stop_all` was called."""
+def run_forked(argv: Sequence[str], cwd: Path, log: Path, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``gpu_mem_track`` with ``argv`` (``["run", ...]``) in ``cwd`` with
+    ``environ`` (default: this process's environment), its output to ``log``; its exit
+    code. :class:`Stopped` once :func:`stop_all` was called."""
+    environ = dict(os.environ if environ is None else environ)
     context = _fork_server()
     if context is None:
-        return _run_subprocess(argv, cwd, log)
+        return _run_subprocess(argv, cwd, log, environ)
     process = context.Process(  # type: ignore[attr-defined]
-        target=_child, args=(list(argv), str(cwd), dict(os.environ), str(log)), daemon=False
+        target=_child, args=(list(argv), str(cwd), environ, str(log)), daemon=False
     )
     with _lock:  # the child must not import the caller's main script again, as spawning does
         if _stopping[0]:
@@ -125,7 +126,7 @@ def run_forked(argv: Sequence[str], cwd: Path, log: Path) -> int:
     return 128 - code if code is not None and code < 0 else int(code or 0)
 
 
-def _run_subprocess(argv: Sequence[str], cwd: Path, log: Path) -> int:
+def _run_subprocess(argv: Sequence[str], cwd: Path, log: Path, environ: Mapping[str, str]) -> int:
     """``run_forked`` without a fork server: a new interpreter, its own process group."""
     with open(log, "wb") as stream:
         command = [sys.executable, "-m", "gpu_mem_track", *argv]
@@ -133,7 +134,12 @@ def _run_subprocess(argv: Sequence[str], cwd: Path, log: Path) -> int:
             if _stopping[0]:
                 raise Stopped("fit was interrupted")
             process = subprocess.Popen(
-                command, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                cwd=cwd,
+                env=dict(environ),
+                stdout=stream,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             _live[process.pid] = process
         try:

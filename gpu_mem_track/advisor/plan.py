@@ -38,7 +38,11 @@ def parse_levers(text: str | Sequence[str] | None) -> tuple[str, ...]:
     names = [n for n in names if n]
     if not names:
         raise UsageError(f"--levers names none; the levers are: {', '.join(LEVERS)}")
-    return tuple(sorted(check_levers(names), key=LEVERS.index))
+    checked = check_levers(names)
+    distributed = [n for n in checked if n not in LEVERS]
+    if distributed:
+        raise UsageError(f"--levers {distributed[0]}: a distributed lever, which fit --nproc-per-node tries")
+    return tuple(sorted(checked, key=LEVERS.index))
 
 
 def rank(levers: Sequence[str]) -> tuple[int, int]:

@@ -75,6 +75,21 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         help="folder under which fit-<script>-<date>-<time>/ keeps each trial's run folder "
         "(default: reports)",
     )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=_positive,
+        metavar="N",
+        help="simulate the script's ranks on N GPUs as torchrun would start them (rank 0 and the last "
+        "rank, each alone), and try the distributed levers (zero, fsdp2 and its options) and other world "
+        "sizes; figures per GPU. Under torchrun, WORLD_SIZE gives N",
+    )
+    parser.add_argument(
+        "--accum-arg",
+        metavar="ARG",
+        help="with --nproc-per-node and --batch-arg: the script's argument that sets the gradient "
+        "accumulation steps (written as --batch-arg); where a row fits only at a smaller batch per GPU, one "
+        "trial runs at that batch with the accumulation raised to keep the samples per step",
+    )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON instead of the table")
     parser.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page to PATH")
     parser.add_argument(
@@ -127,6 +142,16 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
         sys.stderr.flush()
 
+    nproc = _world(args)
+    if nproc is not None:
+        try:
+            with _signals_interrupt():
+                return _distributed(args, nproc, progress)
+        except FitInterrupted as stop:
+            _say_interrupted(stop)
+            return 128 + stop.signum
+    if args.accum_arg is not None:
+        raise UsageError("--accum-arg is for --nproc-per-node")
     try:
         with _signals_interrupt():
             result = _fit(args, progress)
@@ -221,6 +246,58 @@ def _say_interrupted(stop: FitInterrupted) -> None:
     for line in lines:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
     sys.stderr.flush()
+
+
+def _world(args: argparse.Namespace) -> int | None:
+    """The ranks asked for: --nproc-per-node, else torchrun's WORLD_SIZE (None: one GPU)."""
+    import os
+
+    if args.nproc_per_node is not None:
+        return int(args.nproc_per_node)
+    world = os.environ.get("WORLD_SIZE", "")
+    return int(world) if world.isdigit() and int(world) > 1 else None
+
+
+def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
+    """``fit --nproc-per-node`` (``advisor.distributed``); under torchrun only rank 0 answers."""
+    import os
+
+    from ..advisor.api import _run_options
+    from ..advisor.distributed import fit_distributed
+    from ..advisor.worldrender import render_distributed
+
+    if args.nproc_per_node is None and os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 simulates every rank; the others have nothing to do
+    if args.levers or args.html:
+        from ..errors import UsageError
+
+        raise UsageError(
+            "--nproc-per-node tries the distributed levers itself: --levers and --html are for one GPU"
+        )
+    options = _run_options(
+        tuple(args.include),
+        args.max_iterations,
+        args.max_seconds,
+        args.run_to_end,
+        args.end_script,
+        args.engine,
+    )
+    result = fit_distributed(
+        args.script,
+        tuple(args.args),
+        gpu=args.gpu,
+        nproc=nproc,
+        batch_arg=args.batch_arg,
+        threshold=args.threshold,
+        jobs=args.jobs,
+        out_dir=args.out_dir,
+        max_batch=args.max_batch,
+        run_options=options,
+        accum_arg=args.accum_arg,
+        progress=progress,  # type: ignore[arg-type]
+    )
+    print_result(result, args.json, render_distributed)
+    return result.exit_code
 
 
 COMMAND = Command(

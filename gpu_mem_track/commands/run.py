@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..levers.catalog import LEVERS
+from ..levers.catalog import LEVERS, SHARDING_LEVERS
 from . import Command, count, report
 
 __all__ = ["COMMAND"]
@@ -99,7 +99,8 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME",
         help="apply this lever for the whole run, without editing the script (repeatable; CUDA runs, "
-        f"real or --simulate): {', '.join(LEVERS)}; meta.json's levers say what each did and the "
+        f"real or --simulate): {', '.join(LEVERS)}; distributed (under torchrun): "
+        f"{', '.join(SHARDING_LEVERS)}; meta.json's levers say what each did and the "
         "line to write in the script for it",
     )
     run.add_argument(

@@ -59,7 +59,10 @@ def _build(names: Sequence[str], simulated: bool) -> tuple[list[Any], list[Any]]
 
     calls, builds = ModuleCalls(), OptimizerBuilds()
     levers: list[Any] = []
+    sharding = _sharding_levers(names, levers)
     for name in names:
+        if name in sharding:
+            continue
         if name in ("expandable", "gc-threshold"):
             levers.append(AllocatorLever(name, simulated))
         elif name == "autocast":
@@ -72,9 +75,33 @@ def _build(names: Sequence[str], simulated: bool) -> tuple[list[Any], list[Any]]
             levers.append(NoForeachLever(builds))
         else:
             levers.append(GradsToNoneLever())
+    levers.sort(key=lambda lever: list(names).index(lever.name))
     installs = [lever for lever in levers if hasattr(lever, "install")]
+    shared = next((s for s in sharding.values() if s is not None), None)
+    if shared is not None:
+        installs.append(shared)
     if calls.outer or calls.inner:
         installs.append(calls)
     if builds.rewrites:
         installs.append(builds)
     return levers, installs
+
+
+def _sharding_levers(names: Sequence[str], levers: list[Any]) -> dict[str, Any]:
+    """The distributed levers among ``names`` (``levers.sharding``), added to ``levers``;
+    name -> the shared FSDP2 patches (None for ``zero``, which installs itself)."""
+    from .catalog import SHARDING_LEVERS
+
+    if not any(name in SHARDING_LEVERS for name in names):
+        return {}
+    from .sharding import Sharding, ShardingLever, ZeroLever
+
+    shared, out = Sharding(), {}
+    for name in names:
+        if name == "zero":
+            levers.append(ZeroLever())
+            out[name] = None
+        elif name in SHARDING_LEVERS:
+            levers.append(ShardingLever(name, shared))
+            out[name] = shared
+    return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 
-__all__ = ["LEVERS", "LeverInfo", "check_levers", "describe"]
+__all__ = ["LEVERS", "SHARDING_LEVERS", "LeverInfo", "check_levers", "describe"]
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,61 @@ _INFOS = (
     ),
 )
 
-_BY_NAME = {info.name: info for info in _INFOS}
+#: The distributed levers (``sharding``), cheapest first: tried by ``fit --nproc-per-node``.
+_SHARDING_INFOS = (
+    LeverInfo(
+        "zero",
+        7,
+        "all-reduce of the gradients + broadcast of the updated parameters each step",
+        False,
+        "each optimizer as torch.distributed.optim.ZeroRedundancyOptimizer "
+        "(its state sharded over the ranks)",
+        "ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=...)",
+    ),
+    LeverInfo(
+        "fsdp2",
+        8,
+        "all-gather of the parameters twice + reduce-scatter of the gradients each step",
+        False,
+        "FSDP2 fully_shard on the model's repeated blocks and on the model, instead of any DDP wrap",
+        "for block in model.blocks: fully_shard(block); fully_shard(model)",
+    ),
+    LeverInfo(
+        "no-reshard",
+        9,
+        "more memory kept after forward, one all-gather of the parameters less each step",
+        False,
+        "fully_shard(..., reshard_after_forward=False)",
+        "fully_shard(module, reshard_after_forward=False)",
+    ),
+    LeverInfo(
+        "fsdp2-bf16",
+        10,
+        "numerics: bfloat16 parameters in forward and backward (results change); half the all-gather bytes",
+        True,
+        "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.float32))",
+        "fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.float32))",
+    ),
+    LeverInfo(
+        "cpu-offload",
+        11,
+        "host<->GPU copies of the shards each step and the optimizer step on the CPU (much slower)",
+        False,
+        "fully_shard(..., offload_policy=CPUOffloadPolicy()): shards, gradients and optimizer "
+        "state on the CPU",
+        "fully_shard(module, offload_policy=CPUOffloadPolicy())",
+    ),
+)
+
+_BY_NAME = {info.name: info for info in (*_INFOS, *_SHARDING_INFOS)}
 
 #: The lever names, cheapest first (``LeverInfo.rank`` order).
 LEVERS: tuple[str, ...] = tuple(info.name for info in _INFOS)
+
+#: The distributed levers' names, cheapest first (``run --lever`` takes them too).
+SHARDING_LEVERS: tuple[str, ...] = tuple(info.name for info in _SHARDING_INFOS)
 
 
 def describe(name: str) -> LeverInfo:
@@ -108,7 +159,7 @@ def describe(name: str) -> LeverInfo:
     ``UsageError`` for an unknown name, listing the names."""
     info = _BY_NAME.get(name)
     if info is None:
-        raise UsageError(f"unknown lever {name!r}; the levers are: {', '.join(LEVERS)}")
+        raise UsageError(f"unknown lever {name!r}; the levers are: {', '.join((*LEVERS, *SHARDING_LEVERS))}")
     return info
 
 

@@ -1,0 +1,221 @@
+"""``fit --nproc-per-node``'s advisor (``advisor.distributed``, ``advisor.world``) with a
+fake runner: which trials run at which world size, the worst rank's figures, the world
+size search, the answer per GPU and its exit code; and the ranks' environment."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from gpu_mem_track.advisor.distributed import fit_distributed
+from gpu_mem_track.advisor.records import LeverNote, OutOfMemory, Trial
+from gpu_mem_track.advisor.world import RanksRunner, WorldSpec, distinct_ranks, rank_environ, rank_of, worst
+from gpu_mem_track.advisor.worldrender import render_distributed
+from gpu_mem_track.errors import UsageError
+
+GIB = 1 << 30
+CAPACITY = 40 * GIB
+
+
+class FakeRanks:
+    """A world's trial from a memory model: per rank, ``states / shards + activations``
+    (FSDP2 and ZeRO shard; the script as it is does not), the last rank 1 GiB above rank
+    0 under FSDP2 (its padded shards); out of memory above the capacity."""
+
+    def __init__(self, states: int, activations: int, shards_itself: bool = False) -> None:
+        self.states, self.activations, self.shards_itself = states, activations, shards_itself
+        self.specs: list[WorldSpec] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, spec: WorldSpec) -> Trial:
+        with self.lock:
+            self.specs.append(spec)
+        notes = tuple(self.note(name) for name in spec.levers)
+        applied = {n.name for n in notes if n.applied}
+        per_rank = []
+        for rank in distinct_ranks(spec.world):
+            states = self.states
+            if "fsdp2" in applied or self.shards_itself:
+                states = states // spec.world + (GIB if rank == spec.world - 1 and spec.world > 1 else 0)
+            elif "zero" in applied:
+                states = states // 2 + states // (2 * spec.world)
+            batch = spec.batch or 8
+            need = states + self.activations * batch // 8
+            folder = f"/s/{spec.name}/rank{rank}"
+            if need > CAPACITY:
+                oom = OutOfMemory("train.py:30", GIB, CAPACITY - GIB, CAPACITY - GIB // 2, CAPACITY)
+                per_rank.append(
+                    Trial(spec.levers, spec.batch, folder, 1, oom=oom, capacity=CAPACITY, notes=notes)
+                )
+            else:
+                per_rank.append(
+                    Trial(
+                        spec.levers,
+                        spec.batch,
+                        folder,
+                        0,
+                        need,
+                        need,
+                        "train.py:30",
+                        capacity=CAPACITY,
+                        notes=notes,
+                    )
+                )
+        return worst(per_rank)
+
+    def note(self, name: str) -> LeverNote:
+        if name == "fsdp2" and self.shards_itself:
+            return LeverNote(name, False, "the script shards with fully_shard itself")
+        if name == "zero" and self.shards_itself:
+            return LeverNote(name, False, "the model is sharded with FSDP2")
+        change = {"fsdp2": "for block in model.h: fully_shard(block); fully_shard(model)"}.get(name, "")
+        return LeverNote(name, True, "", change=change, cost=f"{name} words")
+
+
+def fit(tmp_path, fake, args=("--batch_size=8",), **options):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    return fit_distributed(script, args, gpu="A100-40GB", runner=fake, out_dir=tmp_path, jobs=4, **options)
+
+
+def test_a_model_too_big_for_its_ranks_gets_fsdp2_and_the_smallest_world_that_fits(tmp_path):
+    fake = FakeRanks(states=60 * GIB, activations=10 * GIB)
+    result = fit(tmp_path, fake, nproc=4)
+    labels = [(r.row.label, r.world, r.row.fits) for r in result.rows]
+    assert labels[0] == ("as it is", 4, "no")
+    assert ("zero", 4, "no") in labels  # 30 + 7.5 + 10 GiB
+    assert ("fsdp2", 4, "yes") in labels  # 15 + 1 + 10 GiB on the last rank
+    assert ("fsdp2 + no-reshard", 4, "yes") in labels
+    assert result.sharding == ("fsdp2",)
+    assert dict(result.worlds) == {2: "no", 4: "yes"}  # 30 + 1 + 10 > 40 GiB on 2
+    assert result.world == 4
+    assert result.answer == "fits on 4 x A100-40GB with fsdp2; not on 2"
+    assert result.launch[0] == f"torchrun --nproc-per-node 4 {tmp_path / 'train.py'} --batch_size=8"
+    assert "for block in model.h: fully_shard(block)" in result.launch
+    assert result.exit_code == 0
+    assert {s.world for s in fake.specs} == {2, 4}  # 1 is not tried: 2 did not fit
+    [fsdp2] = [r for r in result.rows if r.row.label == "fsdp2"]
+    assert fsdp2.rank == 3  # the last rank holds the padded shards: the worst
+    json.dumps(result.to_dict())
+    text = render_distributed(result)
+    assert "Answer: fits on 4 x A100-40GB with fsdp2; not on 2" in text
+    assert "NCCL's own memory" in text
+
+
+def test_more_ranks_are_found_when_the_asked_ones_are_too_few(tmp_path):
+    fake = FakeRanks(states=200 * GIB, activations=10 * GIB)
+    result = fit(tmp_path, fake, nproc=2)
+    assert result.world == 8  # 25 + 1 + 10 GiB; on 4: 50 + 1 + 10
+    assert dict(result.worlds)[4] == "no" and dict(result.worlds)[8] == "yes"
+    assert result.answer == "fits on 8 x A100-40GB with fsdp2; not on 4"
+    assert result.launch[0].startswith("torchrun --nproc-per-node 8 ")
+    assert result.rows[-1].world == 8 and result.rows[-1].row.fits == "yes"
+
+
+def test_nothing_fits_at_any_world_size(tmp_path):
+    fake = FakeRanks(states=GIB, activations=50 * GIB)
+    result = fit(tmp_path, fake, nproc=4)
+    assert result.world is None and result.verdict == "none"
+    assert result.exit_code == 1
+    assert result.answer.startswith("does not fit on ")
+    assert dict(result.worlds)[64] == "no"
+
+
+def test_the_batch_per_gpu_is_searched_for_each_row(tmp_path):
+    fake = FakeRanks(states=60 * GIB, activations=30 * GIB)
+    result = fit(tmp_path, fake, nproc=4, batch_arg="--batch_size")
+    first = result.rows[0].row
+    assert first.fits == "no" and first.batch is not None
+    [fsdp2] = [r.row for r in result.rows if r.row.label == "fsdp2" and r.world == 4]
+    assert fsdp2.batch is not None and fsdp2.batch.batch >= 1
+    # 15 + 1 + 30 * b / 8 <= 40 GiB: b = 6 per GPU
+    assert fsdp2.batch.batch == 6
+    assert result.exit_code in (0, 3)
+
+
+def test_a_script_that_shards_itself_gets_the_options_and_the_world_search(tmp_path):
+    fake = FakeRanks(states=100 * GIB, activations=10 * GIB, shards_itself=True)
+    result = fit(tmp_path, fake, nproc=2)
+    assert dict(result.not_applied)["fsdp2"] == "the script shards with fully_shard itself"
+    assert result.rows[0].row.fits == "no"  # 50 + 1 + 10 GiB
+    assert result.sharding == ()
+    assert result.world == 4  # 25 + 1 + 10
+
+
+def test_it_fits_as_it_is_and_nothing_else_runs(tmp_path):
+    fake = FakeRanks(states=GIB, activations=GIB)
+    result = fit(tmp_path, fake, nproc=4)
+    assert result.verdict == "fits" and result.exit_code == 0
+    assert [s.name for s in fake.specs] == ["baseline-w4"]
+
+
+def test_usage_mistakes(tmp_path):
+    with pytest.raises(UsageError, match="--nproc-per-node"):
+        fit(tmp_path, FakeRanks(GIB, GIB), nproc=65)
+    with pytest.raises(UsageError, match="no such script"):
+        fit_distributed(tmp_path / "missing.py", gpu="A100-40GB", nproc=2)
+
+
+def test_the_distinct_ranks_and_their_environment():
+    assert distinct_ranks(1) == (0,)
+    assert distinct_ranks(8) == (0, 7)
+    env = rank_environ({"PATH": "/bin", "RANK": "5"}, 9, 16, 8, "fsdp2-w16")
+    assert env["RANK"] == "9" and env["WORLD_SIZE"] == "16"
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == ("1", "8", "1")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["PATH"] == "/bin"
+    assert WorldSpec(("fsdp2",), 16, 4, 4).name == "fsdp2-b16-w4"
+    assert rank_of(Trial((), None, "/a/fsdp2-w4/rank3", 0)) == 3
+
+
+def test_the_ranks_runner_runs_rank_0_and_the_last_each_with_its_environment(tmp_path, monkeypatch):
+    from gpu_mem_track.advisor import world
+    from gpu_mem_track.advisor.trials import SubprocessRunner
+
+    seen = []
+
+    def run_forked(argv, cwd, log, environ):
+        seen.append((environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"], argv[-1]))
+        return 0
+
+    monkeypatch.setattr(world, "run_forked", run_forked)
+    monkeypatch.setenv("RANK", "1")  # fit itself under torchrun: not passed on
+    runner = RanksRunner(SubprocessRunner("train.py", (), "A100-40GB", tmp_path))
+    trial = runner(WorldSpec((), None, 4, 4))
+    assert sorted(seen) == [("0", "4", "0", "train.py"), ("3", "4", "3", "train.py")]
+    assert not trial.completed and "no run description" in trial.error
+
+
+def test_a_tight_fit_as_it_is_gives_way_to_a_sharding_that_fits_under_the_threshold(tmp_path):
+    fake = FakeRanks(states=30 * GIB, activations=7 * GIB)  # 37 GiB: above 0.9 x 40
+    result = fit(tmp_path, fake, nproc=4)
+    assert result.rows[0].row.fits == "tight"
+    assert result.answer.startswith("fits on 4 x A100-40GB with zero")  # the cheapest that fits
+    assert result.exit_code == 0
+
+
+def test_gradient_accumulation_makes_up_for_a_smaller_batch_per_gpu(tmp_path):
+    fake = FakeRanks(states=60 * GIB, activations=60 * GIB)
+    args = ("--batch_size=8", "--accum=2")
+    result = fit(tmp_path, fake, args, nproc=4, batch_arg="--batch_size", accum_arg="--accum")
+    [fsdp2] = [r.row for r in result.rows if r.row.label == "fsdp2"]
+    assert fsdp2.fits == "no" and fsdp2.batch.batch == 3  # 15 + 1 + 60 * 3 / 8 <= 40 GiB
+    accumulated = result.rows[-1]
+    assert accumulated.row.label == "fsdp2 at batch 3 x 3 accumulation (--accum=6)"
+    assert accumulated.accum == 6 and accumulated.row.fits == "tight"  # 15 + 1 + 22.5 GiB
+    assert [s for s in fake.specs if s.accum is not None] == [WorldSpec(("fsdp2",), 3, 4, 4, 6)]
+    assert result.answer.startswith("fits on 4 x A100-40GB with fsdp2 at batch 3 x 3 accumulation")
+    assert result.exit_code == 3  # only at a smaller batch per GPU
+
+
+def test_the_accumulation_argument_needs_the_batch_argument(tmp_path):
+    with pytest.raises(UsageError, match="--accum-arg needs --batch-arg"):
+        fit(tmp_path, FakeRanks(GIB, GIB), ("--accum=2",), nproc=2, accum_arg="--accum")
+
+
+def test_fit_for_one_gpu_refuses_a_distributed_lever():
+    from gpu_mem_track.advisor.plan import parse_levers
+
+    with pytest.raises(UsageError, match="--levers zero: a distributed lever, which fit --nproc-per-node"):
+        parse_levers("expandable,zero")

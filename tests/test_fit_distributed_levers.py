@@ -1,0 +1,218 @@
+"""The distributed levers (``run --simulate --lever``) on rank 0 of 4 simulated ranks:
+each applies where it should (FSDP2 saving what the same script sharded by hand saves)
+and says why where it does not."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpu_mem_track.levers import read_levers
+from gpu_mem_track.levers.sharding import communication
+from gpu_mem_track.runfolder.files import read_meta
+from gpu_mem_track.runfolder.records import RunInfo
+
+GPU = "2GiB:sm80"
+
+MODEL = """
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d=256, n=4):
+        super().__init__()
+        self.embed = nn.Linear(d, d)
+        self.h = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.h:
+            x = block(x)
+        return self.head(x)
+"""
+
+LOOP = """
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    out = model(torch.randn(512, 256, device="cuda"))
+    out.sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+SINGLE = MODEL + "model = Net().cuda()\n" + LOOP
+DDP = MODEL + 'dist.init_process_group("nccl")\nmodel = DistributedDataParallel(Net().cuda())\n' + LOOP
+BY_HAND = (
+    MODEL
+    + """
+dist.init_process_group("nccl")
+model = Net()
+for block in model.h:
+    fully_shard(block)
+fully_shard(model)
+model = model.cuda()
+"""
+    + LOOP
+)
+SHARDS_ITSELF = BY_HAND
+FLAT = (
+    MODEL.replace("for block in self.h:\n            x = block(x)", "")
+    + "model = Net().embed.cuda()\n"
+    + LOOP
+)
+
+
+@pytest.fixture
+def rank0(monkeypatch):
+    """Rank 0 of 4 as torchrun starts it; the fake process group ended after the test."""
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():
+        monkeypatch.setenv(key, value)
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def simulate(in_process, tmp_path: Path, source: str, name: str, *levers: str) -> tuple[RunInfo, list]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source).lstrip())
+    out = tmp_path / "reports"
+    options = [token for lever in levers for token in ("--lever", lever)]
+    done = in_process(
+        "run", "--simulate", GPU, "--run-to-end", "--out-dir", out, "--run-name", name, *options, script
+    )
+    assert done.returncode == 0, done.stderr
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    folder = out / name / "rank0"
+    return read_meta(folder / "meta.json"), read_levers(folder)
+
+
+def test_fsdp2_on_a_single_gpu_script_saves_what_sharding_by_hand_saves(in_process, tmp_path, rank0):
+    base, _ = simulate(in_process, tmp_path, SINGLE, "base")
+    lever, [report] = simulate(in_process, tmp_path, SINGLE, "fsdp2", "fsdp2")
+    hand, _ = simulate(in_process, tmp_path, BY_HAND, "hand")
+    assert report.applied and report.reason == ""
+    assert report.detail.startswith("4 x Block in h + the root Net, over 4 ranks")
+    assert "the script starts no process group: the lever started it" in report.detail
+    assert (
+        report.change
+        == "dist.init_process_group('nccl'); for block in model.h: fully_shard(block); fully_shard(model)"
+    )
+    assert report.where.endswith("fsdp2.py:30")
+    assert "all-gather of the parameters twice" in report.cost
+    assert (lever.peak, lever.reserved_peak) == (hand.peak, hand.reserved_peak)
+    assert lever.peak < base.peak
+
+
+def test_fsdp2_replaces_the_ddp_wrap(in_process, tmp_path, rank0):
+    ddp, _ = simulate(in_process, tmp_path, DDP, "ddp")
+    lever, [report] = simulate(in_process, tmp_path, DDP, "ddpfsdp", "fsdp2")
+    assert report.applied
+    assert report.change.startswith(
+        "for block in model.h: fully_shard(block); fully_shard(model) (instead of the DDP wrap at "
+    )
+    assert "init_process_group" not in report.change  # the script starts its own
+    assert lever.peak < ddp.peak
+
+
+def test_zero_shards_a_ddp_scripts_optimizer_state(in_process, tmp_path, rank0):
+    ddp, _ = simulate(in_process, tmp_path, DDP, "ddp")
+    lever, [report] = simulate(in_process, tmp_path, DDP, "zero", "zero")
+    assert report.applied, report.reason
+    assert report.detail.startswith("AdamW as ZeroRedundancyOptimizer over 4 ranks")
+    assert (
+        report.change == "optimizer = ZeroRedundancyOptimizer(model.parameters(), lr=1e-3, "
+        "optimizer_class=torch.optim.AdamW)"
+    )
+    assert lever.peak < ddp.peak
+
+
+@pytest.mark.parametrize(
+    ("source", "levers", "name", "why"),
+    [
+        (SINGLE, ("zero",), "zero", "the optimizer is built outside a process group"),
+        (
+            DDP,
+            ("fsdp2", "zero"),
+            "zero",
+            "the model is sharded with FSDP2: its optimizer's state is sharded already",
+        ),
+        (SHARDS_ITSELF, ("fsdp2",), "fsdp2", "the script shards with fully_shard itself"),
+        (FLAT, ("fsdp2",), "fsdp2", "no module with repeated blocks was moved to the GPU"),
+        (SINGLE, ("no-reshard",), "no-reshard", "nothing calls fully_shard"),
+        (SINGLE, ("fsdp2-bf16",), "fsdp2-bf16", "nothing calls fully_shard"),
+        (SINGLE, ("cpu-offload",), "cpu-offload", "nothing calls fully_shard"),
+    ],
+)
+def test_a_distributed_lever_that_cannot_apply_says_why(
+    in_process, tmp_path, rank0, source, levers, name, why
+):
+    _, reports = simulate(in_process, tmp_path, source, "why", *levers)
+    report = next(r for r in reports if r.name == name)
+    assert not report.applied
+    assert report.reason.startswith(why)
+
+
+@pytest.mark.parametrize(
+    ("option", "keyword", "lower"),
+    [
+        ("no-reshard", "reshard_after_forward=False", False),
+        ("fsdp2-bf16", "mp_policy=", True),
+        ("cpu-offload", "offload_policy=", True),
+    ],
+)
+def test_fsdp2s_options_apply_with_it_and_to_a_script_that_shards_itself(
+    in_process, tmp_path, rank0, option, keyword, lower
+):
+    alone, _ = simulate(in_process, tmp_path, SINGLE, "fsdp2", "fsdp2")
+    both, reports = simulate(in_process, tmp_path, SINGLE, "both", "fsdp2", option)
+    fsdp2, opt = reports
+    assert fsdp2.applied and opt.applied
+    assert keyword in fsdp2.change  # the one line to write holds the option
+    assert opt.cost == ""  # counted in fsdp2's
+    assert (both.peak < alone.peak) if lower else (both.peak > alone.peak)
+    assert opt.changes_results == (option == "fsdp2-bf16")
+    if option == "cpu-offload":  # the script's own .cuda() after sharding cannot move offloaded shards
+        return
+    own, [report] = simulate(in_process, tmp_path, SHARDS_ITSELF, "own", option)
+    assert report.applied and keyword in report.change and report.cost
+    assert report.changes_results == opt.changes_results
+
+
+def test_communication_bytes_follow_the_ring_collectives():
+    p = 400_000_000
+    assert communication("ddp", p, 4)[1] == 2 * 3 * p // 4
+    assert communication("zero", p, 4)[1] == 3 * 3 * p // 4
+    assert communication("fsdp2", p, 4)[1] == 3 * 3 * p // 4  # two all-gathers + one reduce-scatter
+    assert communication("fsdp2", p, 4, frozenset({"no-reshard"}))[1] == 2 * 3 * p // 4
+    assert communication("fsdp2", p, 4, frozenset({"fsdp2-bf16"}))[1] == 3 * (p + p) // 4
+    assert communication("ddp", p, 1)[1] == 0
+    assert "all-reduce of the gradients" in communication("ddp", p, 4)[0]
