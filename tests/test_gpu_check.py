@@ -263,10 +263,10 @@ def test_the_report_is_rewritten_as_each_step_ends(tmp_path):
 @pytest.mark.parametrize(
     ("given", "chosen"),
     [
-        ([], ["memory", "fit", "tests", "cost", "cuda-tests", "bench-line"]),
+        ([], ["memory", "fit", "tests", "cost", "evidence", "cuda-tests", "bench-line"]),
         (["--only", "convnet"], ["memory", "cost"]),
         (["--only", "tests,convnet"], ["tests"]),
-        (["--skip", "cost,bench-line"], ["memory", "fit", "tests", "cuda-tests"]),
+        (["--skip", "cost,bench-line"], ["memory", "fit", "tests", "evidence", "cuda-tests"]),
     ],
 )
 def test_only_and_skip_choose_parts_and_workloads(tmp_path, given, chosen):

@@ -23,11 +23,14 @@ skipped and said so, one still running then is interrupted):
    launch-bound; GPT-2 124M, GPU-bound) plainly and under ``run``, ``--rounds`` rounds,
    the ratio of their own median iteration times per round: min, median and max against
    issue 29's targets (1.05x, 1.02x);
-4. ``cuda-tests`` (the ``cuda``-marked tests, one process, alone: some read the driver's
+4. ``evidence``: what the model has no recording of yet (:data:`EVIDENCE`): rank 0 of
+   FSDP2 and DDP in torch's fake process group against the simulated rank 0, the backends
+   and workspaces of a grid of convolutions, compiled peaks against eager;
+5. ``cuda-tests`` (the ``cuda``-marked tests, one process, alone: some read the driver's
    memory, which counts other processes), then ``bench-line`` (scripts/bench/bench_line.py
    on this GPU, shortened).
 
-By value the parts rank memory, cost, fit, tests, cuda-tests, bench-line; setup comes
+By value the parts rank memory, cost, fit, tests, evidence, cuda-tests, bench-line; setup comes
 first because the others need it, and cost waits for the busy slot to end because it
 must run alone. The default budget (560 s) leaves a 10-minute command 40 s to spare. In
 dry mode the busy slot runs to the end of the last one (nothing runs after it).
@@ -94,7 +97,8 @@ PARTS: tuple[Part, ...] = (
     Part("memory", 0.42, "each workload plainly, under run --simulate and under run: peaks compared"),
     Part("fit", 0.42, "the advisor on nanoGPT GPT-2 (simulated), then its edge claims on this GPU"),
     Part("tests", 0.42, "the quick suite (not slow, not cuda), beside memory and fit"),
-    Part("cost", 0.76, "the runner's cost: each timed loop plainly and under run, in rounds, alone"),
+    Part("cost", 0.70, "the runner's cost: each timed loop plainly and under run, in rounds, alone"),
+    Part("evidence", 0.84, "rank 0 of FSDP2/DDP in a fake process group, conv backends, compiled peaks"),
     Part("cuda-tests", 0.92, "the cuda-marked tests, one process, alone"),
     Part("bench-line", 0.97, "scripts/bench/bench_line.py on this GPU, after the cuda tests"),
 )
@@ -445,6 +449,9 @@ def run_parts(session: Session) -> None:
     if session.runs("cost", dry or ("" if timed else "no timed loop to run (nanoGPT not found)")):
         session.as_part("cost", lambda: cost(session, timed, slot["cost"]))()
     session.archive()
+    if session.runs("evidence", dry):
+        session.as_part("evidence", lambda: evidence(session, slot["evidence"]))()
+    session.archive()
     if session.runs("cuda-tests", dry or no_pytest):
         cuda = ["-m", "cuda", "-rs"]
         session.as_part(
@@ -557,6 +564,24 @@ def prepare_workloads(session: Session) -> Path | None:
     for name, why in skipped:
         check.skip(name, why)
     return copy
+
+
+#: The evidence part's scripts: (step name, script, its arguments, seconds at most). Each
+#: measures what the model has no recording of yet; its output goes to the report folder
+#: (JSON lines) or to the runs' log (gpu_check_ranks prints its table).
+EVIDENCE = (
+    ("ranks (fake process group)", "scripts/gpu/gpu_check_ranks.py", ["--world-sizes", "2,4"], 150),
+    ("convolution backends", "scripts/check/conv_backends.py", ["--out", "{out}/conv_backends.jsonl"], 120),
+    ("compiled peaks", "scripts/check/compiled_peaks.py", ["--out", "{out}/compiled_peaks.jsonl"], 180),
+)
+
+
+def evidence(session: Session, until: float) -> None:
+    """The scripts of :data:`EVIDENCE` on this GPU, one after the other, each within its
+    seconds and the part's slot (what is not reached is named in the runs' log)."""
+    for name, script, args, seconds in EVIDENCE:
+        argv = [python(), script, "--gpu", session.gpu, *(a.format(out=session.out) for a in args)]
+        session.check.run(name, argv, ROOT, seconds, until, gpu=True)
 
 
 def bench_line(session: Session, until: float) -> None:
