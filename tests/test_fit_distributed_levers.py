@@ -4,6 +4,9 @@ and says why where it does not."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from gpu_mem_track.runfolder.files import read_meta
 from gpu_mem_track.runfolder.records import RunInfo
 
 GPU = "2GiB:sm80"
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = """
 import torch
@@ -98,27 +102,39 @@ def rank0(monkeypatch):
         dist.destroy_process_group()
 
 
-def simulate(in_process, tmp_path: Path, source: str, name: str, *levers: str) -> tuple[RunInfo, list]:
+def simulate(tmp_path: Path, source: str, name: str, *levers: str) -> tuple[RunInfo, list]:
+    """``run --simulate`` of ``source`` as rank 0 (``rank0``'s variables), in a process of
+    its own: FSDP2 and DDP keep a script's model reachable after it ends (its classes and
+    hooks), which would stay in this process's later censuses."""
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source).lstrip())
     out = tmp_path / "reports"
     options = [token for lever in levers for token in ("--lever", lever)]
-    done = in_process(
-        "run", "--simulate", GPU, "--run-to-end", "--out-dir", out, "--run-name", name, *options, script
+    argv = [
+        "run",
+        "--simulate",
+        GPU,
+        "--run-to-end",
+        "--out-dir",
+        str(out),
+        "--run-name",
+        name,
+        *options,
+        str(script),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_mem_track", *argv], capture_output=True, text=True, env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
     folder = out / name / "rank0"
     return read_meta(folder / "meta.json"), read_levers(folder)
 
 
-def test_fsdp2_on_a_single_gpu_script_saves_what_sharding_by_hand_saves(in_process, tmp_path, rank0):
-    base, _ = simulate(in_process, tmp_path, SINGLE, "base")
-    lever, [report] = simulate(in_process, tmp_path, SINGLE, "fsdp2", "fsdp2")
-    hand, _ = simulate(in_process, tmp_path, BY_HAND, "hand")
+def test_fsdp2_on_a_single_gpu_script_saves_what_sharding_by_hand_saves(tmp_path, rank0):
+    base, _ = simulate(tmp_path, SINGLE, "base")
+    lever, [report] = simulate(tmp_path, SINGLE, "fsdp2", "fsdp2")
+    hand, _ = simulate(tmp_path, BY_HAND, "hand")
     assert report.applied and report.reason == ""
     assert report.detail.startswith("4 x Block in h + the root Net, over 4 ranks")
     assert "the script starts no process group: the lever started it" in report.detail
@@ -132,9 +148,9 @@ def test_fsdp2_on_a_single_gpu_script_saves_what_sharding_by_hand_saves(in_proce
     assert lever.peak < base.peak
 
 
-def test_fsdp2_replaces_the_ddp_wrap(in_process, tmp_path, rank0):
-    ddp, _ = simulate(in_process, tmp_path, DDP, "ddp")
-    lever, [report] = simulate(in_process, tmp_path, DDP, "ddpfsdp", "fsdp2")
+def test_fsdp2_replaces_the_ddp_wrap(tmp_path, rank0):
+    ddp, _ = simulate(tmp_path, DDP, "ddp")
+    lever, [report] = simulate(tmp_path, DDP, "ddpfsdp", "fsdp2")
     assert report.applied
     assert report.change.startswith(
         "for block in model.h: fully_shard(block); fully_shard(model) (instead of the DDP wrap at "
@@ -143,9 +159,9 @@ def test_fsdp2_replaces_the_ddp_wrap(in_process, tmp_path, rank0):
     assert lever.peak < ddp.peak
 
 
-def test_zero_shards_a_ddp_scripts_optimizer_state(in_process, tmp_path, rank0):
-    ddp, _ = simulate(in_process, tmp_path, DDP, "ddp")
-    lever, [report] = simulate(in_process, tmp_path, DDP, "zero", "zero")
+def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
+    ddp, _ = simulate(tmp_path, DDP, "ddp")
+    lever, [report] = simulate(tmp_path, DDP, "zero", "zero")
     assert report.applied, report.reason
     assert report.detail.startswith("AdamW as ZeroRedundancyOptimizer over 4 ranks")
     assert (
@@ -172,10 +188,8 @@ def test_zero_shards_a_ddp_scripts_optimizer_state(in_process, tmp_path, rank0):
         (SINGLE, ("cpu-offload",), "cpu-offload", "nothing calls fully_shard"),
     ],
 )
-def test_a_distributed_lever_that_cannot_apply_says_why(
-    in_process, tmp_path, rank0, source, levers, name, why
-):
-    _, reports = simulate(in_process, tmp_path, source, "why", *levers)
+def test_a_distributed_lever_that_cannot_apply_says_why(tmp_path, rank0, source, levers, name, why):
+    _, reports = simulate(tmp_path, source, "why", *levers)
     report = next(r for r in reports if r.name == name)
     assert not report.applied
     assert report.reason.startswith(why)
@@ -190,10 +204,10 @@ def test_a_distributed_lever_that_cannot_apply_says_why(
     ],
 )
 def test_fsdp2s_options_apply_with_it_and_to_a_script_that_shards_itself(
-    in_process, tmp_path, rank0, option, keyword, lower
+    tmp_path, rank0, option, keyword, lower
 ):
-    alone, _ = simulate(in_process, tmp_path, SINGLE, "fsdp2", "fsdp2")
-    both, reports = simulate(in_process, tmp_path, SINGLE, "both", "fsdp2", option)
+    alone, _ = simulate(tmp_path, SINGLE, "fsdp2", "fsdp2")
+    both, reports = simulate(tmp_path, SINGLE, "both", "fsdp2", option)
     fsdp2, opt = reports
     assert fsdp2.applied and opt.applied
     assert keyword in fsdp2.change  # the one line to write holds the option
@@ -202,7 +216,7 @@ def test_fsdp2s_options_apply_with_it_and_to_a_script_that_shards_itself(
     assert opt.changes_results == (option == "fsdp2-bf16")
     if option == "cpu-offload":  # the script's own .cuda() after sharding cannot move offloaded shards
         return
-    own, [report] = simulate(in_process, tmp_path, SHARDS_ITSELF, "own", option)
+    own, [report] = simulate(tmp_path, SHARDS_ITSELF, "own", option)
     assert report.applied and keyword in report.change and report.cost
     assert report.changes_results == opt.changes_results
 

@@ -38,3 +38,24 @@ def test_restore_empties_dynamos_table_of_torch_objects():
     Patches().restore()
     assert "torch._dynamo.trace_rules" in sys.modules
     assert rules.get_torch_obj_rule_map.cache_info().currsize == 0
+
+
+def test_the_classes_fully_shard_cached_during_a_session_are_forgotten_after_it():
+    import torch.distributed.fsdp._fully_shard._fully_shard as fsdp
+
+    from gpu_mem_track import simulated_gpu
+
+    class Earlier:
+        pass
+
+    class Model:
+        pass
+
+    fsdp.cls_to_fsdp_cls[Earlier] = object
+    try:
+        with simulated_gpu("a100-40gb"):
+            fsdp.cls_to_fsdp_cls[Model] = object  # what fully_shard(Model()) caches
+        assert Model not in fsdp.cls_to_fsdp_cls  # it held the script's namespace alive
+        assert fsdp.cls_to_fsdp_cls[Earlier] is object  # what was there before stays
+    finally:
+        fsdp.cls_to_fsdp_cls.pop(Earlier, None)

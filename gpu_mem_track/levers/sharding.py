@@ -150,6 +150,14 @@ class Sharding:
         for owner, name, value in reversed(self._saved):
             setattr(owner, name, value)
         self._saved.clear()
+        # A module imported while the lever was on took our fully_shard by name (``from
+        # torch.distributed.fsdp import fully_shard``): put torch's back there too, or the
+        # bound method keeps this lever, the script's model and its namespace alive.
+        ours = self._fully_shard
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict) and namespace.get("fully_shard") == ours:
+                namespace["fully_shard"] = self._original
 
     def _fully_shard(self, module: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self._local, "ours", False):

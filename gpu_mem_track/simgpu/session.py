@@ -103,6 +103,7 @@ class SimulatedGpu:
             stack.enter_context(checkpoint_metadata())
             stack.enter_context(self.face)
             stack.callback(_restore_default_device, default_device())
+            stack.callback(_forget_fsdp_classes, set(_fsdp_classes()))
         except BaseException:
             stack.close()
             raise
@@ -150,6 +151,25 @@ def _restore_default_device(device: Any) -> None:
     ("cuda")`` made inside must not outlive the simulated GPU)."""
     if default_device() != device:
         torch.set_default_device(device)
+
+
+_FSDP = "torch.distributed.fsdp._fully_shard._fully_shard"
+
+
+def _fsdp_classes() -> dict[type, type]:
+    """FSDP2's cache of the classes ``fully_shard`` made (``cls_to_fsdp_cls``: a model's
+    class to its ``FSDP<name>`` subclass), empty when FSDP2 is not imported."""
+    module = sys.modules.get(_FSDP)
+    return getattr(module, "cls_to_fsdp_cls", {}) if module is not None else {}
+
+
+def _forget_fsdp_classes(before: set[type]) -> None:
+    """Drop what ``fully_shard`` cached while the session ran: the cache keeps a script's
+    model classes, and through their methods' globals the script's whole namespace (its
+    model and optimizer), alive for the rest of the process."""
+    cache = _fsdp_classes()
+    for cls in [c for c in cache if c not in before]:
+        del cache[cls]
 
 
 def _environ() -> dict[str, str]:
