@@ -32,7 +32,7 @@ from .accumulation import accumulation
 from .batch import BatchArg, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
-from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec
+from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec, session_folder
 
 __all__ = ["FitInterrupted", "best_smaller", "default_jobs", "fit"]
 
@@ -114,7 +114,7 @@ def fit(
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
-    folder = _session_folder(Path(out_dir), Path(script))
+    folder = session_folder(Path(out_dir), Path(script))
     options = _run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
     if runner is None:
         from .forked import preload_script_imports, resume
@@ -307,15 +307,6 @@ def _check_trial_options(
     resolve_includes(tuple(str(name) for name in include), path)
     check_budgets(max_iterations, max_seconds)
     check_engine(engine)
-
-
-def _session_folder(out_dir: Path, script: Path) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder = out_dir / f"fit-{script.stem}-{stamp}"
-    n = 2
-    while folder.exists():
-        folder, n = out_dir / f"fit-{script.stem}-{stamp}-{n}", n + 1
-    return folder
 
 
 def _run_options(

@@ -33,7 +33,7 @@ from ..errors import UsageError
 from .batch import BatchArg, find_batch
 from .plan import label, make_row
 from .records import BatchAnswer, FitRow, Trial
-from .trials import SubprocessRunner, TrialPool, TrialSpec
+from .trials import SubprocessRunner, TrialPool, TrialSpec, session_folder
 from .world import RanksRunner, WorldSpec, rank_of
 
 __all__ = ["SHARDED", "WORLDS", "DistributedFit", "WorldRow", "fit_distributed"]
@@ -153,7 +153,7 @@ def fit_distributed(
     if accum is not None and where is None:
         raise UsageError("--accum-arg needs --batch-arg: the accumulation makes up for a smaller batch")
     user_accum = accum.value(args) if accum is not None else None
-    folder = _session_folder(Path(out_dir), Path(script))
+    folder = session_folder(Path(out_dir), Path(script))
     if runner is None:
         from .forked import preload_script_imports, resume
 
@@ -431,12 +431,3 @@ def _launch(
             lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
     lines += [part.strip() for part in best.row.change.split("; ") if part.strip()] if best.row.change else []
     return tuple(lines)
-
-
-def _session_folder(out_dir: Path, script: Path) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder = out_dir / f"fit-{script.stem}-{stamp}"
-    n = 2
-    while folder.exists():
-        folder, n = out_dir / f"fit-{script.stem}-{stamp}-{n}", n + 1
-    return folder

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +28,16 @@ from ..units import format_bytes
 from .forked import Stopped, run_forked, stop_all
 from .records import LeverNote, OutOfMemory, Trial
 
-__all__ = ["Stopped", "SubprocessRunner", "TrialPool", "TrialSpec", "read_trial", "trial_name"]
+__all__ = [
+    "Stopped",
+    "SubprocessRunner",
+    "TrialPool",
+    "TrialSpec",
+    "last_line",
+    "read_trial",
+    "session_folder",
+    "trial_name",
+]
 
 Runner = Callable[["TrialSpec"], Trial]
 Progress = Callable[[str], None]
@@ -150,12 +160,13 @@ class SubprocessRunner:
         code = run_forked(self.command(spec)[3:], Path.cwd(), log)  # after "python -m gpu_mem_track"
         trial = read_trial(self.folder / spec.name, spec.levers, spec.batch, code)
         if trial.error.startswith("no run description"):
-            tail = _last_line(self.folder / f"{spec.name}.log")
+            tail = last_line(self.folder / f"{spec.name}.log")
             return Trial(spec.levers, spec.batch, trial.folder, code, error=tail or trial.error)
         return trial
 
 
-def _last_line(path: Path) -> str:
+def last_line(path: Path) -> str:
+    """The last non-empty line of a trial's log ("" when it cannot be read)."""
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except OSError:
@@ -241,3 +252,14 @@ def describe(trial: Trial) -> str:
         f"peak {format_bytes(trial.peak)} allocated, {format_bytes(trial.reserved_peak)} reserved "
         f"of {format_bytes(trial.capacity)}"
     )
+
+
+def session_folder(out_dir: Path, script: Path) -> Path:
+    """A new folder for one fit's trials under ``out_dir``: ``fit-<script>-<time>``, with
+    ``-2``, ``-3``... when that exists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = out_dir / f"fit-{script.stem}-{stamp}"
+    n = 2
+    while folder.exists():
+        folder, n = out_dir / f"fit-{script.stem}-{stamp}-{n}", n + 1
+    return folder

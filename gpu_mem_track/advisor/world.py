@@ -27,7 +27,7 @@ from typing import Any
 
 from .forked import run_forked
 from .records import Trial
-from .trials import SubprocessRunner, TrialSpec, read_trial
+from .trials import SubprocessRunner, TrialSpec, last_line, read_trial
 
 __all__ = ["RanksRunner", "WorldSpec", "distinct_ranks", "rank_environ", "rank_of", "worst"]
 
@@ -115,7 +115,7 @@ class RanksRunner:
         code = run_forked(base.command(spec)[3:], Path.cwd(), log, env)
         trial = read_trial(folder / spec.name / f"rank{rank}", spec.levers, spec.batch, code)
         if trial.error.startswith("no run description"):
-            tail = _last_line(log)
+            tail = last_line(log)
             return Trial(spec.levers, spec.batch, trial.folder, code, error=tail or trial.error)
         return trial
 
@@ -124,11 +124,3 @@ def _without_launch(environ: Mapping[str, str]) -> dict[str, Any]:
     """``environ`` without the variables of a launch ``fit`` itself may run under."""
     drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"}
     return {k: v for k, v in environ.items() if k not in drop}
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
