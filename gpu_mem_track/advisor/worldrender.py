@@ -62,7 +62,7 @@ def render_distributed(result: DistributedFit) -> str:
         lines.append("Launch and lines to write:")
         lines += [f"  {line}" for line in result.launch]
     for name, why in result.not_applied:
-        lines.append(f"Not applied: {name}: {why}")
+        lines.append(f"Not tried: {name}: {why}")
     lines.append(
         "Not modelled: NCCL's own memory (outside the caching allocator), data that differs per rank"
     )
