@@ -262,6 +262,50 @@ def test_the_census_holds_no_tensor_after_a_native_read():
     assert ref() is None
 
 
+def test_pick_keeps_the_objects_of_exactly_the_asked_types_in_order(reader):
+    class Sub(torch.Tensor):
+        pass
+
+    model, first, second = nn.Linear(2, 2), torch.zeros(1), torch.ones(2)
+    sub = torch.zeros(1).as_subclass(Sub)
+    objects = [first, "text", model, sub, 3, second, model.weight]
+    tensors, owners = reader.pick(objects, frozenset({torch.Tensor, nn.Parameter}), frozenset({nn.Linear}))
+    assert tensors == [first, second, model.weight] and tensors[0] is first  # not the subclass
+    assert owners == [model]
+    with pytest.raises(TypeError):
+        reader.pick(objects, [torch.Tensor], frozenset())
+
+
+def test_refs_are_weak_references_out_of_the_collectors_lists(reader):
+    tensors = [torch.zeros(1), torch.ones(1)]
+    refs = reader.refs(tensors)
+    assert [ref() for ref in refs] == tensors and not any(map(gc.is_tracked, refs))
+    del tensors[0]
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is not None
+
+
+def test_a_first_heap_walk_finds_what_the_python_walk_finds():
+    from gpu_mem_track.tracker.finder import LiveTensorFinder
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    held = [torch.zeros(2), torch.ones(3, dtype=torch.float16)]
+    fast_finder = LiveTensorFinder()
+    fast = fast_finder()
+    with native.use(None):
+        slow_finder = LiveTensorFinder()
+        slow = slow_finder()
+    assert fast_finder.last_scan == slow_finder.last_scan == "full"
+    assert [id(t) for t in fast] == [id(t) for t in slow] and all(any(t is h for t in fast) for h in held)
+    assert {id(o) for _, o in fast_finder.roots()} == {id(o) for _, o in slow_finder.roots()}
+    assert any(o is optimizer for _, o in fast_finder.roots())
+    fast = slow = None
+    born = torch.zeros(4)  # the next call's young scan meets it once
+    again = fast_finder()
+    assert fast_finder.last_scan in ("young", "full") and sum(t is born for t in again) == 1
+
+
 def test_a_module_that_reads_differently_is_refused():
     class Wrong:
         ABI = native.ABI

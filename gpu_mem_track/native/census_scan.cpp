@@ -730,6 +730,77 @@ PyObject* untrack(PyObject*, PyObject* refs) {
   return PyLong_FromSsize_t(done);
 }
 
+// refs(objects) -> list: a weak reference without a callback to each object, taken out of
+// the collector's lists (as untrack does), in one pass.
+PyObject* refs(PyObject*, PyObject* objects) {
+  if (!PyList_Check(objects)) {
+    PyErr_SetString(PyExc_TypeError, "refs() takes a list");
+    return nullptr;
+  }
+  const Py_ssize_t count = PyList_GET_SIZE(objects);
+  PyObject* out = PyList_New(count);
+  if (out == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject* ref = PyWeakref_NewRef(PyList_GET_ITEM(objects, i), nullptr);
+    if (ref == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    if (PyObject_GC_IsTracked(ref)) PyObject_GC_UnTrack(ref);
+    PyList_SET_ITEM(out, i, ref);
+  }
+  return out;
+}
+
+// pick(objects, tensor_types, owner_types) -> (tensors, owners): the objects of a list
+// whose exact type is in the set tensor_types, and those whose exact type is in the set
+// owner_types, each in list order: the finder's first heap walk, one pass in C.
+PyObject* pick(PyObject*, PyObject* args) {
+  PyObject *objects, *tensor_types, *owner_types;
+  if (!PyArg_ParseTuple(args, "O!OO:pick", &PyList_Type, &objects, &tensor_types, &owner_types)) return nullptr;
+  if (!PyAnySet_Check(tensor_types) || !PyAnySet_Check(owner_types)) {
+    PyErr_SetString(PyExc_TypeError, "pick() takes two sets of types");
+    return nullptr;
+  }
+  PyObject* tensors = PyList_New(0);
+  PyObject* owners = PyList_New(0);
+  if (tensors == nullptr || owners == nullptr) {
+    Py_XDECREF(tensors);
+    Py_XDECREF(owners);
+    return nullptr;
+  }
+  // each type's answer, asked of the sets once: a small table by the type's address
+  constexpr size_t SLOTS = 512;
+  PyTypeObject* types[SLOTS] = {};
+  int kinds[SLOTS] = {};  // 0 neither, 1 tensor, 2 owner
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objects); i++) {
+    PyObject* obj = PyList_GET_ITEM(objects, i);
+    PyTypeObject* type = Py_TYPE(obj);
+    const size_t slot = (reinterpret_cast<uintptr_t>(type) >> 4) % SLOTS;
+    if (types[slot] != type) {
+      int is_tensor = PySet_Contains(tensor_types, reinterpret_cast<PyObject*>(type));
+      int is_owner = is_tensor == 0 ? PySet_Contains(owner_types, reinterpret_cast<PyObject*>(type)) : 0;
+      if (is_tensor < 0 || is_owner < 0) {
+        Py_DECREF(tensors);
+        Py_DECREF(owners);
+        return nullptr;
+      }
+      types[slot] = type;
+      kinds[slot] = is_tensor ? 1 : (is_owner ? 2 : 0);
+    }
+    const int kind = kinds[slot];
+    if (kind != 0 && PyList_Append(kind == 1 ? tensors : owners, obj) < 0) {
+      Py_DECREF(tensors);
+      Py_DECREF(owners);
+      return nullptr;
+    }
+  }
+  PyObject* result = PyTuple_Pack(2, tensors, owners);
+  Py_DECREF(tensors);
+  Py_DECREF(owners);
+  return result;
+}
+
 // alive(refs) -> (objects, live): the objects the weak references still refer to, in
 // order, and None when every one does, else bytes with 1 for each live reference.
 PyObject* alive(PyObject*, PyObject* refs) {
@@ -785,6 +856,9 @@ PyObject* alive(PyObject*, PyObject* refs) {
 
 PyMethodDef module_methods[] = {
     {"untrack", untrack, METH_O, "untrack(refs) -> count: weak references out of the collector's lists"},
+    {"refs", refs, METH_O, "refs(objects) -> list: weak references, out of the collector's lists"},
+    {"pick", pick, METH_VARARGS,
+     "pick(objects, tensor_types, owner_types) -> (tensors, owners): by exact type, in order"},
     {"alive", alive, METH_O, "alive(refs) -> (objects, None or bytes): what weak references still refer to"},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -186,7 +186,9 @@ class LiveTensorFinder:
         #: The tensors the last call returned, by weak reference, in order; their ids alongside.
         self._known: list[weakref.ref[Any]] = []
         self._ids: list[int] = []
-        self._id_set: set[int] = set()
+        #: The same ids as a set, made when a young scan first needs it (None until then:
+        #: a first census of many tensors does not pay for it).
+        self._id_set: set[int] | None = None
         #: Young tensors taken before a collection since the last call (known ones among them).
         self._pending: list[weakref.ref[Any]] = []
         self._epoch: tuple[int, int, int] | None = None
@@ -209,7 +211,7 @@ class LiveTensorFinder:
                 self.last_scan = "full"
                 self._known = _refs(found)
                 self._ids = list(map(id, found))
-                self._id_set = set(self._ids)
+                self._id_set = None
             self._pending = []
             # a collection by another thread meanwhile: the state may miss tensors
             self._epoch = epoch if _gc_epoch() == epoch else None
@@ -267,13 +269,16 @@ class LiveTensorFinder:
         young tensors (or taken before a collection) not among them."""
         alive, live = _alive(self._known)
         if live is not None:  # some died
-            self._id_set.difference_update(itertools.compress(self._ids, map(not_, live)))
+            if self._id_set is not None:
+                self._id_set.difference_update(itertools.compress(self._ids, map(not_, live)))
             self._known = list(itertools.compress(self._known, live))
             self._ids = list(itertools.compress(self._ids, live))
         candidates = self._young_hits()
         candidates += [obj for obj in map(_CALL, self._pending) if obj is not None]
         born = []
-        known = self._id_set
+        if candidates and self._id_set is None:
+            self._id_set = set(self._ids)
+        known = self._id_set if self._id_set is not None else set()
         for obj in candidates:
             key = id(obj)
             if key not in known:
@@ -292,6 +297,15 @@ class LiveTensorFinder:
         counts = [sys.getrefcount(cls) for cls in classes]
         owner_counts = [sys.getrefcount(cls) for cls in owner_classes]
         if self._epoch is None:  # first walk: meet every class once, at a bare heap filter's cost
+            pick = getattr(native.census_scan(), "pick", None)
+            if pick is not None:  # the native reader's one pass over the heap
+                found, owners = pick(gc.get_objects(), frozenset(classes), frozenset(owner_classes))
+                for obj in owners:
+                    self.owners.add(obj)
+                del owners
+                self._note_empty(classes, counts, classes, set(map(type, found)))
+                self._note_owner_counts(owner_classes, owner_counts)
+                return found  # type: ignore[no-any-return]
             asked = classes
             hits = _filter_heap(frozenset(classes + owner_classes))
         else:
@@ -310,10 +324,14 @@ class LiveTensorFinder:
         found = _split_hits(hits, frozenset(classes), frozenset(owner_classes), self.owners)
         del hits
         self._note_empty(classes, counts, asked, {type(obj) for obj in found})
+        self._note_owner_counts(owner_classes, owner_counts)
+        return found
+
+    def _note_owner_counts(self, owner_classes: list[type], owner_counts: list[int]) -> None:
+        """Remember each module and optimizer class's reference count at this walk."""
         for cls, count in zip(owner_classes, owner_counts):
             if self._owner_refcount.get(cls) != count:
                 self._owner_refcount[cls] = count
-        return found
 
     def _note_empty(
         self, classes: list[type], counts: list[int], asked: list[type], present: set[type]
@@ -347,8 +365,12 @@ def _refs(tensors: list[Any], load: bool = True) -> list[weakref.ref[Any]]:
     can take them out (they hold no callback, so they can be in no cycle): young scans
     then never read them. ``load``: look for the reader if not loaded yet (not from
     within a collection)."""
+    reader = native.census_scan() if load else native.loaded()
+    make = getattr(reader, "refs", None)
+    if make is not None:  # made and untracked in one pass
+        return make(tensors)  # type: ignore[no-any-return]
     refs = list(map(weakref.ref, tensors))
-    untrack = getattr(native.census_scan() if load else native.loaded(), "untrack", None)
+    untrack = getattr(reader, "untrack", None)
     if untrack is not None:
         untrack(refs)
     return refs

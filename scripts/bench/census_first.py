@@ -1,17 +1,22 @@
-"""Benchmark: the census's FIRST calls in a fresh process with an empty native cache.
+"""Benchmark: the census's FIRST calls in a fresh process, after an install and without one.
 
-What a user meets before the census's native reader is built: each round starts a fresh
-process whose ``GPU_MEM_TRACK_CACHE`` is an empty temporary folder (``auto`` mode, so the
-first census meeting 20,000 tensors starts the reader's build in the background, as it
-would for a user), makes the tensors of ``scripts/bench/bench_census.py``'s tensor curve (a
-model of ``Linear(4, 4)`` layers with gradients and Adam state, plain tensors, views),
-then times ``gc.get_objects()`` and ``MemTracker.track()`` alternately for the first
-``--calls`` calls. The background build, if one started, is stopped when the round ends.
-Reports, per call number, the ratio ``track() / gc.get_objects()`` of each round (the
-ratio of the two timings taken side by side, so a machine's drift cancels) as min,
-median and max over the rounds. Writes markdown (``--out``) and JSON next to it.
+Two kinds of round, each a fresh process with a ``GPU_MEM_TRACK_CACHE`` of its own:
 
-    python scripts/bench/census_first.py [--tensors 100000] [--rounds 5] [--calls 3]
+- ``installed``: the cache holds what an install from source builds (``setup.py`` runs
+  ``python -m gpu_mem_track.native.build --quiet``, as this script does once, untimed, into a
+  cache every round of this kind starts from): the census's native reader from the first call;
+- ``empty``: an empty cache, as after installing a binary wheel or where no compiler is (``auto``
+  mode, so the first census meeting 20,000 tensors starts the reader's build in the background,
+  as it would for a user, and stops it when the round ends).
+
+Each round makes the tensors of ``scripts/bench/bench_census.py``'s tensor curve (a model of ``--layers``
+``Linear(4, 4)`` layers with gradients and Adam state, plain tensors, views), then times
+``gc.get_objects()`` and ``MemTracker.track()`` alternately for the first ``--calls`` calls.
+Reports, per kind and call number, the ratio ``track() / gc.get_objects()`` of each round (the
+ratio of the two timings taken side by side, so a machine's drift cancels) as min, median and
+max over the rounds. Writes markdown (``--out``) and JSON next to it.
+
+    python scripts/bench/census_first.py [--tensors 100000] [--rounds 5] [--calls 3] [--kinds installed,empty]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,7 +42,7 @@ import gc, json, os, signal, subprocess, sys, time
 sys.path[:0] = [{root!r}, {scripts!r}]
 from bench_census import build_tensors
 from gpu_mem_track import MemTracker, native
-held = build_tensors({tensors})
+held = build_tensors({tensors}, {layers})
 tracker = MemTracker(verbosity=0, probe=False)
 calls = []
 for _ in range({calls}):
@@ -62,10 +68,28 @@ def bench_census_dir() -> Path:
     raise SystemExit("bench_census.py not found under scripts/")
 
 
-def one_round(tensors: int, calls: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="gmt-empty-cache-") as cache:
+KINDS = {
+    "installed": "after an install from source with a compiler (native modules built by setup.py)",
+    "empty": "empty native cache (a binary wheel, or no compiler)",
+}
+
+
+def installed_cache(folder: str) -> None:
+    """Build into ``folder`` what an install from source builds (setup.py's command)."""
+    env = {**os.environ, "GPU_MEM_TRACK_CACHE": folder, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"]
+    if subprocess.run(command, env=env, check=False).returncode != 0:
+        raise SystemExit("the native modules did not build here (no compiler or torch headers?)")
+
+
+def one_round(tensors: int, layers: int, calls: int, start_from: str | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gmt-cache-") as cache:
+        if start_from is not None:
+            shutil.copytree(start_from, cache, dirs_exist_ok=True)
         env = {**os.environ, "GPU_MEM_TRACK_CACHE": cache, "GPU_MEM_TRACK_NATIVE": "auto"}
-        code = CHILD.format(root=str(ROOT), scripts=str(bench_census_dir()), tensors=tensors, calls=calls)
+        code = CHILD.format(
+            root=str(ROOT), scripts=str(bench_census_dir()), tensors=tensors, layers=layers, calls=calls
+        )
         done = subprocess.run(
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
         )
@@ -76,14 +100,49 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def summarize(rounds: list[dict[str, Any]], calls: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per call number: the spread of the timings and ratios over ``rounds``, and table rows."""
+    per_call, rows = [], []
+    for n in range(calls):
+        ratios = [r["calls"][n]["track_s"] / r["calls"][n]["get_objects_s"] for r in rounds]
+        entry = {
+            "call": n + 1,
+            "ratio": spread(ratios),
+            "track_ms": spread([r["calls"][n]["track_s"] * 1e3 for r in rounds]),
+            "get_objects_ms": spread([r["calls"][n]["get_objects_s"] * 1e3 for r in rounds]),
+            "native_rounds": sum(r["calls"][n]["native"] for r in rounds),
+        }
+        per_call.append(entry)
+        cells = [
+            " / ".join(f"{entry[name][k]:.{digits}f}" for k in ("min", "median", "max"))
+            for name, digits in (("track_ms", 1), ("get_objects_ms", 1), ("ratio", 2))
+        ]
+        rows.append(f"| {n + 1} | {' | '.join(cells)} | {entry['native_rounds']} of {len(rounds)} |")
+    return per_call, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tensors", type=int, default=100_000, help="live tensors (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=5, help="fresh processes (default: %(default)s)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="fresh processes per kind (default: %(default)s)"
+    )
     parser.add_argument(
         "--calls", type=int, default=3, help="first calls timed in each (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=100,
+        help="the model's Linear layers, 10 named tensors each (default: %(default)s, as "
+        "bench_census.py's tensor curve: 1,000 named tensors)",
+    )
+    parser.add_argument(
+        "--kinds",
+        default="installed,empty",
+        help=f"kinds of round, comma-separated, of {', '.join(KINDS)} (default: %(default)s)",
     )
     parser.add_argument(
         "--out",
@@ -91,37 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         help="markdown report; JSON beside it (%(default)s)",
     )
     args = parser.parse_args(argv)
-    rounds = []
-    for index in range(args.rounds):
-        result = one_round(args.tensors, args.calls)
-        rounds.append(result)
-        text = "  ".join(
-            f"call {n + 1}: {c['track_s'] * 1e3:.1f} ms / {c['get_objects_s'] * 1e3:.1f} ms"
-            for n, c in enumerate(result["calls"])
-        )
-        print(f"round {index + 1}: {text}  ({result['status']})", flush=True)
-    rows = []
-    per_call = []
-    for n in range(args.calls):
-        ratios = [r["calls"][n]["track_s"] / r["calls"][n]["get_objects_s"] for r in rounds]
-        track = [r["calls"][n]["track_s"] * 1e3 for r in rounds]
-        scan = [r["calls"][n]["get_objects_s"] * 1e3 for r in rounds]
-        native_used = sum(r["calls"][n]["native"] for r in rounds)
-        entry = {
-            "call": n + 1,
-            "ratio": spread(ratios),
-            "track_ms": spread(track),
-            "get_objects_ms": spread(scan),
-        }
-        entry["native_rounds"] = native_used
-        per_call.append(entry)
-        rows.append(
-            f"| {n + 1} | {entry['track_ms']['min']:.1f} / {entry['track_ms']['median']:.1f} / "
-            f"{entry['track_ms']['max']:.1f} | {entry['get_objects_ms']['min']:.1f} / "
-            f"{entry['get_objects_ms']['median']:.1f} / {entry['get_objects_ms']['max']:.1f} | "
-            f"{entry['ratio']['min']:.2f} / {entry['ratio']['median']:.2f} / {entry['ratio']['max']:.2f} | "
-            f"{native_used} of {len(rounds)} |"
-        )
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in KINDS for k in kinds):
+        parser.error(f"--kinds: choose from {', '.join(KINDS)}")
     import torch
 
     env = {
@@ -131,27 +162,48 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "command": "python " + " ".join([str(Path(sys.argv[0]).resolve().relative_to(ROOT)), *sys.argv[1:]]),
     }
-    met = all(e["ratio"]["median"] <= TARGET_RATIO for e in per_call)
     lines = [
-        f"# Census: the first calls at {args.tensors:,} live tensors, empty native cache",
+        f"# Census: the first calls at {args.tensors:,} live tensors",
         "",
         *(f"- {k}: {v}" for k, v in env.items()),
-        f"- rounds: {len(rounds)} fresh processes, each with an empty `GPU_MEM_TRACK_CACHE`",
-        f"- status at the end of a round: {rounds[-1]['status']}",
-        "",
-        "| call | track() ms (min / median / max) | gc.get_objects() ms (min / median / max) "
-        "| ratio (min / median / max) | native reader used |",
-        "|---|---|---|---|---|",
-        *rows,
-        "",
-        f"Target: `track()` <= {TARGET_RATIO:g}x `gc.get_objects()` on the first calls (median): "
-        f"**{'met' if met else 'not met'}**.",
-        "",
     ]
+    data: dict[str, Any] = {"environment": env, "kinds": {}}
+    with tempfile.TemporaryDirectory(prefix="gmt-installed-") as prepared:
+        if "installed" in kinds:
+            installed_cache(prepared)
+        for kind in kinds:
+            rounds = []
+            for index in range(args.rounds):
+                result = one_round(
+                    args.tensors, args.layers, args.calls, prepared if kind == "installed" else None
+                )
+                rounds.append(result)
+                text = "  ".join(
+                    f"call {n + 1}: {c['track_s'] * 1e3:.1f} ms / {c['get_objects_s'] * 1e3:.1f} ms"
+                    for n, c in enumerate(result["calls"])
+                )
+                print(f"{kind} round {index + 1}: {text}  ({result['status']})", flush=True)
+            per_call, rows = summarize(rounds, args.calls)
+            met = all(e["ratio"]["median"] <= TARGET_RATIO for e in per_call)
+            data["kinds"][kind] = {"per_call": per_call, "rounds": rounds, "met": met}
+            lines += [
+                "",
+                f"## {KINDS[kind][0].upper()}{KINDS[kind][1:]}",
+                "",
+                f"{len(rounds)} fresh processes; the census's reader at the end of a round: "
+                f"{rounds[-1]['status']}.",
+                "",
+                "| call | track() ms (min / median / max) | gc.get_objects() ms (min / median / max) "
+                "| ratio (min / median / max) | native reader used |",
+                "|---|---|---|---|---|",
+                *rows,
+                "",
+                f"Target: `track()` <= {TARGET_RATIO:g}x `gc.get_objects()` on the first calls (median): "
+                f"**{'met' if met else 'not met'}**.",
+            ]
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
-    data = {"environment": env, "per_call": per_call, "rounds": rounds}
+    out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0
