@@ -19,9 +19,10 @@ as keys go (each case's shapes are its own):
 
 Then two no_grad networks on a 1x16x320x320 float32 state (the issue's small depthwise
 network, and an inverted residual block 16 -> 96 -> 16): their measured peak against
-``estimate``'s, and ``estimate``'s with cuDNN off (no cuDNN workspace). One JSON object per line in ``--out`` (default
-``reports/gpu_check/<GPU>/conv_backends.jsonl``), and a summary on stdout: backend
-mismatches, and per case the measured and modelled workspaces where they differ.
+``estimate``'s, and ``estimate``'s with cuDNN off (no cuDNN workspace). One JSON object
+per line in ``--out`` (default ``reports/gpu_check/<GPU>/conv_backends.jsonl``), and a
+summary on stdout: backend mismatches, and per case the measured and modelled workspaces
+where they differ.
 
 ``--dry`` needs no GPU: it writes the modelled side only (``measured`` and
 ``torch_backend`` null), for ``--capability`` (default 9.0), so the grid and the file can
