@@ -18,7 +18,8 @@ from gpu_mem_track import estimate, find_max_batch_size
 from gpu_mem_track.errors import UsageError
 from gpu_mem_track.estimator.specs import InputSpec
 from gpu_mem_track.estimator.target import UNBOUNDED, DoesNotFit, target_spec
-from gpu_mem_track.simgpu import simulated_gpu
+from gpu_mem_track.gpumodel.reduce import staging_bytes
+from gpu_mem_track.simgpu import catalog, simulated_gpu
 
 
 def block() -> nn.Module:
@@ -108,6 +109,44 @@ def test_the_gpu_option_names_an_architecture_or_a_gpu():
     assert (hopper.peak, hopper.reserved_peak) == (h100.peak, h100.reserved_peak)
     with pytest.raises(UsageError, match=r"^unknown GPU 'tpu': choose an architecture"):
         estimate(block, (64, 256), gpu="tpu")
+
+
+def biased_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def backward_only(model, optimizer, inputs):  # noqa: ANN001
+    model(*inputs).sum().backward()
+
+
+def a100_loop(batch: int) -> tuple[int, int]:
+    """:func:`backward_only` twice on ``run --simulate``'s A100-40GB: (max allocated, max
+    reserved) over the second, as ``torch.cuda`` reports them."""
+    with simulated_gpu("a100-40gb"):
+        model = biased_mlp().cuda()
+        x = torch.randn(batch, 64, device="cuda")
+        backward_only(model, None, [x])
+        torch.cuda.reset_peak_memory_stats()
+        backward_only(model, None, [x])
+        return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+
+def test_an_architecture_takes_its_gpus_reduction_staging(monkeypatch):
+    """The first layer's bias gradient sums 16,384 rows of 256 outputs: CUDA splits that sum
+    over thread blocks and stages their partial sums in a 32 MiB buffer
+    (``gpumodel.reduce``), as many as the GPU's SMs ask. ``gpu="ampere"`` has the A100's 108
+    SMs (``catalog.ARCHITECTURE_GPUS``), so the estimate is the simulated A100's step byte
+    for byte; with no SM count (as before) it took no staging: 32 MiB less reserved."""
+    batch = 16384
+    est = estimate(biased_mlp, (batch, 64), step=backward_only, optimizer="none", gpu="ampere")
+    assert (est.peak, est.reserved_peak) == a100_loop(batch)
+    assert target_spec("ampere").multiprocessors == 108
+    assert est.phases[-1].phase == "backward" and est.phases[-1].op == "sum"
+    monkeypatch.setattr(catalog, "ARCHITECTURE_GPUS", {})
+    bare = estimate(biased_mlp, (batch, 64), step=backward_only, optimizer="none", gpu="ampere")
+    staging = staging_bytes((batch, 256), [0], True, 108, 2048)
+    assert est.reserved_peak - bare.reserved_peak == staging.buffer == 32 * 2**20
+    assert est.peak > bare.peak
 
 
 def wide() -> nn.Module:

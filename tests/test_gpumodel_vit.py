@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_mem_track.gpumodel.reduce import LT_WORKSPACE, Staging, lt_workspace_bytes, staging_bytes
+from gpu_mem_track.gpumodel.reduce import (
+    LT_WORKSPACE,
+    Staging,
+    lt_workspace_bytes,
+    staging_bytes,
+    threads_per_multiprocessor,
+)
 from gpu_mem_track.simgpu import simulated_gpu
 
 TOKENS = 64 * 197
@@ -148,3 +154,23 @@ def test_head_bias_gradient_takes_a_float32_result_without_staging(rows, dtype):
     sizes = [size for _, size in allocs]
     start = sizes.index(4000)
     assert sizes[start : start + 2] == [4000, 2000] and transient(trace, allocs[start][0])
+
+
+def test_a_sum_splits_by_the_threads_an_sm_holds():
+    """``setReduceConfig`` aims at SMs x (``maxThreadsPerMultiProcessor`` / threads per
+    block) blocks: 1,536 threads on sm86 and sm89, 1,024 on sm75, 2,048 on sm70, sm80 and
+    sm90 (CUDA's per-capability table). Fewer resident threads, fewer blocks per output,
+    a smaller staging buffer: the ViT's 768-wide bias gradient on 80 SMs."""
+    assert [threads_per_multiprocessor(c) for c in ((7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0))] == [
+        2048,
+        1024,
+        2048,
+        1536,
+        1536,
+        2048,
+    ]
+    # 32 x 4 threads a block, 6 blocks across the outputs: a target of 80 x 16, 12 or 8
+    # blocks per SM gives 197 (the most 3,152 rows a thread allow at 16 each), 160 and 107
+    # blocks per output; 4 B x 768 outputs x 32 x 4 each
+    sizes = [staging_bytes((TOKENS, 768), (0,), True, 80, threads).buffer for threads in (2048, 1536, 1024)]
+    assert sizes == [4 * 768 * 128 * ctas for ctas in (197, 160, 107)]

@@ -124,7 +124,8 @@ def _add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the simulated GPU the CUDA target runs on: an architecture ({', '.join(GPU_ARCHITECTURES)}; "
         "memory unbounded, default ampere) or a GPU such as a100-40gb or 24GiB:sm86 (its capacity: "
         "the step may run out of memory); sets the cuBLAS workspace default (32 MiB per handle from "
-        "hopper on, else 8,519,680 B) and the attention backend",
+        "hopper on, else 8,519,680 B), the attention backend and the SM count that sizes CUDA's "
+        "reduction staging (an architecture takes its data-centre GPU's: ampere the A100's 108)",
     )
     parser.add_argument(
         "--cublas-workspace",

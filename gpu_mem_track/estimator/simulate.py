@@ -12,8 +12,11 @@ rounding, a large block up to 1 MiB over the request handed out whole), as
 ``max_memory_allocated`` does, reserved bytes count the allocator's segments, and the
 cuBLAS workspaces (one per handle: forward and backward) are allocated at the first
 matmul-like op of each; convolutions take cuDNN's workspaces and ``cudnn.benchmark``'s
-trials (:mod:`~gpu_mem_track.gpumodel.cudnn`). Not modelled: cuBLASLt's workspaces, CUDA
-graphs, other streams.
+trials (:mod:`~gpu_mem_track.gpumodel.cudnn`); an ``addmm`` with a bias vector takes
+cuBLASLt's workspace and a sum split across thread blocks CUDA's reduction staging
+(:mod:`~gpu_mem_track.gpumodel.reduce`, sized by the target GPU's SM count, see
+:func:`~gpu_mem_track.estimator.target.target_spec`). Not modelled: CUDA graphs, other
+streams.
 """
 
 from __future__ import annotations

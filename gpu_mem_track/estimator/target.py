@@ -12,8 +12,11 @@ The estimator's tracker is the device's own storage tracker, and its known value
 device's. Which GPU (:func:`target_spec`): ``gpu=None`` or an architecture name
 (``"hopper"``, see ``GPU_ARCHITECTURES``) is a GPU of that compute capability
 (``None``: 8.0) with unbounded memory (:data:`UNBOUNDED`, no context), so the estimate
-is the step's whole peak; a catalog name (``"a100-40gb"``) or ``SIZE:smXY`` is that GPU,
-whose capacity the step may run out of (``torch.OutOfMemoryError``, as on the GPU): its
+is the step's whole peak, and the SM count of that architecture's data-centre GPU
+(``catalog.ARCHITECTURE_GPUS``: ampere the A100's), which sizes CUDA's reduction staging
+(:mod:`~gpu_mem_track.gpumodel.reduce`) as ``run --simulate`` on that GPU does; a
+catalog name (``"a100-40gb"``) or ``SIZE:smXY`` is that GPU, whose capacity the step
+may run out of (``torch.OutOfMemoryError``, as on the GPU): its
 total memory less its non-PyTorch memory (the CUDA context and the cuBLAS/cuDNN
 handles; a saved probe result for that GPU takes precedence over the catalog's figure,
 see ``simgpu.catalog``).
@@ -37,7 +40,7 @@ from ..dispatch.memory import ExactMemory
 from ..dispatch.values import KnownValues
 from ..errors import UsageError
 from ..gpumodel.workspace import GPU_ARCHITECTURES, CublasWorkspace, workspace_bytes
-from ..simgpu.catalog import GPUS, GpuSpec, parse_gpu, workspace_default
+from ..simgpu.catalog import GPUS, GpuSpec, multiprocessors_of, parse_gpu, workspace_default
 from ..units import format_bytes
 from .options import StepOptions
 
@@ -60,6 +63,7 @@ def target_spec(gpu: str | None = None) -> GpuSpec:
             capability=(major, minor),
             cublas_workspace=workspace_default((major, minor)),
             context_bytes=0,
+            multiprocessors=multiprocessors_of((major, minor)),
             source="the estimator's default: no capacity, so the peak is the step's own",
             device_name=f"Simulated {arch.capitalize()} GPU",
         )

@@ -104,7 +104,9 @@ DIFFERENCES: tuple[Difference, ...] = (
         "freed at once (77,463,552 + 24 B for each 768-wide bias gradient of a ViT-B/16 at batch 64, "
         "its step's peak); in backward a half-precision sum takes a float32 result first",
         "modelled: gpumodel.reduce.staging_bytes (setReduceConfig, sums over leading dimensions of a "
-        "contiguous tensor); sums along the fastest dimension and other reductions take none",
+        "contiguous tensor), in run --simulate and estimate alike (an architecture takes its "
+        "data-centre GPU's SM count: simgpu.catalog.ARCHITECTURE_GPUS); sums along the fastest "
+        "dimension and other reductions take none",
         "tests/test_gpumodel_vit.py::test_bias_gradient_in_backward_takes_a_float32_result_and_the_staging_first",
     ),
     Difference(

@@ -14,7 +14,10 @@ at most 512 / 4 threads per block). The H200 recording ``timm-vit-b16-bf16`` (to
 of a ViT-B/16 at batch 64 (12,608 rows): 77,463,552 B and 24 B for 768 outputs,
 139,198,464 B and 72 B for 2,304, 138,412,032 B and 96 B for 3,072, none for the
 head's 64 rows. Sums over the fastest-moving dimension ("vectorize input") are not
-modelled (no staging).
+modelled (no staging). How many blocks a sum splits into depends on the GPU:
+``setReduceConfig`` aims at ``multiProcessorCount`` x (``maxThreadsPerMultiProcessor`` /
+threads per block) blocks; :func:`threads_per_multiprocessor` gives the second by compute
+capability.
 
 Half-precision gradient sums in backward: the same recording takes a float32 result of
 the output's shape first, then the staging buffer and semaphores, then the
@@ -38,7 +41,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LT_WORKSPACE", "Staging", "float_result_first", "lt_workspace_bytes", "staging_bytes"]
+__all__ = [
+    "LT_WORKSPACE",
+    "Staging",
+    "float_result_first",
+    "lt_workspace_bytes",
+    "staging_bytes",
+    "threads_per_multiprocessor",
+]
 
 #: cuBLASLt's default workspace: 1024 KiB.
 LT_WORKSPACE = 1024 * 1024
@@ -49,6 +59,18 @@ OUTPUT_VEC = 4
 WARP = 32
 MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
+
+
+#: ``cudaDeviceProp::maxThreadsPerMultiProcessor`` where it is not 2,048 (CUDA C++
+#: Programming Guide, "Technical Specifications per Compute Capability": maximum number
+#: of resident threads per SM; PyTorch's own ``CUDA_MAX_THREADS_PER_SM`` took sm86's 1,536
+#: in pytorch/pytorch#45889). 2,048 on compute capability 7.0, 8.0, 8.7, 9.0 and 10.x.
+THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536, (12, 1): 1536}
+
+
+def threads_per_multiprocessor(capability: tuple[int, int]) -> int:
+    """The most threads resident on one SM of compute capability ``capability``."""
+    return THREADS_PER_SM.get((capability[0], capability[1]), 2048)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,15 @@ from ..errors import UsageError
 from ..gpumodel.workspace import DEFAULT_WORKSPACE, HOPPER_WORKSPACE
 from ..probecache import saved_costs, use_saved
 
-__all__ = ["GPUS", "GpuSpec", "parse_gpu", "with_saved_probe", "workspace_default"]
+__all__ = [
+    "ARCHITECTURE_GPUS",
+    "GPUS",
+    "GpuSpec",
+    "multiprocessors_of",
+    "parse_gpu",
+    "with_saved_probe",
+    "workspace_default",
+]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -207,6 +215,29 @@ GPUS: dict[str, GpuSpec] = {
     )
 }
 
+#: The catalog GPU whose SM count a GPU known only by its compute capability takes (an
+#: estimate's architecture, ``"ampere"``, or ``SIZE:smXY``): each architecture's
+#: data-centre GPU. The count sizes CUDA's reduction staging
+#: (:mod:`~gpu_mem_track.gpumodel.reduce`), so the estimator's ``"ampere"`` takes the
+#: A100's, as ``run --simulate a100-40gb`` does. Compute capability 10.0 has no GPU in
+#: the catalog: no SM count, so no staging.
+ARCHITECTURE_GPUS = {
+    (7, 0): "v100-16gb",
+    (7, 5): "t4",
+    (8, 0): "a100-40gb",
+    (8, 6): "a10g",
+    (8, 9): "l40s",
+    (9, 0): "h100-80gb",
+}
+
+
+def multiprocessors_of(capability: tuple[int, int]) -> int:
+    """The SMs of :data:`ARCHITECTURE_GPUS`' GPU for ``capability``; 0 (unknown) for
+    one it lacks."""
+    name = ARCHITECTURE_GPUS.get(tuple(capability))
+    return GPUS[name].multiprocessors if name else 0
+
+
 _CUSTOM = re.compile(r"^\s*([0-9.]+\s*[a-zA-Z]*)\s*:\s*sm_?([0-9])([0-9])\s*$")
 
 
@@ -253,6 +284,7 @@ def _custom(size: str, capability: tuple[int, int], text: str) -> GpuSpec:
         capability=capability,
         cublas_workspace=workspace_default(capability),
         context_bytes=min(context_default(total, capability), total // 4),
+        multiprocessors=multiprocessors_of(capability),
         source="given on the command line",
         device_name=f"Simulated GPU ({text.strip()})",
         context_source=_ASSUMED,

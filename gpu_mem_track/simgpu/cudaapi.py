@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..gpumodel.reduce import threads_per_multiprocessor
 from . import running, surface
 from .cudanames import nested_stats, set_both
 from .patches import Patches
@@ -49,7 +50,7 @@ class DeviceProperties:
         self.is_integrated = False
         self.is_multi_gpu_board = False
         self.warp_size = 32
-        self.max_threads_per_multi_processor = 2048 if spec.capability >= (8, 0) else 1024
+        self.max_threads_per_multi_processor = threads_per_multiprocessor(spec.capability)
         self.L2_cache_size = 40 << 20
         self.uuid = "00000000-0000-0000-0000-000000000000"
         self.gcnArchName = "NVIDIA"

@@ -34,7 +34,12 @@ from ..gpumodel.addresses import TopDownDevice
 from ..gpumodel.attention import CUDNN_FORWARD, kernel_scratch
 from ..gpumodel.convops import CONVOLUTION_OPS, convolution_plan, cudnn_settings
 from ..gpumodel.cudnn import CudnnConvolutions, Step
-from ..gpumodel.reduce import float_result_first, lt_workspace_bytes, staging_bytes
+from ..gpumodel.reduce import (
+    float_result_first,
+    lt_workspace_bytes,
+    staging_bytes,
+    threads_per_multiprocessor,
+)
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
@@ -271,7 +276,7 @@ class Storages(Lifetimes):
         self.capability = memory.spec.capability
         self.convolutions = CudnnConvolutions()
         self.multiprocessors = memory.spec.multiprocessors
-        self.threads_per_multiprocessor = 2048 if self.capability >= (8, 0) else 1024
+        self.threads_per_multiprocessor = threads_per_multiprocessor(self.capability)
         self.lt_handles: set[str] = set()  # handles (forward, backward) given a cuBLASLt workspace
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

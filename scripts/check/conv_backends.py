@@ -19,9 +19,10 @@ as keys go (each case's shapes are its own):
 
 Then two no_grad networks on a 1x16x320x320 float32 state (the issue's small depthwise
 network, and an inverted residual block 16 -> 96 -> 16): their measured peak against
-``estimate``'s. One JSON object per line in ``--out`` (default
-``reports/gpu_check/<GPU>/conv_backends.jsonl``), and a summary on stdout: backend
-mismatches, and per case the measured and modelled workspaces where they differ.
+``estimate``'s, and ``estimate``'s with cuDNN off (no cuDNN workspace). One JSON object
+per line in ``--out`` (default ``reports/gpu_check/<GPU>/conv_backends.jsonl``), and a
+summary on stdout: backend mismatches, and per case the measured and modelled workspaces
+where they differ.
 
 ``--dry`` needs no GPU: it writes the modelled side only (``measured`` and
 ``torch_backend`` null), for ``--capability`` (default 9.0), so the grid and the file can
@@ -189,18 +190,22 @@ NETWORKS = {"depthwise_net": depthwise_net, "inverted_residual": inverted_residu
 
 
 def network_peaks(dry: bool, gpu: str) -> list[dict]:
-    """Each network's no_grad forward on the state: ``estimate``'s peak on ``gpu`` and,
-    on a GPU, the measured one (weights, input and activations, over what was allocated
-    before)."""
+    """Each network's no_grad forward on the state: ``estimate``'s peak on ``gpu``, the
+    same with cuDNN off (``estimated_without_cudnn``: no cuDNN workspace, so the difference
+    is the workspaces ``gpumodel.cudnn`` charges) and, on a GPU, the measured one (weights,
+    input and activations, over what was allocated before)."""
     from gpu_mem_track import estimate
 
     torch.backends.cudnn.benchmark = False
     rows = []
     for name, factory in NETWORKS.items():
+        with torch.backends.cudnn.flags(enabled=False):
+            without = estimate(factory(), STATE, training=False, gpu=gpu).peak
         row = {
             "network": name,
             "state": list(STATE),
             "estimated": estimate(factory(), STATE, training=False, gpu=gpu).peak,
+            "estimated_without_cudnn": without,
         }
         if not dry:
             torch.cuda.empty_cache()
@@ -236,7 +241,8 @@ def summary(rows: list[dict]) -> list[str]:
         if "network" in row:
             error = f" ({row['estimated'] / row['measured'] - 1:+.1%})" if row.get("measured") else ""
             out.append(
-                f"{row['network']}: estimated {row['estimated']:,} B, measured {row.get('measured')}{error}"
+                f"{row['network']}: estimated {row['estimated']:,} B (without cuDNN's workspaces "
+                f"{row['estimated_without_cudnn']:,} B), measured {row.get('measured')}{error}"
             )
             continue
         if row["torch_backend"] is not None and row["torch_backend"] != row["model_backend"]:
