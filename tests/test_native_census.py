@@ -297,7 +297,8 @@ def test_a_first_heap_walk_finds_what_the_python_walk_finds():
         slow_finder = LiveTensorFinder()
         slow = slow_finder()
     assert fast_finder.last_scan == slow_finder.last_scan == "full"
-    assert [id(t) for t in fast] == [id(t) for t in slow] and all(any(t is h for t in fast) for h in held)
+    # the same tensors (the heap's order may change between the walks: a collection moves objects)
+    assert sorted(map(id, fast)) == sorted(map(id, slow)) and all(any(t is h for t in fast) for h in held)
     assert {id(o) for _, o in fast_finder.roots()} == {id(o) for _, o in slow_finder.roots()}
     assert any(o is optimizer for _, o in fast_finder.roots())
     fast = slow = None
