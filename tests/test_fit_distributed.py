@@ -173,17 +173,21 @@ def test_the_ranks_runner_runs_rank_0_and_the_last_each_with_its_environment(tmp
     from gpu_mem_track.advisor import world
     from gpu_mem_track.advisor.trials import SubprocessRunner
 
-    seen = []
+    seen, environs = [], []
 
     def run_forked(argv, cwd, log, environ):
         seen.append((environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"], argv[-1]))
+        environs.append(environ)
         return 0
 
     monkeypatch.setattr(world, "run_forked", run_forked)
     monkeypatch.setenv("RANK", "1")  # fit itself under torchrun: not passed on
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))  # torchrun's for fit
+    monkeypatch.setenv("ROLE_RANK", "1")
     runner = RanksRunner(SubprocessRunner("train.py", (), "A100-40GB", tmp_path))
     trial = runner(WorldSpec((), None, 4, 4))
     assert sorted(seen) == [("0", "4", "0", "train.py"), ("3", "4", "3", "train.py")]
+    assert not any("TORCHELASTIC_ERROR_FILE" in env or "ROLE_RANK" in env for env in environs)
     assert not trial.completed and "no run description" in trial.error
 
 
@@ -219,3 +223,45 @@ def test_fit_for_one_gpu_refuses_a_distributed_lever():
 
     with pytest.raises(UsageError, match="--levers zero: a distributed lever, which fit --nproc-per-node"):
         parse_levers("expandable,zero")
+
+
+@pytest.mark.parametrize("options", [[], ["--nproc-per-node", "2"]])
+def test_under_torchrun_a_rank_other_than_0_runs_no_trial_and_prints_nothing(
+    tmp_path, monkeypatch, capsys, options
+):
+    from gpu_mem_track.advisor import api, distributed
+    from gpu_mem_track.cli import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a rank other than 0 ran trials")
+
+    monkeypatch.setattr(distributed, "fit_distributed", refuse)
+    monkeypatch.setattr(api, "fit", refuse)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["fit", *options, "--out-dir", str(tmp_path / "r"), "A100-40GB", str(script)]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert not (tmp_path / "r").exists()
+
+
+def test_under_torchrun_rank_0_takes_the_world_size_from_the_launch(tmp_path, monkeypatch):
+    from gpu_mem_track.advisor import distributed
+    from gpu_mem_track.cli import main
+
+    asked = []
+
+    def fake(script, args, **options):
+        asked.append(options["nproc"])
+        return fit(tmp_path, FakeRanks(states=GIB, activations=GIB), nproc=options["nproc"])
+
+    monkeypatch.setattr(distributed, "fit_distributed", fake)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["fit", "--out-dir", str(tmp_path), "A100-40GB", str(script)]) == 0
+    assert asked == [4]
