@@ -279,12 +279,10 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
     from ..advisor.distributed import fit_distributed
     from ..advisor.worldrender import render_distributed
 
-    if args.levers or args.html:
+    if args.levers:
         from ..errors import UsageError
 
-        raise UsageError(
-            "--nproc-per-node tries the distributed levers itself: --levers and --html are for one GPU"
-        )
+        raise UsageError("--nproc-per-node tries the distributed levers itself: --levers is for one GPU")
     options = _run_options(
         tuple(args.include),
         args.max_iterations,
@@ -308,6 +306,10 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
         progress=progress,  # type: ignore[arg-type]
     )
     print_result(result, args.json, render_distributed)
+    if args.html:
+        from ..advisor.worldpage import write_distributed_page
+
+        print(f"Wrote {write_distributed_page(result, args.html)}", file=sys.stderr)
     return result.exit_code
 
 
