@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -314,3 +315,20 @@ def test_fit_nproc_per_node_writes_its_page_with_html(tmp_path, monkeypatch, cap
     assert "Answer: fits on 4 x A100-40GB with fsdp2; not on 2" in printed.out
     assert f"Wrote {out}" in printed.err
     assert "<p>Answer: fits on 4 x A100-40GB with fsdp2; not on 2</p>" in out.read_text(encoding="utf-8")
+
+
+class FakeSingleGpuScript(FakeRanks):
+    """A script with no process group: the fsdp2 lever's change starts one."""
+
+    def note(self, name: str) -> LeverNote:
+        note = super().note(name)
+        if name == "fsdp2":
+            return replace(note, change=f"dist.init_process_group('nccl'); {note.change}")
+        return note
+
+
+def test_the_launch_lines_start_the_process_group_once(tmp_path):
+    result = fit(tmp_path, FakeSingleGpuScript(states=60 * GIB, activations=10 * GIB), nproc=4)
+    assert result.launch[1].startswith("import os, torch.distributed as dist; dist.init_process_group(")
+    assert sum("init_process_group" in line for line in result.launch) == 1
+    assert result.launch[-2:] == ("for block in model.h: fully_shard(block)", "fully_shard(model)")

@@ -432,5 +432,7 @@ def _launch(
             )
         if "zero" in notes:
             lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
-    lines += [part.strip() for part in best.row.change.split("; ") if part.strip()] if best.row.change else []
+    for part in best.row.change.split("; ") if best.row.change else ():
+        if part.strip() and not any(part.strip() in line for line in lines):  # the process group's, above
+            lines.append(part.strip())
     return tuple(lines)
