@@ -402,3 +402,58 @@ def test_a_parameter_reachable_from_a_model_and_its_submodule_takes_the_model_na
     assert names[4:6] == ["head.weight", "head.bias"]  # the submodule's own root still yields them
     assert names[6:] == [f"momentum_buffer of {n}" for n in names[:4]]
     del model, optimizer
+
+
+@pytest.fixture
+def rank_1_of_2():
+    """This process as rank 1 of 2 in torch's fake process group (collectives move
+    nothing), ended after the test."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed")
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_fsdp2_parameter_counts_its_local_shard_on_this_rank(rank_1_of_2):
+    """A DTensor has no storage of its own and the global shape; its shard (which the
+    finder sees too) is what lives on the rank: counted once, under the parameter's kind
+    and name, gradients and optimizer state alike. Rank 1 of 2 holds rows 512..1023 of
+    the first weight, and 2 of the second's 5 rows in a chunk padded to 3."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 5))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 1024)).sum().backward()
+    optimizer.step()
+    params = list(model.parameters())
+    shards = [p.to_local() for p in params]
+    assert [tuple(s.shape) for s in shards] == [(512, 1024), (512,), (2, 1024), (2,)]
+    local = sum(s.untyped_storage().nbytes() for s in shards)
+    assert local == 4 * (512 * 1024 + 512 + 3 * 1024 + 3)  # the padded chunks' storages
+    census = census_of(*params, *shards, roots=[("model", model), ("optimizer", optimizer)])
+    kinds = by_kind(census)
+    assert kinds["Parameter"] == kinds["Gradient"] == local
+    unpadded = 4 * (512 * 1024 + 512 + 2 * 1024 + 2)  # zeros_like(shard): no padding
+    assert kinds["Optimizer state"] == 2 * unpadded + 4 * 4  # exp_avg, exp_avg_sq; the steps
+    assert census.skipped == ()
+    named = {g.names[0]: g.shape for g in census.groups if g.kind == "Parameter"}
+    assert named == {
+        "model.0.weight": (512, 1024),
+        "model.0.bias": (512,),
+        "model.1.weight": (2, 1024),
+        "model.1.bias": (2,),
+    }
+    assert set(kinds) == {"Parameter", "Gradient", "Optimizer state"}  # no shard counted twice
+    gone = weakref.ref(model)
+    del model, layer, optimizer, params, shards
+    gc.collect()
+    assert gone() is None

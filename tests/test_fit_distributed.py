@@ -4,8 +4,10 @@ size search, the answer per GPU and its exit code; and the ranks' environment.""
 
 from __future__ import annotations
 
+import html
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +16,7 @@ from gpu_mem_track.advisor.records import LeverNote, OutOfMemory, Trial
 from gpu_mem_track.advisor.world import RanksRunner, WorldSpec, distinct_ranks, rank_environ, rank_of, worst
 from gpu_mem_track.advisor.worldrender import render_distributed
 from gpu_mem_track.errors import UsageError
+from gpu_mem_track.units import format_bytes
 
 GIB = 1 << 30
 CAPACITY = 40 * GIB
@@ -173,17 +176,21 @@ def test_the_ranks_runner_runs_rank_0_and_the_last_each_with_its_environment(tmp
     from gpu_mem_track.advisor import world
     from gpu_mem_track.advisor.trials import SubprocessRunner
 
-    seen = []
+    seen, environs = [], []
 
     def run_forked(argv, cwd, log, environ):
         seen.append((environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"], argv[-1]))
+        environs.append(environ)
         return 0
 
     monkeypatch.setattr(world, "run_forked", run_forked)
     monkeypatch.setenv("RANK", "1")  # fit itself under torchrun: not passed on
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))  # torchrun's for fit
+    monkeypatch.setenv("ROLE_RANK", "1")
     runner = RanksRunner(SubprocessRunner("train.py", (), "A100-40GB", tmp_path))
     trial = runner(WorldSpec((), None, 4, 4))
     assert sorted(seen) == [("0", "4", "0", "train.py"), ("3", "4", "3", "train.py")]
+    assert not any("TORCHELASTIC_ERROR_FILE" in env or "ROLE_RANK" in env for env in environs)
     assert not trial.completed and "no run description" in trial.error
 
 
@@ -219,3 +226,109 @@ def test_fit_for_one_gpu_refuses_a_distributed_lever():
 
     with pytest.raises(UsageError, match="--levers zero: a distributed lever, which fit --nproc-per-node"):
         parse_levers("expandable,zero")
+
+
+@pytest.mark.parametrize("options", [[], ["--nproc-per-node", "2"]])
+def test_under_torchrun_a_rank_other_than_0_runs_no_trial_and_prints_nothing(
+    tmp_path, monkeypatch, capsys, options
+):
+    from gpu_mem_track.advisor import api, distributed
+    from gpu_mem_track.cli import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a rank other than 0 ran trials")
+
+    monkeypatch.setattr(distributed, "fit_distributed", refuse)
+    monkeypatch.setattr(api, "fit", refuse)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["fit", *options, "--out-dir", str(tmp_path / "r"), "A100-40GB", str(script)]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert not (tmp_path / "r").exists()
+
+
+def test_under_torchrun_rank_0_takes_the_world_size_from_the_launch(tmp_path, monkeypatch):
+    from gpu_mem_track.advisor import distributed
+    from gpu_mem_track.cli import main
+
+    asked = []
+
+    def fake(script, args, **options):
+        asked.append(options["nproc"])
+        return fit(tmp_path, FakeRanks(states=GIB, activations=GIB), nproc=options["nproc"])
+
+    monkeypatch.setattr(distributed, "fit_distributed", fake)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["fit", "--out-dir", str(tmp_path), "A100-40GB", str(script)]) == 0
+    assert asked == [4]
+
+
+def test_the_page_says_what_the_text_says_with_the_recommended_row_in_bold(tmp_path):
+    from gpu_mem_track.advisor.worldpage import render_distributed_page
+    from gpu_mem_track.advisor.worldrender import verdict_lines
+
+    fake = FakeRanks(states=60 * GIB, activations=10 * GIB)
+    script = tmp_path / "<b>train&.py"
+    script.write_text("pass\n")
+    result = fit_distributed(script, (), gpu="A100-40GB", runner=fake, out_dir=tmp_path, jobs=4, nproc=2)
+    assert result.answer == "fits on 4 x A100-40GB with fsdp2; not on 2"
+    page = render_distributed_page(result)
+    text = render_distributed(result)
+    for line in verdict_lines(result):  # the sentence and the world sizes, in both
+        assert line in text and f"<p>{html.escape(line)}</p>" in page
+    assert "<title>gpu_mem_track fit: &lt;b&gt;train&amp;.py on 2 x A100-40GB</title>" in page
+    assert "<b>train" not in page  # the script's name is escaped everywhere
+    [recommended] = [row for row in page.split("<tr") if row.startswith(" class='recommended'")]
+    assert ">fsdp2<" in recommended and ">4<" in recommended  # the row the answer names: 4 ranks
+    best = result.rows[result.recommended].row
+    assert best.label == "fsdp2" and result.rows[result.recommended].world == 4
+    assert f"<td class='num'>{format_bytes(best.reserved_peak)}</td>" in recommended  # per GPU
+    assert html.escape(result.launch[0]) in page and "Launch and lines to write" in page
+    assert "NCCL&#x27;s own memory" in page
+    assert "<style>" in page and "<script" not in page
+    assert page.count("<tr") == 1 + len(result.rows)
+
+
+def test_fit_nproc_per_node_writes_its_page_with_html(tmp_path, monkeypatch, capsys):
+    from gpu_mem_track.advisor import distributed
+    from gpu_mem_track.cli import main
+
+    def fake(script, args, **options):
+        return fit(tmp_path, FakeRanks(states=60 * GIB, activations=10 * GIB), nproc=options["nproc"])
+
+    monkeypatch.setattr(distributed, "fit_distributed", fake)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    out = tmp_path / "fit.html"
+    command = ["fit", "--nproc-per-node", "4", "--html", str(out), "A100-40GB", str(script)]
+    assert main(command) == 0
+    printed = capsys.readouterr()
+    assert "Answer: fits on 4 x A100-40GB with fsdp2; not on 2" in printed.out
+    assert f"Wrote {out}" in printed.err
+    assert "<p>Answer: fits on 4 x A100-40GB with fsdp2; not on 2</p>" in out.read_text(encoding="utf-8")
+
+
+class FakeSingleGpuScript(FakeRanks):
+    """A script with no process group: the fsdp2 lever's change starts one."""
+
+    def note(self, name: str) -> LeverNote:
+        note = super().note(name)
+        if name == "fsdp2":
+            return replace(note, change=f"dist.init_process_group('nccl'); {note.change}")
+        return note
+
+
+def test_the_launch_lines_start_the_process_group_once(tmp_path):
+    result = fit(tmp_path, FakeSingleGpuScript(states=60 * GIB, activations=10 * GIB), nproc=4)
+    assert result.launch[1].startswith("import os, torch.distributed as dist; dist.init_process_group(")
+    assert sum("init_process_group" in line for line in result.launch) == 1
+    assert result.launch[-2:] == ("for block in model.h: fully_shard(block)", "fully_shard(model)")

@@ -131,3 +131,29 @@ def test_ddp_buckets_and_fsdp2_shards_take_the_ranks_memory():
         assert sharded.weight.grad.to_local().shape == (512, 1024)
         dist.destroy_process_group()
     assert not dist.is_initialized()
+
+
+def test_the_census_of_an_fsdp2_rank_counts_the_memory_the_rank_holds():
+    """As rank 1 of 2: each parameter a DTensor (global shape) over its local shard; the
+    census counts the shards once, as parameters, so its total is the simulated GPU's
+    allocated memory (before, each DTensor counted again at its full size)."""
+    from gpu_mem_track.tracker.census import take_census
+
+    ranks = RankEnv(rank=1, world_size=2, local_rank=1, local_world_size=2)
+    with simulated_gpu("a100-40gb", ranks=ranks):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("nccl", init_method="tcp://nowhere:1")  # never reached
+        try:
+            model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 8)).cuda()
+            fully_shard(model)
+            params = list(model.parameters())
+            objects = [*params, *(p.to_local() for p in params)]
+            census = take_census("cuda:1", objects.copy, [("model", model)])
+            allocated = torch.cuda.memory_allocated()
+            del model, params, objects
+        finally:
+            dist.destroy_process_group()
+    assert census.bytes_by_kind()["Parameter"] == census.nbytes == allocated
+    assert allocated == 4 * (512 * 1024 + 512 + 4 * 1024) + 512  # half of each; the bias's 16 B block

@@ -75,7 +75,8 @@ class DistributedFit:
     ``sharding``, the levers of the search), ``world`` (the smallest that fits, None:
     none), ``answer`` (one sentence), ``launch`` (the lines to write and the command to
     launch), ``not_applied`` ((lever, why)), ``verdict`` (``"fits"``: as it is,
-    ``"found"``, ``"none"``, ``"failed"``)."""
+    ``"found"``, ``"none"``, ``"failed"``), ``recommended`` (the index in ``rows`` of
+    the row the answer and the launch lines are for; None: none)."""
 
     script: str
     args: tuple[str, ...]
@@ -96,6 +97,7 @@ class DistributedFit:
     seconds: float
     batch_arg: str | None = None
     batch: int | None = None
+    recommended: int | None = None
 
     @property
     def exit_code(self) -> int:
@@ -210,6 +212,7 @@ def fit_distributed(
         seconds=round(time.monotonic() - started, 1),
         batch_arg=None if where is None else str(batch_arg),
         batch=user_batch,
+        recommended=next((i for i, row in enumerate(rows) if row is best), None),
     )
 
 
@@ -429,5 +432,7 @@ def _launch(
             )
         if "zero" in notes:
             lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
-    lines += [part.strip() for part in best.row.change.split("; ") if part.strip()] if best.row.change else []
+    for part in best.row.change.split("; ") if best.row.change else ():
+        if part.strip() and not any(part.strip() in line for line in lines):  # the process group's, above
+            lines.append(part.strip())
     return tuple(lines)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..switches import switched_off
 
-__all__ = ["PRELOAD", "Stopped", "preload_script_imports", "run_forked", "stop_all"]
+__all__ = ["PRELOAD", "Stopped", "close_server", "preload_script_imports", "run_forked", "stop_all"]
 
 #: What the fork server imports before it forks: torch (with dynamo, which the simulated GPU
 #: imports when it starts), the simulated GPU, the runner.
@@ -168,6 +168,13 @@ def stop_all(grace: float = 5.0) -> None:
     for pid in pids:
         if _group_alive(pid):
             _end_group(pid, signal.SIGKILL)
+    _stop_server()
+
+
+def close_server() -> None:
+    """Stop the fork server and wait for it to end (a later trial starts a new one).
+    Without this it ends once it sees fit's process end, a moment after: a launcher
+    that waits for fit alone (torchrun) could return while it still runs."""
     _stop_server()
 
 

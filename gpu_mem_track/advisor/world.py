@@ -120,7 +120,16 @@ class RanksRunner:
         return trial
 
 
+#: The variables torchrun sets for a worker (``torch.distributed.elastic``'s local agent
+#: and its ``multiprocessing.api``), besides ``MASTER_ADDR``/``MASTER_PORT``, which
+#: ``rank_environ`` sets anew. ``TORCHELASTIC_ERROR_FILE`` above all: a trial's rank that
+#: inherited it would write its failure where torchrun reads fit's own.
+_LAUNCH = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
+
+
 def _without_launch(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``environ`` without the variables of a launch ``fit`` itself may run under."""
-    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"}
-    return {k: v for k, v in environ.items() if k not in drop}
+    """``environ`` without the variables of a launch ``fit`` itself may run under
+    (``fit`` under torchrun: its trials' ranks are its own, not torchrun's)."""
+    return {
+        k: v for k, v in environ.items() if k not in _LAUNCH and not k.startswith(("TORCHELASTIC_", "ROLE_"))
+    }

@@ -3,6 +3,10 @@ trial: the script as it is, each distributed lever that applied, the world size 
 each row's figures the worst rank's; the world sizes tried, the answer in one sentence,
 the command and lines to write, the levers that did not apply and why, and what is not
 modelled. A string; nothing here prints or runs anything.
+
+The pieces (``heading``, ``world_cells``, ``verdict_lines``, ``NOT_MODELLED``,
+``trials_line``) are the HTML page's too (``worldpage``), so the two
+say the same thing.
 """
 
 from __future__ import annotations
@@ -11,10 +15,21 @@ from ..units import format_bytes
 from .distributed import DistributedFit
 from .render import batch_text, margin_text, short_line
 
-__all__ = ["render_distributed"]
+__all__ = [
+    "NOT_MODELLED",
+    "heading",
+    "render_distributed",
+    "trials_line",
+    "verdict_lines",
+    "world_cells",
+]
+
+#: What the figures leave out, under every answer.
+NOT_MODELLED = "NCCL's own memory (outside the caching allocator), data that differs per rank"
 
 
-def _cells(result: DistributedFit) -> tuple[list[str], list[list[str]]]:
+def world_cells(result: DistributedFit) -> tuple[list[str], list[list[str]]]:
+    """The table's header and one row of cells per ``result.rows`` (same order)."""
     header = ["change", "ranks", "worst rank", "peak allocated", "peak reserved", "fits", "headroom", "line"]
     if result.batch_arg is not None:
         header.append("batch/GPU")
@@ -39,32 +54,46 @@ def _cells(result: DistributedFit) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def render_distributed(result: DistributedFit) -> str:
-    """The text answer (see the module doc)."""
-    lines = [
+def heading(result: DistributedFit) -> str:
+    """The first line: the script, the ranks and GPU, the capacity, whose figures."""
+    text = (
         f"{result.script} on {result.nproc} x {result.gpu} (simulated; {format_bytes(result.capacity)} "
-        f"per GPU for PyTorch), figures per GPU: the worst of the ranks simulated (rank 0 and the last)",
-    ]
+        f"per GPU for PyTorch), figures per GPU: the worst of the ranks simulated (rank 0 and the last)"
+    )
     if result.batch is not None:
-        lines[0] += f"; batch {result.batch} per GPU ({result.batch_arg})"
-    header, body = _cells(result)
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines += [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in [header, *body]
-    ]
+        text += f"; batch {result.batch} per GPU ({result.batch_arg})"
+    return text
+
+
+def verdict_lines(result: DistributedFit) -> list[str]:
+    """The world sizes tried (when a search ran), then the answer in one sentence."""
+    lines = []
     if result.worlds:
         tried = ", ".join(f"{w}: {fits}" for w, fits in result.worlds)
         lines.append(
             f"World sizes tried with {' + '.join(result.sharding) or 'the script as it is'}: {tried}"
         )
-    lines.append(f"Answer: {result.answer}")
+    return [*lines, f"Answer: {result.answer}"]
+
+
+def trials_line(result: DistributedFit) -> str:
+    """How many trials, how long, where their run folders are."""
+    return f"{result.trials} trials in {result.seconds:.1f} s; run folders in {result.folder}"
+
+
+def render_distributed(result: DistributedFit) -> str:
+    """The text answer (see the module doc)."""
+    header, body = world_cells(result)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = [heading(result)]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in [header, *body]
+    ]
+    lines += verdict_lines(result)
     if result.launch:
         lines.append("Launch and lines to write:")
         lines += [f"  {line}" for line in result.launch]
-    for name, why in result.not_applied:
-        lines.append(f"Not tried: {name}: {why}")
-    lines.append(
-        "Not modelled: NCCL's own memory (outside the caching allocator), data that differs per rank"
-    )
-    lines.append(f"{result.trials} trials in {result.seconds:.1f} s; run folders in {result.folder}")
+    lines += [f"Not tried: {name}: {why}" for name, why in result.not_applied]
+    lines.append(f"Not modelled: {NOT_MODELLED}")
+    lines.append(trials_line(result))
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ from . import Command, count, print_result
 if TYPE_CHECKING:
     from ..advisor.api import FitInterrupted
     from ..advisor.records import FitResult
+    from ..ranks import RankInfo
 
 __all__ = ["COMMAND"]
 
@@ -128,7 +129,23 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the trials, print the answer (or JSON), write the page; the exit code is
-    ``FitResult.exit_code`` (0 fits as asked, 3 only with a smaller batch, 1 nothing fits)."""
+    ``FitResult.exit_code`` (0 fits as asked, 3 only with a smaller batch, 1 nothing fits).
+    Under torchrun only rank 0 does (see ``EPILOG``)."""
+    from ..ranks import rank_info
+
+    launch = rank_info()
+    if launch is not None and not launch.is_first:
+        return 0  # under torchrun rank 0 simulates every rank and answers; the others run nothing
+    try:
+        return _answer(args, launch)
+    finally:
+        from ..advisor.forked import close_server
+
+        close_server()  # no process of fit outlives it
+
+
+def _answer(args: argparse.Namespace, launch: RankInfo | None) -> int:
+    """``run`` on the rank that answers (every run outside torchrun)."""
     from pathlib import Path
 
     from ..advisor.api import FitInterrupted
@@ -142,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
         sys.stderr.flush()
 
-    nproc = _world(args)
+    nproc = _world(args, None if launch is None else launch.world_size)
     if nproc is not None:
         try:
             with _signals_interrupt():
@@ -248,32 +265,24 @@ def _say_interrupted(stop: FitInterrupted) -> None:
     sys.stderr.flush()
 
 
-def _world(args: argparse.Namespace) -> int | None:
-    """The ranks asked for: --nproc-per-node, else torchrun's WORLD_SIZE (None: one GPU)."""
-    import os
-
+def _world(args: argparse.Namespace, launched: int | None) -> int | None:
+    """The ranks asked for: --nproc-per-node, else the world size of the torchrun launch
+    fit runs under, ``launched`` (None: one GPU)."""
     if args.nproc_per_node is not None:
         return int(args.nproc_per_node)
-    world = os.environ.get("WORLD_SIZE", "")
-    return int(world) if world.isdigit() and int(world) > 1 else None
+    return launched if launched is not None and launched > 1 else None
 
 
 def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
-    """``fit --nproc-per-node`` (``advisor.distributed``); under torchrun only rank 0 answers."""
-    import os
-
+    """``fit --nproc-per-node`` (``advisor.distributed``)."""
     from ..advisor.api import _run_options
     from ..advisor.distributed import fit_distributed
     from ..advisor.worldrender import render_distributed
 
-    if args.nproc_per_node is None and os.environ.get("RANK", "0") != "0":
-        return 0  # rank 0 simulates every rank; the others have nothing to do
-    if args.levers or args.html:
+    if args.levers:
         from ..errors import UsageError
 
-        raise UsageError(
-            "--nproc-per-node tries the distributed levers itself: --levers and --html are for one GPU"
-        )
+        raise UsageError("--nproc-per-node tries the distributed levers itself: --levers is for one GPU")
     options = _run_options(
         tuple(args.include),
         args.max_iterations,
@@ -297,6 +306,10 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
         progress=progress,  # type: ignore[arg-type]
     )
     print_result(result, args.json, render_distributed)
+    if args.html:
+        from ..advisor.worldpage import write_distributed_page
+
+        print(f"Wrote {write_distributed_page(result, args.html)}", file=sys.stderr)
     return result.exit_code
 
 
@@ -326,5 +339,6 @@ EPILOG = (
     "with a smaller batch (with --batch-arg; the answer names the change and the batch); 1 nothing tried "
     "fits at any batch, or the script failed for another reason; 2 a usage mistake. Ctrl-C, SIGTERM or a "
     "closed terminal stop every trial; fit then says which trial folders are complete and exits 130, "
-    "143 or 129."
+    "143 or 129. Under torchrun, rank 0 runs the trials, answers and exits with these codes (torchrun "
+    "reports any but 0 as a failure, with its own code 1); the other ranks run nothing and exit 0."
 )

@@ -20,6 +20,12 @@ kinds and names the roots give them are kept in ``_Seen`` and joined when groupi
 other tensor goes through the general path (``_Storages``: owners by rank, views, names).
 The recorder's aliases of saved tensors always take the general path. Both bulks count
 the same.
+
+A distributed tensor (``torch.distributed.tensor.DTensor``: FSDP2's parameters, their
+gradients and optimizer state) counts as its local shard (``_local_tensor``), the bytes
+on this rank, with the local shard's shape: the DTensor itself has no storage of its own
+(its shape is the global one), and its shard, which the finder also sees, is the same
+storage, counted once under the DTensor's kind and name.
 """
 
 from __future__ import annotations
@@ -247,6 +253,23 @@ def _is_tensor_class(cls: type) -> bool:
     return known
 
 
+_DISTRIBUTED: dict[type, bool] = {}
+
+
+def _local(tensor: Any) -> Any:
+    """A DTensor's local shard (the bytes on this rank), else ``tensor`` itself. Imports
+    nothing: a DTensor exists only once ``torch.distributed.tensor`` is imported, and
+    the answer for a class is cached from then on."""
+    cls = type(tensor)
+    known = _DISTRIBUTED.get(cls)
+    if known is None:
+        dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        if dtensor is None:
+            return tensor
+        known = _DISTRIBUTED[cls] = issubclass(cls, dtensor)
+    return tensor._local_tensor if known else tensor
+
+
 def _class_kind(cls: type) -> str | None:
     """``"Parameter"``, ``"Buffer"``, ``"Tensor"``, or None for fake tensors (cached per class)."""
     if cls not in _CLASS_KIND:
@@ -284,6 +307,7 @@ class _Storages:
         self.skipped: dict[str, list[int]] = {}
         self.views = 0
         self.order = 0
+        self.shards: set[int] = set()  # the ids of DTensors' local shards (not views of them)
 
     def add(self, items: Iterable[tuple[int, Any]]) -> None:
         seen, skipped = self.seen, self.skipped
@@ -291,13 +315,18 @@ class _Storages:
             self.order += 1
             try:
                 cls_kind = _class_kind(type(tensor))
-                device = tensor.device
+                local = _local(tensor)
+                if local is not tensor:
+                    self.shards.add(id(local))
+                    if getattr(tensor, "_is_param", False):  # nn.Parameter(DTensor) keeps its class
+                        cls_kind = "Parameter"
+                device = local.device
                 if cls_kind is None or device.type == "meta":
-                    _tally(skipped, "fake" if cls_kind is None else "meta", _nominal_bytes(tensor))
+                    _tally(skipped, "fake" if cls_kind is None else "meta", _nominal_bytes(local))
                     continue
                 if device != self.target:
                     continue
-                parts = _storage_parts(tensor)
+                parts = _storage_parts(local)
             except Exception:
                 _tally(skipped, "no storage", 0)
                 continue
@@ -315,7 +344,7 @@ class _Storages:
         if current is None:
             owners[key] = [None, tid, nbytes, tensor, order]
             return
-        if tid not in seen.aliases and current[1] not in seen.aliases:
+        if tid not in seen.aliases and current[1] not in seen.aliases and not self.shards & {tid, current[1]}:
             self.views += 1
         if current[0] is None:
             current[0] = _rank(seen, current[1], current[3], current[4])
@@ -366,6 +395,7 @@ def _groups(
     for tid, nbytes in per_tensor.items():
         tensor = seen.tensors[tid]
         try:
+            tensor = _local(tensor)  # a DTensor's bytes are its shard's, of the shard's shape
             dtype = tensor.dtype
             shape = tuple(tensor.shape)
         except Exception:  # a subclass whose metadata raises: count it, shapeless

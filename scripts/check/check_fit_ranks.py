@@ -12,8 +12,10 @@ Like with like: the simulated GPU's ``memory`` is allocator blocks (requests rou
 512 bytes) plus memory no tensor owns (cuBLAS's and cuBLASLt's workspaces). The simulated
 ranks run with ``CUBLAS_WORKSPACE_CONFIG=:0:0`` (no workspaces, as on a GPU), and the
 census's totals row gives ``requested``: the allocator's requested bytes, unrounded, which
-is what ``--memory tensors`` counts on the CPU. (The census's own tensor count is not
-used: it counts an FSDP2 DTensor parameter at its global size beside its local shard.)
+is what ``--memory tensors`` counts on the CPU. (The census's own tensor count, in
+blocks, now equals the allocated blocks at every census of the FSDP2 script's two ranks:
+it counts a DTensor as its local shard. Before, it also counted each DTensor at its
+global size, up to 40.8 MiB over the allocated.)
 The allocated blocks are shown beside it. The two timelines are aligned by (line,
 function, how many times that line had run).
 
