@@ -98,11 +98,11 @@ bench: install
 	$(PYTHON) scripts/bench/bench_simulate.py
 
 lint:
-	$(PYTHON) -m ruff check gpu_mem_track tests scripts docs/hooks.py
-	$(PYTHON) -m ruff format --check gpu_mem_track tests scripts docs/hooks.py
+	$(PYTHON) -m ruff check setup.py gpu_mem_track tests scripts docs/hooks.py
+	$(PYTHON) -m ruff format --check setup.py gpu_mem_track tests scripts docs/hooks.py
 
 format:
-	$(PYTHON) -m ruff format gpu_mem_track tests scripts docs/hooks.py
+	$(PYTHON) -m ruff format setup.py gpu_mem_track tests scripts docs/hooks.py
 
 clean:
 	rm -rf build site *.egg-info .pytest_cache
