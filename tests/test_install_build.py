@@ -57,3 +57,16 @@ def test_the_build_child_drops_pips_isolation_and_keeps_the_users_pythonpath(tmp
     assert plain["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/opt/torch/site", "/home/me/lib"]
     assert plain["PYTHONNOUSERSITE"] == "1"  # the user's own choice, pip did not set it
     assert child_environ({})["PYTHONPATH"] == str(ROOT)
+
+
+def test_without_torch_the_build_command_exits_2_in_one_line(monkeypatch, capsys):
+    """pip builds a package before it installs its requirements: an install from source
+    into an environment without torch yet meets no torch, which is 'cannot be tried here'
+    (setup.py: built on first use), not a failed compile."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert build.main([]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("cannot build the native reader: torch is not importable here")
+        and err.count("\n") == 1
+    )
