@@ -8,11 +8,16 @@ take their fast paths from their first call. A module compiled at install time g
 same cache folder as one built on first use, keyed by torch, Python and source.
 
 pip builds in an isolated environment that hides the user's packages; the step therefore runs
-the same interpreter in a child process with pip's isolation variables removed, which sees the
-user's torch. It is skipped, and the install goes on, when torch is not importable there, no
-C++ compiler is found, ``GPU_MEM_TRACK_NATIVE=off`` is set, or a compile fails: the modules are
-then built on first use, in the background. A wheel installed as a binary runs no build step
-at all (nothing of a package runs at install time then); first use builds the modules too.
+the same interpreter in a child process without pip's isolation (its folder on ``PYTHONPATH``
+and ``PYTHONNOUSERSITE``; the user's own ``PYTHONPATH`` entries are kept), which sees the
+user's torch. A front end that builds in a virtual environment of its own (``python -m
+build``, uv) runs another interpreter, without the user's torch: the step is skipped there.
+It is skipped, and the install goes on, when torch is not importable, no C++ compiler is
+found or ``GPU_MEM_TRACK_NATIVE=off`` is set: the modules are then built on first use, in
+the background. A compile that fails is recorded (``failed`` beside ``build.log``) and not
+retried by itself; ``python -m gpu_mem_track.native.build`` tries again. A wheel installed
+as a binary runs no build step at all (nothing of a package runs at install time then);
+first use builds the modules too.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from setuptools import setup
@@ -30,8 +36,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from gpu_mem_track.switches import switched_off  # noqa: E402 (imports nothing else)
 
-#: Variables pip sets to isolate a build from the user's site-packages.
-ISOLATION = ("PYTHONPATH", "PYTHONNOUSERSITE")
+#: The prefix of pip's temporary build-environment folders (``pip-build-env-*``), whose
+#: ``site`` folder pip puts on ``PYTHONPATH`` in place of the user's, with
+#: ``PYTHONNOUSERSITE=1`` beside it.
+PIP_BUILD_ENV = "pip-build-env-"
 #: Every module's compile together (the census's takes 15-30 s on two cores).
 TIMEOUT_SECONDS = 600
 _done: list[bool] = []
@@ -42,9 +50,8 @@ def build_native() -> None:
     if _done or switched_off("GPU_MEM_TRACK_NATIVE"):
         return
     _done.append(True)
-    env = {key: value for key, value in os.environ.items() if key not in ISOLATION}
-    env["PYTHONPATH"] = str(HERE)  # this source tree's gpu_mem_track, not an installed one
-    command = [sys.executable, "-m", "gpu_mem_track.native.build", "--quiet"]
+    env = child_environ(os.environ)
+    command = [sys.executable, "-m", "gpu_mem_track.native.build"]
     try:
         done = subprocess.run(
             command, env=env, cwd=HERE, timeout=TIMEOUT_SECONDS, check=False, capture_output=True, text=True
@@ -52,9 +59,28 @@ def build_native() -> None:
     except (OSError, subprocess.TimeoutExpired) as error:
         print(f"gpu_mem_track: native modules not built at install ({error}); built on first use")
         return
-    if done.returncode != 0:  # 2: no torch or compiler here; 1: a compile failed (see build.log)
-        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    if done.returncode == 0:
+        for line in done.stdout.strip().splitlines():
+            print(f"gpu_mem_track: {line}")
+    elif done.returncode == 1:  # a compile failed: recorded, not retried by first use
+        print(f"gpu_mem_track: {why}; python -m gpu_mem_track.native.build tries again")
+    else:  # 2: no torch or compiler here (or the child's own error)
         print(f"gpu_mem_track: native modules not built at install ({why}); built on first use")
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for the build's child: without pip's isolation (its build environment's
+    folder on ``PYTHONPATH`` and, with it, ``PYTHONNOUSERSITE``), the user's own
+    ``PYTHONPATH`` entries kept, behind this source tree (whose ``gpu_mem_track`` builds,
+    not an installed one)."""
+    env = dict(environ)
+    entries = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    kept = [entry for entry in entries if PIP_BUILD_ENV not in entry]
+    if len(kept) < len(entries):  # pip's isolated build: it set PYTHONNOUSERSITE too
+        env.pop("PYTHONNOUSERSITE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), *kept])
+    return env
 
 
 class BuildPy(build_py):
@@ -69,4 +95,5 @@ class EditableWheel(editable_wheel):
         build_native()
 
 
-setup(cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel})
+if __name__ == "__main__":  # as setuptools runs it; a test imports it under another name
+    setup(cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel})

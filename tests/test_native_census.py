@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -283,6 +284,11 @@ def test_refs_are_weak_references_out_of_the_collectors_lists(reader):
     del tensors[0]
     gc.collect()
     assert refs[0]() is None and refs[1]() is not None
+    kept = torch.zeros(1)
+    before = sys.getrefcount(kept)
+    with pytest.raises(TypeError):  # an int takes no weak reference: the ones made are let go
+        reader.refs([kept, 3])
+    assert sys.getrefcount(kept) == before and weakref.getweakrefcount(kept) == 0
 
 
 def test_a_first_heap_walk_finds_what_the_python_walk_finds():

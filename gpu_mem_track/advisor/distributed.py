@@ -418,8 +418,10 @@ def _launch(
         command += f" --nnodes {(n + 7) // 8}"
     lines = [f"{command} {script} {' '.join(args)}".rstrip()]
     notes = {name: None for name in best.row.levers}
+    group_started = False  # the device's line below starts the process group
     if "fsdp2" in notes or "zero" in notes:
         if "init_process_group" in best.row.change:
+            group_started = True
             lines += [
                 "import os, torch.distributed as dist; dist.init_process_group('nccl'); "
                 "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
@@ -432,7 +434,7 @@ def _launch(
             )
         if "zero" in notes:
             lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
-    for part in best.row.change.split("; ") if best.row.change else ():
-        if part.strip() and not any(part.strip() in line for line in lines):  # the process group's, above
-            lines.append(part.strip())
+    for part in (part.strip() for part in best.row.change.split("; ")) if best.row.change else ():
+        if part and not (group_started and part.startswith("dist.init_process_group(")):  # not twice
+            lines.append(part)
     return tuple(lines)

@@ -1,5 +1,5 @@
 """``fit --nproc-per-node``'s answer as one self-contained HTML page, in the single-GPU
-page's frame and style (``page``): the script, ranks, GPU and capacity in the header;
+page's frame and style (``pageframe``): the script, ranks, GPU and capacity in the header;
 the answer (the world sizes tried and the sentence, then the command and the lines to
 write); the table (a row per trial, each row's figures the worst rank's, the
 recommended row in bold); the levers not tried and why; what is not modelled. Its words
@@ -13,7 +13,7 @@ import html
 from pathlib import Path, PurePath
 
 from .distributed import DistributedFit
-from .page import html_document, html_list, html_table, write_page
+from .pageframe import html_document, html_list, html_table, write_page
 from .worldrender import NOT_MODELLED, heading, trials_line, verdict_lines, world_cells
 
 __all__ = ["render_distributed_page", "write_distributed_page"]

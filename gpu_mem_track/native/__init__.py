@@ -11,10 +11,11 @@ statistics without torch's dict, is loaded and checked by :mod:`.cudastats`. ``l
 (``line_sink.cpp``, Python's C API only), the runner's per-line path, is loaded by
 :mod:`.linesink` and used by ``runner.profiler`` wherever it is built.
 
-Nothing is compiled at install time. Each module is built (``build.py``) into the user's
-cache folder, once per torch build and Python, by ``python -m gpu_mem_track.native.build``
-(or ``make native``), or else in the background, in a process of its own at low priority,
-the first time it is wanted (:func:`start_build`; a failed build is not tried again):
+Each module is built (``build.py``) into the user's cache folder, once per torch build and
+Python: by an install from source (``setup.py`` runs ``python -m gpu_mem_track.native.build``;
+a binary wheel compiles nothing at install), by that command itself (or ``make native``),
+or else in the background, in a process of its own at low priority, the first time it is
+wanted (:func:`start_build`; a failed build is not tried again):
 
 - ``census_scan``: when a census first meets :data:`AUTO_BUILD_TENSORS` plain tensors
   (about 20 s of one core); censuses use it once it is there;

@@ -21,8 +21,8 @@ building the same key twice.
 
 builds the modules (the CUDA one where torch is a CUDA build), or the one named; exits 0
 when what could be built is built (or was), 1 when a build failed, 2 when the census's
-module (or the one named) cannot be tried here (no compiler, no torch headers, not a
-CUDA build).
+module (or the one named) cannot be tried here (no torch, no compiler, no torch headers,
+not a CUDA build).
 """
 
 from __future__ import annotations
@@ -264,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         except (AttributeError, OSError):  # no nice on this platform: build at full priority
             pass
     say = (lambda *a, **k: None) if args.quiet else print
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:  # an install from source before torch (pip builds before it installs)
+        say(
+            f"cannot build {_reader(args.module or MODULE)}: torch is not importable here ({exc})",
+            file=sys.stderr,
+        )
+        return 2
     names = [args.module] if args.module else list(MODULES)
     code = 0
     for name in names:

@@ -731,24 +731,35 @@ PyObject* untrack(PyObject*, PyObject* refs) {
 }
 
 // refs(objects) -> list: a weak reference without a callback to each object, taken out of
-// the collector's lists (as untrack does), in one pass.
+// the collector's lists (as untrack does), in one pass. Each new reference may start a
+// collection, whose callbacks run Python code (gc.get_objects() included): the list is
+// made only once every reference is, so no half-filled list is ever visible, and the
+// objects' list is read afresh at each step.
 PyObject* refs(PyObject*, PyObject* objects) {
   if (!PyList_Check(objects)) {
     PyErr_SetString(PyExc_TypeError, "refs() takes a list");
     return nullptr;
   }
-  const Py_ssize_t count = PyList_GET_SIZE(objects);
-  PyObject* out = PyList_New(count);
-  if (out == nullptr) return nullptr;
-  for (Py_ssize_t i = 0; i < count; i++) {
-    PyObject* ref = PyWeakref_NewRef(PyList_GET_ITEM(objects, i), nullptr);
+  std::vector<PyObject*> made;
+  made.reserve(static_cast<size_t>(PyList_GET_SIZE(objects)));
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objects); i++) {
+    PyObject* obj = PyList_GET_ITEM(objects, i);
+    Py_INCREF(obj);
+    PyObject* ref = PyWeakref_NewRef(obj, nullptr);
+    Py_DECREF(obj);
     if (ref == nullptr) {
-      Py_DECREF(out);
+      for (PyObject* held : made) Py_DECREF(held);
       return nullptr;
     }
     if (PyObject_GC_IsTracked(ref)) PyObject_GC_UnTrack(ref);
-    PyList_SET_ITEM(out, i, ref);
+    made.push_back(ref);
   }
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(made.size()));
+  if (out == nullptr) {
+    for (PyObject* held : made) Py_DECREF(held);
+    return nullptr;
+  }
+  for (size_t i = 0; i < made.size(); i++) PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), made[i]);
   return out;
 }
 

@@ -3,7 +3,7 @@
 Two kinds of round, each a fresh process with a ``GPU_MEM_TRACK_CACHE`` of its own:
 
 - ``installed``: the cache holds what an install from source builds (``setup.py`` runs
-  ``python -m gpu_mem_track.native.build --quiet``, as this script does once, untimed, into a
+  ``python -m gpu_mem_track.native.build``, as this script does once, untimed, into a
   cache every round of this kind starts from): the census's native reader from the first call;
 - ``empty``: an empty cache, as after installing a binary wheel or where no compiler is (``auto``
   mode, so the first census meeting 20,000 tensors starts the reader's build in the background,
