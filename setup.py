@@ -40,8 +40,6 @@ from gpu_mem_track.switches import switched_off  # noqa: E402 (imports nothing e
 #: ``site`` folder pip puts on ``PYTHONPATH`` in place of the user's, with
 #: ``PYTHONNOUSERSITE=1`` beside it.
 PIP_BUILD_ENV = "pip-build-env-"
-#: Every module's compile together (the census's takes 15-30 s on two cores).
-TIMEOUT_SECONDS = 600
 _done: list[bool] = []
 
 
@@ -53,10 +51,10 @@ def build_native() -> None:
     env = child_environ(os.environ)
     command = [sys.executable, "-m", "gpu_mem_track.native.build"]
     try:
-        done = subprocess.run(
-            command, env=env, cwd=HERE, timeout=TIMEOUT_SECONDS, check=False, capture_output=True, text=True
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
+        # no timeout here: each compile has its own (native/build.py), and a child killed
+        # from here would leave its compiler and its lock behind
+        done = subprocess.run(command, env=env, cwd=HERE, check=False, capture_output=True, text=True)
+    except OSError as error:
         print(f"gpu_mem_track: native modules not built at install ({error}); built on first use")
         return
     why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]

@@ -168,14 +168,7 @@ def stop_all(grace: float = 5.0) -> None:
     for pid in pids:
         if _group_alive(pid):
             _end_group(pid, signal.SIGKILL)
-    _stop_server()
-
-
-def close_server() -> None:
-    """Stop the fork server and wait for it to end (a later trial starts a new one).
-    Without this it ends once it sees fit's process end, a moment after: a launcher
-    that waits for fit alone (torchrun) could return while it still runs."""
-    _stop_server()
+    close_server()
 
 
 def resume() -> None:
@@ -237,9 +230,11 @@ def _state(pid: str) -> str:
     return fields[0] if fields else ""
 
 
-def _stop_server() -> None:
-    """Stop the fork server (it would end when fit's process ends; stopped now, it
-    starts no trial asked for late)."""
+def close_server() -> None:
+    """Stop the fork server and wait for it to end (a later trial starts a new one). It
+    would end once it saw fit's process end, a moment after: stopped now, it starts no
+    trial asked for late, and a launcher that waits for fit alone (torchrun) cannot
+    return while it still runs."""
     if not _context:
         return
     from multiprocessing import forkserver
