@@ -16,7 +16,7 @@ in one C++ pass when it is built (``nativebulk``, see ``gpu_mem_track.native``; 
 whose base it read too, storages shared among them and leaves' simple gradients are
 settled there), else in C-level Python passes, what they are remembered between censuses
 (``bulk``: only tensors owning their storage alone and needing no ``.grad`` read). The
-kinds and names the roots give them are kept in ``_Seen`` and joined when grouping. Every
+kinds and names the roots give them are kept in ``seen.Seen`` and joined when grouping. Every
 other tensor goes through the general path (``_Storages``: owners by rank, views, names).
 The recorder's aliases of saved tensors always take the general path. Both bulks count
 the same.
@@ -30,7 +30,6 @@ storage, counted once under the DTensor's kind and name.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -42,9 +41,9 @@ from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
 from .bulk import Bulk, CensusMemo
 from .finder import FullScan, LiveTensorFinder, full_scan, tensor_types
-from .naming import Known, known_tensors
 from .nativebulk import NativeBulk, read_bulk
 from .records import KINDS, Census, Skipped, TensorGroup
+from .seen import Seen
 
 if TYPE_CHECKING:
     from .saved import SavedTensorRecorder
@@ -91,7 +90,7 @@ def take_census(
     source's is dropped, so an object is never counted twice).
     """
     target = torch.device(str(parse_device(device)))
-    seen = _Seen()
+    seen = Seen()
     # Attribute reads must not run tensor subclasses' __torch_function__ (user code).
     with torch._C.DisableTorchFunctionSubclass():
         seen.add_roots(roots)
@@ -128,131 +127,7 @@ def _distinct(source: TensorSource) -> bool:
     return source is full_scan or isinstance(source, (LiveTensorFinder, FullScan))
 
 
-class _Seen:
-    """The tensors of one census by id, in discovery order, with known kinds and names."""
-
-    def __init__(self) -> None:
-        self.tensors: dict[int, Any] = {}
-        self.kinds: dict[int, str] = {}
-        self.names: dict[int, list[str]] = {}
-        #: The first storage key of each named tensor, to pass a view's names to its owner.
-        self.storage_of: dict[int, Any] = {}
-        #: Ids of the recorder's aliases of saved tensors (not views in the user's sense).
-        self.aliases: set[int] = set()
-        #: Ids of the named tensors the bulk counts (``leave_to_bulk``, ``add_relatives``).
-        self.bulk: set[int] = set()
-        #: Which of some ids the bulk counts (``leave_to_bulk``).
-        self.in_bulk: Callable[[list[int]], list[bool]] = lambda ids: [False] * len(ids)
-
-    def add(self, tensor: Any, kind: str | None, name: str | None) -> bool:
-        """Add a tensor; of several kinds given for one tensor the first in ``KINDS`` wins."""
-        key = id(tensor)
-        new = key not in self.tensors
-        if new:
-            self.tensors[key] = tensor
-        self.label(key, kind, name)
-        return new
-
-    def label(self, key: int, kind: str | None, name: str | None) -> None:
-        """Note a kind and a name for the tensor whose id is ``key``."""
-        if kind is not None:
-            current = self.kinds.get(key)
-            if current is None or _RANK.get(kind, len(KINDS)) < _RANK.get(current, len(KINDS)):
-                self.kinds[key] = kind
-        if name:
-            names = self.names.setdefault(key, [])
-            if name not in names:
-                names.append(name)
-
-    def add_roots(self, roots: Iterable[tuple[str, Any]]) -> None:
-        tensors, kinds, names = self.tensors, self.kinds, self.names
-        for known in known_tensors(list(roots)):
-            tensor = known.tensor
-            if not _is_tensor_class(type(tensor)):
-                continue
-            key = id(tensor)
-            if key in tensors or key in kinds or key in names:
-                self.add(tensor, known.kind, known.name)
-                continue
-            tensors[key] = tensor  # first sight (most tensors): ``add`` without its checks
-            if known.kind is not None:
-                kinds[key] = known.kind
-            if known.name:
-                names[key] = [known.name]
-        known = tensor = None  # type: ignore[assignment]  # drop the last references promptly
-
-    def add_saved(self, known: list[Known]) -> None:
-        for item in known:
-            if _is_tensor_class(type(item.tensor)):
-                self.add(item.tensor, item.kind, item.name)
-                if item.kind == "Activation":
-                    self.aliases.add(id(item.tensor))
-        known.clear()  # drop the references promptly
-
-    def add_objects(self, objects: Iterable[Any]) -> None:
-        tensors = self.tensors
-        for obj in objects:
-            if _is_tensor_class(type(obj)) and id(obj) not in tensors:
-                tensors[id(obj)] = obj
-
-    def leave_to_bulk(self, members: Callable[[list[int]], list[bool]]) -> None:
-        """Forget the tensors the bulk counts (their kinds and names stay, for ``_groups``);
-        ``members(ids)`` says which ids it counts."""
-        tensors = self.tensors
-        ids = list(tensors)  # the roots' few, not the bulk's many
-        inside = list(itertools.compress(ids, members(ids))) if ids else []
-        self.in_bulk = members
-        self.bulk = set(inside)
-        for tid in inside:
-            del tensors[tid]
-
-    def add_relatives(self) -> None:
-        """View bases, and leaf gradients (which may exist only in C++ until read), in
-        rounds (relatives of relatives), each asking the bulk about its gradients at once."""
-        queue = list(self.tensors.values())
-        while queue:
-            grads: list[tuple[int, Any]] = []
-            found: list[Any] = []
-            for tensor in queue:
-                try:
-                    base = tensor._base
-                    if base is not None and self.add(base, None, None):
-                        found.append(base)
-                    if tensor.is_leaf:  # .grad of a non-leaf warns and is always None
-                        grad = tensor.grad
-                        if grad is not None:
-                            grads.append((id(tensor), grad))
-                except Exception:
-                    continue
-            inside = self.in_bulk([id(grad) for _, grad in grads]) if grads else []
-            for (tid, grad), counted in zip(grads, inside):
-                names = self.names.get(tid)
-                name = f"{names[0]}.grad" if names else None
-                if counted:  # counted there, named here
-                    self.bulk.add(id(grad))
-                    self.label(id(grad), "Gradient", name)
-                elif self.add(grad, "Gradient", name):
-                    found.append(grad)
-            queue = found
-
-    def clear(self) -> None:
-        self.tensors.clear()
-        self.aliases.clear()
-        self.bulk.clear()
-        self.in_bulk = lambda ids: [False] * len(ids)
-
-
-_TENSOR_CLASS: dict[type, bool] = {}
 _CLASS_KIND: dict[type, str | None] = {}
-
-
-def _is_tensor_class(cls: type) -> bool:
-    known = _TENSOR_CLASS.get(cls)
-    if known is None:
-        known = _TENSOR_CLASS[cls] = issubclass(cls, torch.Tensor)
-    return known
-
-
 _DISTRIBUTED: dict[type, bool] = {}
 
 
@@ -299,7 +174,7 @@ class _Storages:
     the dataset in its own category (named ``train_data, saved at ...``).
     """
 
-    def __init__(self, seen: _Seen, target: torch.device) -> None:
+    def __init__(self, seen: Seen, target: torch.device) -> None:
         self.seen, self.target = seen, target
         self.owners: dict[Any, list[Any]] = {}
         self.plain: dict[Any, list[Any]] = {}  # shared storages: the best owner not a saved alias
@@ -364,7 +239,7 @@ class _Storages:
         return self.owners, self.skipped, self.views
 
 
-def _rank(seen: _Seen, tid: int, tensor: Any, order: int) -> tuple[int, bool, int, int]:
+def _rank(seen: Seen, tid: int, tensor: Any, order: int) -> tuple[int, bool, int, int]:
     """Who owns a shared storage, lowest first: by kind (a parameter before a plain alias),
     then a base before a view (``expand`` views are larger but own nothing), then the
     larger tensor, then the first found."""
@@ -382,7 +257,7 @@ def _tally(skipped: dict[str, list[int]], reason: str, nbytes: int) -> None:
 
 
 def _groups(
-    seen: _Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool, bulk: Bulk | NativeBulk
+    seen: Seen, owners: dict[Any, list[Any]], device: str, on_cuda: bool, bulk: Bulk | NativeBulk
 ) -> tuple[TensorGroup, ...]:
     """Group owned storages by (kind, shape, dtype), the bulk's included; views' names go
     to their storage's owner."""
@@ -416,7 +291,7 @@ def _groups(
     return tuple(result)
 
 
-def _pass_view_names(seen: _Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
+def _pass_view_names(seen: Seen, owners: dict[Any, list[Any]], per_tensor: dict[int, int]) -> None:
     """Name a storage's owner after its views too (``v (view)``), so a slice kept after its
     base was deleted is still found by its variable name. Where a saved activation's
     alias is the owner or the named tensor, names pass as they are (``out``,
