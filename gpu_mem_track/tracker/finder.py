@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .. import native
+from . import swapguard
 
 __all__ = ["FullScan", "LiveTensorFinder", "Owners", "full_scan", "owner_types", "tensor_types"]
 
@@ -198,6 +199,7 @@ class LiveTensorFinder:
         self._busy = False
         #: Whether the state was current when the collection under way began.
         self._current = False
+        swapguard.hold(self)  # its weak references must not block torch.utils.swap_tensors
 
     def __call__(self) -> list[Any]:
         self._busy = True
@@ -226,6 +228,23 @@ class LiveTensorFinder:
     def roots(self) -> list[tuple[str, Any]]:
         """The live optimizers and top-level modules found so far (see ``Owners``)."""
         return self.owners.roots()
+
+    def release(self, tensors: tuple[Any, ...]) -> None:
+        """Drop the weak references to ``tensors`` (before ``torch.utils.swap_tensors``,
+        which refuses a tensor with any; see ``swapguard``)."""
+        keys = set(map(id, tensors))
+        drop = [key in keys and _one_of(ref(), tensors) for key, ref in zip(self._ids, self._known)]
+        if any(drop):
+            keep = list(map(not_, drop))
+            self._known = list(itertools.compress(self._known, keep))
+            self._ids = list(itertools.compress(self._ids, keep))
+            if self._id_set is not None:
+                self._id_set.difference_update(keys)
+        self._pending = [ref for ref in self._pending if not _one_of(ref(), tensors)]
+
+    def retake(self, tensors: tuple[Any, ...]) -> None:
+        """After the swap: the next young scan takes ``tensors`` again (as young ones)."""
+        self._pending.extend(_refs(list(tensors), load=False))
 
     def _around_collection(self, phase: str) -> None:
         """Before a gen-1 or gen-2 collection: take the young tensors (and models and
@@ -345,6 +364,11 @@ class LiveTensorFinder:
                 self._empty_refcount.pop(cls, None)
             else:
                 self._empty_refcount[cls] = count
+
+
+def _one_of(obj: Any, objects: tuple[Any, ...]) -> bool:
+    """Whether ``obj`` is one of ``objects`` (by identity: ``in`` would compare tensors)."""
+    return any(obj is other for other in objects)
 
 
 def _alive(refs: list[weakref.ref[Any]]) -> tuple[list[Any], Any]:
