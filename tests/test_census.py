@@ -474,7 +474,7 @@ def test_the_finders_weak_references_do_not_block_a_swap_and_it_finds_the_swappe
     swap_on_conversion,
 ):
     """``torch.utils.swap_tensors`` refuses a tensor with a weak reference: the finder and
-    the memo drop theirs for the swap and the next young scan finds the tensors again."""
+    the memo drop theirs for the swap and the next call walks the heap."""
     from gpu_mem_track.tracker.bulk import CensusMemo
 
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
@@ -490,7 +490,7 @@ def test_the_finders_weak_references_do_not_block_a_swap_and_it_finds_the_swappe
         model.to(torch.float64)
         assert model[0].weight.dtype == torch.float64
         after = take_census("cpu", finder, roots, memo=memo)
-        assert finder.last_scan == "young"
+        assert finder.last_scan == "full"
         assert after == take_census("cpu", full_scan, roots)
         assert by_kind(after)["Parameter"] == 8 * (8 * 8 + 3 * 8)
         # a weak reference of the program's own still refuses the swap
@@ -499,6 +499,9 @@ def test_the_finders_weak_references_do_not_block_a_swap_and_it_finds_the_swappe
             model.to(torch.float32)
         del mine
         assert take_census("cpu", finder, roots, memo=memo) == take_census("cpu", full_scan, roots)
+        assert finder.last_scan == "full"
+        take_census("cpu", finder, roots, memo=memo)
+        assert finder.last_scan == "young"  # no swap since: young scans again
     finally:
         if was_enabled:
             gc.enable()

@@ -230,21 +230,18 @@ class LiveTensorFinder:
         return self.owners.roots()
 
     def release(self, tensors: tuple[Any, ...]) -> None:
-        """Drop the weak references to ``tensors`` (before ``torch.utils.swap_tensors``,
-        which refuses a tensor with any; see ``swapguard``)."""
-        keys = set(map(id, tensors))
-        drop = [key in keys and _one_of(ref(), tensors) for key, ref in zip(self._ids, self._known)]
-        if any(drop):
-            keep = list(map(not_, drop))
-            self._known = list(itertools.compress(self._known, keep))
-            self._ids = list(itertools.compress(self._ids, keep))
-            if self._id_set is not None:
-                self._id_set.difference_update(keys)
-        self._pending = [ref for ref in self._pending if not _one_of(ref(), tensors)]
+        """Before ``torch.utils.swap_tensors``, which refuses a tensor with any weak
+        reference (see ``swapguard``): drop every weak reference to the known tensors, so
+        the next call walks the heap. Dropping them all costs one walk, where finding the
+        two among the known ones would cost a pass over them for each swap (a model's
+        ``.to()`` swaps every parameter)."""
+        if self._known or self._pending:
+            self._known, self._ids, self._pending = [], [], []
+            self._id_set = None
+            self._epoch = None
 
     def retake(self, tensors: tuple[Any, ...]) -> None:
-        """After the swap: the next young scan takes ``tensors`` again (as young ones)."""
-        self._pending.extend(_refs(list(tensors), load=False))
+        """Nothing: the next call walks the heap (see ``release``)."""
 
     def _around_collection(self, phase: str) -> None:
         """Before a gen-1 or gen-2 collection: take the young tensors (and models and
@@ -364,11 +361,6 @@ class LiveTensorFinder:
                 self._empty_refcount.pop(cls, None)
             else:
                 self._empty_refcount[cls] = count
-
-
-def _one_of(obj: Any, objects: tuple[Any, ...]) -> bool:
-    """Whether ``obj`` is one of ``objects`` (by identity: ``in`` would compare tensors)."""
-    return any(obj is other for other in objects)
 
 
 def _alive(refs: list[weakref.ref[Any]]) -> tuple[list[Any], Any]:

@@ -12,10 +12,12 @@ is a tensor subclass such as FSDP2's DTensor (``fully_shard(model)`` then
 ``install()`` replaces ``torch.utils.swap_tensors`` (looked up there by
 ``nn.Module._apply``, ``load_state_dict`` with ``assign``, FSDP2's ``_fsdp_init`` and
 ``parametrize``) by a wrapper: before the swap, each holder registered with ``hold``
-drops its weak references to the two tensors (``release``), so only the program's own
-ones are left for torch's check; after it, swapped or not, each takes them again
-(``retake``). Without holders the wrapper only calls torch's function. Installed once,
-by the first finder, and left in place (it changes nothing else).
+drops its weak references to the two tensors (``release``: the finder drops all of its
+known tensors' and walks the heap at its next call, the memo the two tensors' entries),
+so only the program's own ones are left for torch's check; after it, swapped or not,
+each may take them again (``retake``). Without holders the wrapper only calls torch's
+function. Installed once, by the first finder or memo, and left in place (it changes
+nothing else).
 """
 
 from __future__ import annotations
