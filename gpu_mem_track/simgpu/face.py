@@ -15,7 +15,9 @@ dropout's fused kernel with its one-byte mask (:mod:`~gpu_mem_track.gpumodel.dro
 linear-shaped einsums as linear layers, whose weight gradients come in the weight's
 layout as on the GPU (:mod:`~gpu_mem_track.gpumodel.einsum`).
 Large CPU tensors made while a module is built are virtual
-(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them.
+(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them. The program's own
+meta tensors (:mod:`~gpu_mem_track.simgpu.usermeta`) say ``meta`` and refuse ``.to("cuda")``
+as on a GPU; a call with a ``meta`` device argument from outside this package makes them.
 
 Real CPU tensors pass through untouched (the data pipeline stays real). The mode only
 sees calls made from Python at the torch API level; calls that a torch function makes
