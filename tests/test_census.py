@@ -457,3 +457,74 @@ def test_an_fsdp2_parameter_counts_its_local_shard_on_this_rank(rank_1_of_2):
     del model, layer, optimizer, params, shards
     gc.collect()
     assert gone() is None
+
+
+@pytest.fixture
+def swap_on_conversion():
+    """``nn.Module._apply`` swaps parameters with ``torch.utils.swap_tensors`` (restored after)."""
+    was = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        yield
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(was)
+
+
+def test_the_finders_weak_references_do_not_block_a_swap_and_it_finds_the_swapped_tensors(
+    swap_on_conversion,
+):
+    """``torch.utils.swap_tensors`` refuses a tensor with a weak reference: the finder and
+    the memo drop theirs for the swap and the next call walks the heap."""
+    from gpu_mem_track.tracker.bulk import CensusMemo
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+    finder, memo = LiveTensorFinder(), CensusMemo()
+    roots = [("model", model)]
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        take_census("cpu", finder, roots, memo=memo)
+        gc.collect()  # the parameters are old: only the finder's known tensors hold them
+        take_census("cpu", finder, roots, memo=memo)
+        assert weakref.getweakrefs(model[0].weight)  # the census holds one
+        model.to(torch.float64)
+        assert model[0].weight.dtype == torch.float64
+        after = take_census("cpu", finder, roots, memo=memo)
+        assert finder.last_scan == "full"
+        assert after == take_census("cpu", full_scan, roots)
+        assert by_kind(after)["Parameter"] == 8 * (8 * 8 + 3 * 8)
+        # a weak reference of the program's own still refuses the swap
+        mine = weakref.ref(model[0].weight)
+        with pytest.raises(RuntimeError, match="Couldn't swap"):
+            model.to(torch.float32)
+        del mine
+        assert take_census("cpu", finder, roots, memo=memo) == take_census("cpu", full_scan, roots)
+        assert finder.last_scan == "full"
+        take_census("cpu", finder, roots, memo=memo)
+        assert finder.last_scan == "young"  # no swap since: young scans again
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_an_fsdp2_model_moves_after_a_census(rank_1_of_2):
+    """FSDP2's DTensor parameters move by ``torch.utils.swap_tensors`` (``fully_shard``
+    then ``model.to``), which the census's weak references blocked."""
+    from torch.distributed.fsdp import fully_shard
+
+    finder = LiveTensorFinder()
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))
+    take_census("cpu", finder, [("model", model)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    take_census("cpu", finder, [("model", model)])
+    model.to(torch.float64)
+    assert [p.to_local().dtype for p in model.parameters()] == [torch.float64] * 4
+    census = take_census("cpu", finder, [("model", model)])
+    assert census == take_census("cpu", full_scan, [("model", model)])
+    assert by_kind(census)["Parameter"] == 8 * (8 * 16 + 8 + 2 * 16 + 2)
+    gone = weakref.ref(model)
+    del model, layer, census
+    gc.collect()
+    assert gone() is None

@@ -414,3 +414,22 @@ def test_function_local_model_and_adam_are_named_and_classified_without_watch(qu
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)  # found, named, and kept alive by nothing
     tracker.track()
+
+
+def test_a_model_moved_by_swapping_its_parameters_after_track(quiet_tracker):
+    """``set_swap_module_params_on_conversion(True)`` then ``.to()`` after a ``track()``:
+    ``torch.utils.swap_tensors`` refuses tensors with weak references, the census's
+    included unless it drops them for the swap."""
+    tracker = quiet_tracker()
+    model = nn.Linear(4, 3)
+    tracker.watch(model)
+    before = tracker.track()
+    was = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to(torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(was)
+    after = tracker.track()
+    assert model.weight.dtype == torch.float64
+    assert after.ledger.categories.parameter - before.ledger.categories.parameter == 60

@@ -43,6 +43,7 @@ from ..gpumodel.reduce import (
 from ..snapshotfile.records import Frame, TraceEntry
 from .catalog import GpuSpec
 from .records import OutOfMemory
+from .usermeta import MetaTensors
 from .virtual import VirtualCpu
 
 __all__ = ["CUDNN_WORKSPACE", "GpuMemory", "Storages", "format_size", "oom_message", "user_line"]
@@ -270,9 +271,12 @@ class Storages(Lifetimes):
     blocks, and an ``addmm`` with a bias vector cuBLASLt's workspace
     (:mod:`~gpu_mem_track.gpumodel.reduce`)."""
 
-    def __init__(self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu) -> None:
+    def __init__(
+        self, memory: GpuMemory, workspace: Any, virtual: VirtualCpu, meta: MetaTensors | None = None
+    ) -> None:
         super().__init__({"meta"}, memory, workspace, history=False)
         self.virtual = virtual
+        self.meta = meta if meta is not None else MetaTensors()
         self.capability = memory.spec.capability
         self.convolutions = CudnnConvolutions()
         self.multiprocessors = memory.spec.multiprocessors
@@ -281,13 +285,12 @@ class Storages(Lifetimes):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunction():
-            virtual = self.virtual
-            if virtual.making or (virtual and self._from_virtual(args, kwargs)):
-                out = func(*args, **(kwargs or {}))
-                for leaf in tree_leaves(out):
-                    if isinstance(leaf, torch.Tensor) and leaf.is_meta:
-                        virtual.add(leaf)
-                return out
+            virtual, meta = self.virtual, self.meta
+            onto_gpu = meta.gpu  # a call onto the simulated GPU: GPU outputs whatever the inputs
+            if virtual.making or (virtual and not onto_gpu and self._from_virtual(args, kwargs)):
+                return self._uncounted(virtual, func, args, kwargs)
+            if meta.making or (meta and not onto_gpu and self._from_meta(args, kwargs)):
+                return self._uncounted(meta, func, args, kwargs)
             if func in CONVOLUTION_OPS:
                 return self._convolution(func, args, kwargs or {})
             if func in SUM_OPS and isinstance(args[0], torch.Tensor) and args[0].is_meta:
@@ -379,6 +382,21 @@ class Storages(Lifetimes):
     def _from_virtual(self, args: Any, kwargs: Any) -> bool:
         metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]
         return bool(metas) and all(self.virtual.holds(t) for t in metas)
+
+    def _from_meta(self, args: Any, kwargs: Any) -> bool:
+        """Whether the op's meta inputs are all the program's own meta tensors."""
+        metas = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_meta]
+        return bool(metas) and all(self.meta.holds(t) for t in metas)
+
+    @staticmethod
+    def _uncounted(holder: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        """Run ``func``; its meta outputs go to ``holder`` (virtual CPU or the program's
+        meta tensors) and count on no device."""
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.is_meta:
+                holder.add(leaf)
+        return out
 
     # cuDNN convolutions (gpumodel.cudnn): each output counted, then its problem's steps.
 

@@ -15,7 +15,9 @@ dropout's fused kernel with its one-byte mask (:mod:`~gpu_mem_track.gpumodel.dro
 linear-shaped einsums as linear layers, whose weight gradients come in the weight's
 layout as on the GPU (:mod:`~gpu_mem_track.gpumodel.einsum`).
 Large CPU tensors made while a module is built are virtual
-(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them.
+(:mod:`~gpu_mem_track.simgpu.virtual`): the face says ``cpu`` for them. The program's own
+meta tensors (:mod:`~gpu_mem_track.simgpu.usermeta`) say ``meta`` and refuse ``.to("cuda")``
+as on a GPU; a call with a ``meta`` device argument from outside this package makes them.
 
 Real CPU tensors pass through untouched (the data pipeline stays real). The mode only
 sees calls made from Python at the torch API level; calls that a torch function makes
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
@@ -42,6 +45,7 @@ from ..gpumodel.autocast import CudaAutocast
 from ..gpumodel.dropout import DROPOUTS, cuda_dropout
 from ..gpumodel.einsum import as_linear
 from .legacy import cuda_type_dtype, cuda_type_name
+from .usermeta import MetaTensors, called_from_us, is_meta_device
 from .virtual import FACTORIES, VirtualCpu, default_device
 
 __all__ = ["CUDA0", "FINITE_CHECKS", "META", "CudaFace", "is_cuda_device"]
@@ -83,18 +87,25 @@ def _meta(value: Any) -> bool:
 class CudaFace(TorchFunctionMode):
     """See the module doc. ``autocast`` holds the casts of the running autocast region."""
 
-    def __init__(self, virtual: VirtualCpu | None = None, assume: Callable[[Any, Any], None] | None = None):
+    def __init__(
+        self,
+        virtual: VirtualCpu | None = None,
+        assume: Callable[[Any, Any], None] | None = None,
+        meta: MetaTensors | None = None,
+    ):
         super().__init__()
         self.assume = assume
         self.constructors = _device_constructors()
         self.autocast = CudaAutocast()
         self.virtual = virtual if virtual is not None else VirtualCpu()
+        self.meta = meta if meta is not None else MetaTensors()
         gpu = self._on_gpu
+        cpu = self.virtual.holds
         self.handlers: dict[Any, _Handler] = {
             torch.Tensor.device.__get__: self._device,
             torch.Tensor.is_cuda.__get__: lambda f, a, k: gpu(a[0]) if _meta(a[0]) else f(*a, **k),
-            torch.Tensor.is_meta.__get__: lambda f, a, k: False,
-            torch.Tensor.is_cpu.__get__: lambda f, a, k: not gpu(a[0]) if _meta(a[0]) else f(*a, **k),
+            torch.Tensor.is_meta.__get__: lambda f, a, k: f(*a, **k) and self.meta.holds(a[0]),
+            torch.Tensor.is_cpu.__get__: lambda f, a, k: cpu(a[0]) if _meta(a[0]) else f(*a, **k),
             torch.Tensor.get_device: lambda f, a, k: (0 if gpu(a[0]) else -1) if _meta(a[0]) else f(*a, **k),
             torch.Tensor.to: self._to,
             torch.Tensor.cuda: self._cuda,
@@ -128,12 +139,19 @@ class CudaFace(TorchFunctionMode):
         handler = self.handlers.get(func)
         if handler is not None:
             return handler(func, args, kwargs)
-        if func in self.constructors and kwargs.get("device") is None and is_cuda_device(default_device()):
-            kwargs = {**kwargs, "device": META}  # torch.set_default_device("cuda"), applied below us
+        if func in self.constructors and kwargs.get("device") is None:
+            current = _current_device()
+            if is_cuda_device(current):  # torch.set_default_device("cuda"), applied below us
+                kwargs = {**kwargs, "device": current}  # made on the simulated GPU below
+            elif is_meta_device(current) and not called_from_us(1):  # with torch.device("meta")
+                return self.meta.run(True, self._run, (func, args, kwargs), {})
         if func in FACTORIES and self.virtual.wanted(func, args, kwargs):
             return self._make_virtual(func, args, kwargs)
         if "device" in kwargs and is_cuda_device(kwargs["device"]):
             kwargs = {**kwargs, "device": META}
+            return self.meta.run(False, self._run, (func, args, kwargs), {})
+        if "device" in kwargs and is_meta_device(kwargs["device"]) and not called_from_us(1):
+            return self.meta.run(True, self._run, (func, args, kwargs), {})
         return self._run(func, args, kwargs)
 
     def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -152,13 +170,14 @@ class CudaFace(TorchFunctionMode):
         return self._run(plan[0], plan[1], {})
 
     def _on_gpu(self, tensor: torch.Tensor) -> bool:
-        """A meta tensor is on the simulated GPU unless it is virtual CPU."""
-        return not self.virtual.holds(tensor)
+        """A meta tensor is on the simulated GPU unless it is virtual CPU or the program's
+        own meta tensor (:mod:`~gpu_mem_track.simgpu.usermeta`)."""
+        return not self.virtual.holds(tensor) and not self.meta.holds(tensor)
 
     def _device(self, func: Any, args: tuple, kwargs: dict) -> Any:
         device = func(*args, **kwargs)
-        if device.type != "meta":
-            return device
+        if device.type != "meta" or self.meta.holds(args[0]) or isinstance(args[0], FakeTensor):
+            return device  # a fake tensor (DTensor's sharding propagation) is not simulated
         return CUDA0 if self._on_gpu(args[0]) else CPU
 
     def _make_virtual(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -173,6 +192,7 @@ class CudaFace(TorchFunctionMode):
     def _to(self, func: Any, args: tuple, kwargs: dict) -> Any:
         moved = [META if is_cuda_device(a) and not isinstance(a, torch.dtype) else a for a in args[1:]]
         to_gpu = "device" in kwargs and is_cuda_device(kwargs["device"])
+        to_meta = any(is_meta_device(a) for a in (*args[1:], kwargs.get("device")))  # as asked
         if to_gpu:
             kwargs = {**kwargs, "device": META}
         source = args[0]
@@ -181,6 +201,12 @@ class CudaFace(TorchFunctionMode):
                 (a for a in moved if isinstance(a, torch.dtype)), source.dtype
             )
             return _fresh(source, dtype)
+        if _meta(source) and self.meta.holds(source):
+            if to_gpu or any(map(is_cuda_device, args[1:])) or _names_cpu(args[1:], kwargs):
+                raise NotImplementedError("Cannot copy out of meta tensor; no data!")  # as torch
+            return func(source, *moved, **kwargs)
+        if to_meta and not called_from_us(2):  # the program's own meta copy (a CPU tensor's)
+            return self.meta.run(True, func, (source, *moved), kwargs)
         return func(source, *moved, **kwargs)
 
     def _type(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -201,6 +227,8 @@ class CudaFace(TorchFunctionMode):
         source = args[0]
         if _meta(source) and self.virtual.holds(source):
             return _fresh(source, source.dtype)
+        if _meta(source) and self.meta.holds(source):
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")  # as torch
         memory_format = kwargs.get("memory_format", torch.preserve_format)
         return source.to(META, memory_format=memory_format)
 
@@ -235,7 +263,7 @@ class CudaFace(TorchFunctionMode):
 
     def _repr(self, func: Any, args: tuple, kwargs: dict) -> str:
         tensor = args[0]
-        if not _meta(tensor):
+        if not _meta(tensor) or self.meta.holds(tensor):
             return func(*args, **kwargs)
         return cuda_repr(tensor, tensor.detach().to("cpu"), on_gpu=self._on_gpu(tensor))
 
@@ -247,7 +275,7 @@ class CudaFace(TorchFunctionMode):
 
     def _format(self, func: Any, args: tuple, kwargs: dict) -> str:
         tensor, spec = args[0], args[1]
-        if not _meta(tensor):
+        if not _meta(tensor) or self.meta.holds(tensor):
             return func(*args, **kwargs)
         if tensor.dim() == 0:
             return tensor.detach().item().__format__(spec)
@@ -319,6 +347,25 @@ def checkpoint_metadata() -> Iterator[None]:
         yield
     finally:
         table["default"] = original
+
+
+def _current_device() -> Any:
+    """The device a ``torch.device(...)`` context or ``torch.set_default_device`` gives
+    constructors (its mode sits at the bottom of the stack, so it applies below us)."""
+    import torch.utils._device as device_context
+
+    current = getattr(device_context, "CURRENT_DEVICE", None)
+    return current if current is not None else default_device()
+
+
+def _names_cpu(args: tuple, kwargs: dict) -> bool:
+    """Whether ``Tensor.to``'s arguments name the CPU."""
+    for value in (*args, kwargs.get("device")):
+        if (isinstance(value, str) and value.startswith("cpu")) or (
+            isinstance(value, torch.device) and value.type == "cpu"
+        ):
+            return True
+    return False
 
 
 def _fresh(source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -86,6 +86,7 @@ def simulate_ranks(gpu: RunningGpu, ranks: RankEnv, patches: Patches) -> None:
     patches.set(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda"))
     _ddp_buckets_pass(patches)
     _fsdp_resizes_told(gpu, patches)
+    _dtensor_metadata_on_meta(patches)
 
 
 def _passed_on(state, bucket):  # type: ignore[no-untyped-def]
@@ -130,3 +131,39 @@ def _fsdp_resizes_told(gpu: RunningGpu, patches: Patches) -> None:
         for name in ("alloc_storage", "free_storage"):
             if hasattr(module, name):
                 patches.set(module, name, told(getattr(module, name)))
+
+
+def _dtensor_metadata_on_meta(patches: Patches) -> None:
+    """DTensor on a simulated ``cuda`` mesh without CUDA. It derives an op's output
+    shape by running it on fake tensors of the mesh's
+    device type (``_op_schema._rebuild_tensor_from_dtensor_meta``); a decomposition that
+    makes a tensor of its input's device (``uniform_``: ``kaiming_uniform_`` on a sharded
+    parameter, as after ``to_empty``) then needs CUDA, which this torch may lack. On a
+    ``cuda`` mesh they are made on ``meta`` instead: shapes, strides and dtypes alike."""
+    try:
+        from torch.distributed.tensor import _op_schema
+    except ImportError:
+        return
+    rebuild = getattr(_op_schema, "_rebuild_tensor_from_dtensor_meta", None)
+    if rebuild is None:
+        return
+
+    def on_meta(arg: Any) -> object:
+        meta = arg.tensor_meta
+        if meta is None or arg.mesh.device_type != "cuda":
+            return rebuild(arg)
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
+
+    patches.set(_op_schema, "_rebuild_tensor_from_dtensor_meta", on_meta)
+    # DTensor's random ops (``uniform_`` on a sharded parameter) keep a per-mesh RNG
+    # tracker whose state is ``torch.cuda.get_rng_state().to("cuda")``: a real CUDA copy.
+    # Simulated values are not known anyway: the ops run on the local shard without it.
+    from torch.distributed.tensor import _dispatch
+
+    if hasattr(_dispatch, "is_rng_supported_mesh"):
+        supported = _dispatch.is_rng_supported_mesh
+        patches.set(
+            _dispatch,
+            "is_rng_supported_mesh",
+            lambda mesh: mesh.device_type != "cuda" and supported(mesh),
+        )

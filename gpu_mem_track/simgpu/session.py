@@ -35,6 +35,7 @@ from .face import CudaFace, checkpoint_metadata
 from .patches import Patches
 from .ranks import RankEnv, simulate_ranks
 from .records import Bound, Compiled, OutOfMemory, Placeholder
+from .usermeta import MetaTensors
 from .virtual import VirtualCpu, default_device
 
 __all__ = ["SimulatedGpu", "simulated_gpu"]
@@ -58,9 +59,10 @@ class SimulatedGpu:
         config = None if "CUBLAS_WORKSPACE_CONFIG" in _environ() else ""
         workspace = self.spec.cublas_workspace if config == "" else workspace_bytes(None, config)
         self.virtual = VirtualCpu()
-        self.storages = Storages(self.memory, CublasWorkspace(workspace, {}), self.virtual)
+        self.meta = MetaTensors()
+        self.storages = Storages(self.memory, CublasWorkspace(workspace, {}), self.virtual, self.meta)
         self.values = KnownValues(on_read=self._note_read, on_bound=self._note_bound)
-        self.face = CudaFace(self.virtual, self.values.assume)
+        self.face = CudaFace(self.virtual, self.values.assume, self.meta)
         self.face.capability = self.spec.capability
         self.out_of_memory: OutOfMemory | None = None
         self.skipped_saves = 0

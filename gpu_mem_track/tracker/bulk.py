@@ -43,6 +43,7 @@ import torch
 
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
+from . import swapguard
 
 __all__ = ["Bulk", "CensusMemo", "add_groups", "settle", "split"]
 
@@ -79,6 +80,17 @@ class CensusMemo:
         #: One group key object and one device text per group, shared by its tensors'
         #: entries (an entry then costs about 300 B, its weak reference included).
         self.keys: dict[Any, Any] = {}
+        swapguard.hold(self)  # its weak references must not block torch.utils.swap_tensors
+
+    def release(self, tensors: tuple[Any, ...]) -> None:
+        """Forget ``tensors`` (before ``torch.utils.swap_tensors``, which refuses a tensor
+        with a weak reference; see ``swapguard``): their entries and the last split."""
+        for tensor in tensors:
+            self.facts.pop(id(tensor), None)
+        self.last = None
+
+    def retake(self, tensors: tuple[Any, ...]) -> None:
+        """Nothing: the next census reads the swapped tensors afresh."""
 
 
 @dataclass

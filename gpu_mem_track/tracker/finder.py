@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .. import native
+from . import swapguard
 
 __all__ = ["FullScan", "LiveTensorFinder", "Owners", "full_scan", "owner_types", "tensor_types"]
 
@@ -198,6 +199,7 @@ class LiveTensorFinder:
         self._busy = False
         #: Whether the state was current when the collection under way began.
         self._current = False
+        swapguard.hold(self)  # its weak references must not block torch.utils.swap_tensors
 
     def __call__(self) -> list[Any]:
         self._busy = True
@@ -226,6 +228,20 @@ class LiveTensorFinder:
     def roots(self) -> list[tuple[str, Any]]:
         """The live optimizers and top-level modules found so far (see ``Owners``)."""
         return self.owners.roots()
+
+    def release(self, tensors: tuple[Any, ...]) -> None:
+        """Before ``torch.utils.swap_tensors``, which refuses a tensor with any weak
+        reference (see ``swapguard``): drop every weak reference to the known tensors, so
+        the next call walks the heap. Dropping them all costs one walk, where finding the
+        two among the known ones would cost a pass over them for each swap (a model's
+        ``.to()`` swaps every parameter)."""
+        if self._known or self._pending:
+            self._known, self._ids, self._pending = [], [], []
+            self._id_set = None
+            self._epoch = None
+
+    def retake(self, tensors: tuple[Any, ...]) -> None:
+        """Nothing: the next call walks the heap (see ``release``)."""
 
     def _around_collection(self, phase: str) -> None:
         """Before a gen-1 or gen-2 collection: take the young tensors (and models and

@@ -19,10 +19,12 @@ global size, up to 40.8 MiB over the allocated.)
 The allocated blocks are shown beside it. The two timelines are aligned by (line,
 function, how many times that line had run).
 
-The model moves to the device before ``fully_shard``: with a census after every line, the
-census's references to the parameters make ``fully_shard(model)`` then ``model.to("cuda")``
-fail (``_apply(): Couldn't swap Linear.weight``: FSDP2's DTensor parameters are moved by
-``torch.utils.swap_tensors``, which refuses a tensor that has a weak reference).
+The model moves to the device before ``fully_shard``: chosen when, with a census after
+every line, the census's weak references to the parameters made ``fully_shard(model)``
+then ``model.to("cuda")`` fail (``_apply(): Couldn't swap Linear.weight``: FSDP2's DTensor
+parameters are moved by ``torch.utils.swap_tensors``, which refuses a tensor that has a
+weak reference). That is fixed (``tracker/swapguard.py``); the order is kept so the
+report's tables stay this script's.
 
     python scripts/check/check_fit_ranks.py              # prints the markdown tables
     python scripts/check/check_fit_ranks.py --keep DIR   # keeps the run folders in DIR
