@@ -38,15 +38,17 @@ def test_a_folder_outside_shared_stays_relative_to_the_checkout(tmp_path, fixtur
     assert fixtures_module.shown(tmp_path / "elsewhere") == "../../elsewhere"
 
 
-def test_check_resnet_refuses_a_given_folder_without_the_recording(tmp_path, monkeypatch):
+def test_a_given_h200_folder_without_the_recording_is_refused(tmp_path, fixtures_module):
     # a wrong --fixtures must not fall back to the shared folder and overwrite the report
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts scripts/ there for _common
-    path = SCRIPT.parents[1] / "check" / "check_resnet.py"
-    spec = importlib.util.spec_from_file_location("check_resnet_under_test", path)
-    check_resnet = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check_resnet)
-    with pytest.raises(SystemExit, match="no real/timm-resnet50-amp.json there"):
-        check_resnet.h200_folder(tmp_path)
-    (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "timm-resnet50-amp.json").write_text("{}")
-    assert check_resnet.h200_folder(tmp_path) == tmp_path
+    (tmp_path / "shared/fixtures/h200/real").mkdir(parents=True)
+    (tmp_path / "shared/fixtures/h200/real/timm-resnet50-amp.json").write_text("{}")
+    fixtures_module.ROOT = tmp_path / "main"
+    needs = ["real/timm-resnet50-amp.json"]
+    assert fixtures_module.h200_folder(None, needs) == tmp_path / "shared/fixtures/h200"
+    given = tmp_path / "given"
+    given.mkdir()
+    with pytest.raises(SystemExit, match="real/timm-resnet50-amp.json not there"):
+        fixtures_module.h200_folder(given, needs)
+    (given / "real").mkdir()
+    (given / "real" / "timm-resnet50-amp.json").write_text("{}")
+    assert fixtures_module.h200_folder(given, needs) == given

@@ -1,8 +1,10 @@
-"""Where the recorded snapshots are, for the check scripts.
+"""Where the recordings are, for the check scripts.
 
-A folder given on the command line, else ``$GPU_MEM_TRACK_SNAPSHOTS``, else
-``shared/fixtures/snapshots`` beside the checkout (``../shared/fixtures/snapshots``), or one
-level further up for a worktree kept in a subfolder. Never an absolute path of one machine.
+The 80 GB GPU snapshots: a folder given on the command line, else
+``$GPU_MEM_TRACK_SNAPSHOTS``, else ``shared/fixtures/snapshots`` beside the checkout
+(``../shared/fixtures/snapshots``), or one level further up for a worktree kept in a
+subfolder. The H200 recordings: a folder given on the command line, else
+``shared/fixtures/h200`` found the same way. Never an absolute path of one machine.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ def fixtures_folder(given: Path | None = None) -> Path:
     if given:
         raise SystemExit(f"no such snapshot folder: {given}")
     raise SystemExit(f"no snapshot folder found: give one, or set {ENV}")
+
+
+def h200_folder(given: Path | None, needs: list[str]) -> Path:
+    """The H200 fixture folder holding every path of ``needs`` (relative to it): ``given``,
+    else ``shared/fixtures/h200`` beside the checkout or one level further up;
+    ``SystemExit`` naming what was looked for when none holds them."""
+    beside = [ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"]
+    candidates = [given] if given else beside
+    for folder in candidates:
+        if all((folder / need).exists() for need in needs):
+            return folder
+    where = f"--fixtures {given}" if given else "no H200 fixture folder found"
+    raise SystemExit(f"{where}: {', '.join(needs)} not there (give the folder with --fixtures)")
 
 
 def shown(folder: Path) -> str:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package, and scripts/_common
 
 import torch  # noqa: E402
-from _common.fixtures import shown  # noqa: E402
+from _common.fixtures import h200_folder, shown  # noqa: E402
 from resnet50_train import ResNet50  # noqa: E402
 from torch import nn  # noqa: E402
 from vit_train import VisionTransformer  # noqa: E402
@@ -51,21 +51,6 @@ WORKLOADS = {
     "timm-vit-b16-bf16": (VisionTransformer, (64, 3, 224, 224), torch.bfloat16, "vit_train.py"),
     "timm-resnet50-amp": (ResNet50, (128, 3, 288, 288), torch.float16, "resnet50_train.py"),
 }
-
-
-def h200_folder(given: Path | None) -> Path:
-    """The H200 fixture folder holding the recordings' figures (see the module doc)."""
-    candidates = (
-        [given]
-        if given
-        else [ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"]
-    )
-    for folder in candidates:
-        if folder and all((folder / "real" / f"{name}.json").is_file() for name in WORKLOADS):
-            return folder
-    raise SystemExit(
-        "no H200 fixture folder with real/timm-vit-b16-bf16.json and timm-resnet50-amp.json: give --fixtures"
-    )
 
 
 def training_step(dtype: torch.dtype) -> Callable[..., None]:
@@ -163,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the report (and .json beside it)",
     )
     args = parser.parse_args(argv)
-    fixtures = h200_folder(args.fixtures)
+    fixtures = h200_folder(args.fixtures, [f"real/{name}.json" for name in WORKLOADS])
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
     results: dict = {

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package, and scripts/_common
 
-from _common.fixtures import shown  # noqa: E402
+from _common.fixtures import h200_folder, shown  # noqa: E402
 from _common.simulated import run_simulated  # noqa: E402
 
 from gpu_mem_track.allocator.replay import replay  # noqa: E402
@@ -54,20 +54,6 @@ CONFIGS = ("nanogpt-char", "nanogpt-gpt2-bf16")
 CLIENT = "clients/nanogpt"
 TARGETS = {"allocated": 0.005, "reserved": 0.01}
 ROWS = 12
-
-
-def h200_folder(given: Path | None) -> Path:
-    """The H200 fixture folder: ``given``, else ``shared/fixtures/h200`` beside the
-    checkout or one level further up (a worktree in a subfolder)."""
-    candidates = (
-        [given]
-        if given
-        else [ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"]
-    )
-    for folder in candidates:
-        if folder and (folder / CLIENT).is_dir():
-            return folder
-    raise SystemExit(f"no H200 fixture folder with {CLIENT} found: give one with --fixtures")
 
 
 def prepare_client(fixtures: Path, work: Path) -> Path:
@@ -261,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=CONFIGS, action="append", help="check only this configuration")
     args = parser.parse_args(argv)
     try:
-        fixtures = h200_folder(args.fixtures)
+        fixtures = h200_folder(args.fixtures, [CLIENT])
     except SystemExit as error:  # a folder given or found without the recording: exit 2
         parser.error(str(error))
     results = []

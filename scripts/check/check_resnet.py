@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package, and scripts/_common
 
-from _common.fixtures import shown  # noqa: E402
+from _common.fixtures import h200_folder, shown  # noqa: E402
 from _common.simulated import run_simulated  # noqa: E402
 
 SCRIPT = ROOT / "scripts/check/resnet50_train.py"
@@ -49,18 +49,6 @@ FACTORS = (
 )
 #: (weight-gradient factor, trial factor) pairs around the model's (1.07, 1.4).
 VARIANTS = ((1.0, 1.4), (1.15, 1.4), (1.07, 1.2), (1.07, 2.0))
-
-
-def h200_folder(given: Path | None) -> Path:
-    """The H200 fixture folder (see the module doc); ``SystemExit`` when none is found."""
-    if given is not None:
-        if not (given / "real" / f"{RECORDING}.json").is_file():
-            raise SystemExit(f"--fixtures {given}: no real/{RECORDING}.json there")
-        return given
-    for folder in (ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"):
-        if (folder / "real" / f"{RECORDING}.json").is_file():
-            return folder
-    raise SystemExit(f"no H200 fixture folder with real/{RECORDING}.json found: give --fixtures")
 
 
 def simulate(work: Path, wrapper_text: str | None = None, name: str = "runs", to_end: bool = False) -> dict:
@@ -252,7 +240,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     try:
-        fixtures = h200_folder(args.fixtures)
+        fixtures = h200_folder(args.fixtures, [f"real/{RECORDING}.json"])
     except SystemExit as error:  # a folder given or found without the recording: exit 2
         parser.error(str(error))
     recorded = json.loads((fixtures / "real" / f"{RECORDING}.json").read_text())

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package, and scripts/_common
 
-from _common.fixtures import shown  # noqa: E402
+from _common.fixtures import h200_folder, shown  # noqa: E402
 from _common.simulated import run_simulated  # noqa: E402
 
 from gpu_mem_track.snapshotfile.load import load_snapshot  # noqa: E402
@@ -48,25 +48,6 @@ RECORDING = "timm-vit-b16-bf16"
 TARGETS = {"allocated": 0.005, "reserved": 0.01}
 STEADY_STEP = 3
 ROWS = 14
-
-
-def h200_folder(given: Path | None) -> Path:
-    """The H200 fixture folder holding the recording (see the module doc)."""
-    candidates = (
-        [given]
-        if given
-        else [ROOT.parent / "shared/fixtures/h200", ROOT.parent.parent / "shared/fixtures/h200"]
-    )
-    for folder in candidates:
-        if (
-            folder
-            and (folder / "real" / f"{RECORDING}.json").is_file()
-            and (folder / f"{RECORDING}.pickle.gz").is_file()
-        ):
-            return folder
-    raise SystemExit(
-        f"no H200 fixture folder with real/{RECORDING}.json and its trace found: give --fixtures"
-    )
 
 
 def simulate(work: Path, name: str, to_end: bool, batch: int) -> dict:
@@ -331,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64, help="batch size (the recording's: 64)")
     args = parser.parse_args(argv)
     try:
-        fixtures = h200_folder(args.fixtures)
+        fixtures = h200_folder(args.fixtures, [f"real/{RECORDING}.json", f"{RECORDING}.pickle.gz"])
     except SystemExit as error:  # no recording there: exit 2
         parser.error(str(error))
     recorded = json.loads((fixtures / "real" / f"{RECORDING}.json").read_text())
