@@ -5,7 +5,6 @@ which of the two wrote it."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
