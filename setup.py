@@ -30,7 +30,6 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
-from setuptools.command.editable_wheel import editable_wheel
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -87,11 +86,5 @@ class BuildPy(build_py):
         build_native()
 
 
-class EditableWheel(editable_wheel):
-    def run(self) -> None:
-        super().run()
-        build_native()
-
-
 if __name__ == "__main__":  # as setuptools runs it; a test imports it under another name
-    setup(cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel})
+    setup(cmdclass={"build_py": BuildPy})

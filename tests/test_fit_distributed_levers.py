@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_levers_runs import NET
 
 from gpu_mem_track.levers import read_levers
 from gpu_mem_track.levers.sharding import communication
@@ -20,37 +21,17 @@ from gpu_mem_track.runfolder.records import RunInfo
 GPU = "2GiB:sm80"
 ROOT = Path(__file__).resolve().parents[1]
 
-MODEL = """
+MODEL = (
+    """
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
-
-
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.up = nn.Linear(d, 4 * d)
-        self.down = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Net(nn.Module):
-    def __init__(self, d=256, n=4):
-        super().__init__()
-        self.embed = nn.Linear(d, d)
-        self.h = nn.ModuleList(Block(d) for _ in range(n))
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.h:
-            x = block(x)
-        return self.head(x)
 """
+    + NET.rstrip()
+    + "\n"
+)
 
 LOOP = """
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -38,6 +38,9 @@ def test_building_the_wheel_compiles_the_native_modules_for_this_torch(tmp_path)
 
 @pytest.mark.slow
 def test_the_native_switch_turns_the_install_step_off(tmp_path):
+    target = build.plan(tmp_path / "cache")
+    if target.missing:  # nothing would be built anyway: the switch would show nothing
+        pytest.skip(f"no native build here: {target.missing}")
     done = _wheel(tmp_path, GPU_MEM_TRACK_CACHE=str(tmp_path / "cache"), GPU_MEM_TRACK_NATIVE="off")
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / "cache").exists()

@@ -18,10 +18,9 @@ from gpu_mem_track.runfolder.records import RunInfo
 
 GPU = "2GiB:sm80"
 
-MODEL = """
-import torch
-from torch import nn
-
+#: A residual network of four blocks (a script's class definitions; the distributed
+#: levers' tests build their scripts on it too).
+NET = """
 
 class Block(nn.Module):
     def __init__(self, d):
@@ -47,8 +46,16 @@ class Net(nn.Module):
         return self.head(x)
 
 
-model = Net().cuda()
 """
+
+MODEL = (
+    """
+import torch
+from torch import nn
+"""
+    + NET
+    + "model = Net().cuda()\n"
+)
 
 TRAIN = (
     MODEL

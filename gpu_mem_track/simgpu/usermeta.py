@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ..dtensors import local_shard
+
 __all__ = ["MetaTensors", "is_meta_device"]
 
 _OUR_DIR = str(Path(__file__).resolve().parents[1])
@@ -52,17 +54,6 @@ def called_from_us(depth: int) -> bool:
     return frame.f_code.co_filename.startswith(_OUR_DIR)
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local tensor; any other tensor itself."""
-    if type(tensor) in _PLAIN:
-        return tensor
-    local = getattr(tensor, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) and local is not tensor else tensor
-
-
 class MetaTensors:
     """The storages of the program's meta tensors (held weakly; see the module doc)."""
 
@@ -81,7 +72,7 @@ class MetaTensors:
         by its local tensor (its own storage is a wrapper's, of the global size)."""
         if not self.storages:
             return False
-        tensor = _local(tensor)
+        tensor = local_shard(tensor)
         try:
             return tensor.untyped_storage() in self.storages
         except Exception:  # no storage (a wrapper subclass)
@@ -89,7 +80,7 @@ class MetaTensors:
 
     def add(self, tensor: torch.Tensor) -> None:
         try:
-            self.storages.add(_local(tensor).untyped_storage())
+            self.storages.add(local_shard(tensor).untyped_storage())
         except Exception:  # no storage (a wrapper subclass): its parts are added by their ops
             pass
 

@@ -89,9 +89,6 @@ class CensusMemo:
             self.facts.pop(id(tensor), None)
         self.last = None
 
-    def retake(self, tensors: tuple[Any, ...]) -> None:
-        """Nothing: the next census reads the swapped tensors afresh."""
-
 
 @dataclass
 class Bulk:

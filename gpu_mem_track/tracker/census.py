@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..devices import parse_device
+from ..dtensors import local_shard
 from ..dtypes import dtype_name
 from ..units import cuda_block_bytes
 from .bulk import Bulk, CensusMemo
@@ -128,21 +129,6 @@ def _distinct(source: TensorSource) -> bool:
 
 
 _CLASS_KIND: dict[type, str | None] = {}
-_DISTRIBUTED: dict[type, bool] = {}
-
-
-def _local(tensor: Any) -> Any:
-    """A DTensor's local shard (the bytes on this rank), else ``tensor`` itself. Imports
-    nothing: a DTensor exists only once ``torch.distributed.tensor`` is imported, and
-    the answer for a class is cached from then on."""
-    cls = type(tensor)
-    known = _DISTRIBUTED.get(cls)
-    if known is None:
-        dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
-        if dtensor is None:
-            return tensor
-        known = _DISTRIBUTED[cls] = issubclass(cls, dtensor)
-    return tensor._local_tensor if known else tensor
 
 
 def _class_kind(cls: type) -> str | None:
@@ -190,7 +176,7 @@ class _Storages:
             self.order += 1
             try:
                 cls_kind = _class_kind(type(tensor))
-                local = _local(tensor)
+                local = local_shard(tensor)
                 if local is not tensor:
                     self.shards.add(id(local))
                     if getattr(tensor, "_is_param", False):  # nn.Parameter(DTensor) keeps its class
@@ -219,7 +205,8 @@ class _Storages:
         if current is None:
             owners[key] = [None, tid, nbytes, tensor, order]
             return
-        if tid not in seen.aliases and current[1] not in seen.aliases and not self.shards & {tid, current[1]}:
+        holders = (tid, current[1])  # a saved alias or a DTensor's shard is no view
+        if not any(h in seen.aliases or h in self.shards for h in holders):
             self.views += 1
         if current[0] is None:
             current[0] = _rank(seen, current[1], current[3], current[4])
@@ -270,7 +257,7 @@ def _groups(
     for tid, nbytes in per_tensor.items():
         tensor = seen.tensors[tid]
         try:
-            tensor = _local(tensor)  # a DTensor's bytes are its shard's, of the shard's shape
+            tensor = local_shard(tensor)  # a DTensor's bytes are its shard's, of the shard's shape
             dtype = tensor.dtype
             shape = tuple(tensor.shape)
         except Exception:  # a subclass whose metadata raises: count it, shapeless

@@ -240,9 +240,6 @@ class LiveTensorFinder:
             self._id_set = None
             self._epoch = None
 
-    def retake(self, tensors: tuple[Any, ...]) -> None:
-        """Nothing: the next call walks the heap (see ``release``)."""
-
     def _around_collection(self, phase: str) -> None:
         """Before a gen-1 or gen-2 collection: take the young tensors (and models and
         optimizers); after it: the state is current again if it was before."""
@@ -292,14 +289,15 @@ class LiveTensorFinder:
         candidates = self._young_hits()
         candidates += [obj for obj in map(_CALL, self._pending) if obj is not None]
         born = []
-        if candidates and self._id_set is None:
-            self._id_set = set(self._ids)
-        known = self._id_set if self._id_set is not None else set()
-        for obj in candidates:
-            key = id(obj)
-            if key not in known:
-                known.add(key)
-                born.append(obj)
+        if candidates:
+            if self._id_set is None:
+                self._id_set = set(self._ids)
+            known = self._id_set
+            for obj in candidates:
+                key = id(obj)
+                if key not in known:
+                    known.add(key)
+                    born.append(obj)
         if born:
             alive += born
             self._known += _refs(born)

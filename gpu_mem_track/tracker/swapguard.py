@@ -14,10 +14,9 @@ is a tensor subclass such as FSDP2's DTensor (``fully_shard(model)`` then
 ``parametrize``) by a wrapper: before the swap, each holder registered with ``hold``
 drops its weak references to the two tensors (``release``: the finder drops all of its
 known tensors' and walks the heap at its next call, the memo the two tensors' entries),
-so only the program's own ones are left for torch's check; after it, swapped or not,
-each may take them again (``retake``). Without holders the wrapper only calls torch's
-function. Installed once, by the first finder or memo, and left in place (it changes
-nothing else).
+so only the program's own ones are left for torch's check; the holders' next census
+finds the two tensors again. Without holders the wrapper only calls torch's function.
+Installed once, by the first finder or memo, and left in place (it changes nothing else).
 """
 
 from __future__ import annotations
@@ -38,12 +37,8 @@ class Holder(Protocol):
     def release(self, tensors: tuple[Any, ...]) -> None:
         """Drop every weak reference of the holder to ``tensors`` (by identity)."""
 
-    def retake(self, tensors: tuple[Any, ...]) -> None:
-        """After the swap: know ``tensors`` again (or leave them to the next census)."""
-
 
 _HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
-_ORIGINAL: Any = None
 
 
 def hold(holder: Holder) -> None:
@@ -59,25 +54,15 @@ def installed() -> bool:
 
 def install() -> None:
     """Replace ``torch.utils.swap_tensors`` by the wrapper (once)."""
-    global _ORIGINAL
     if installed():
         return
     original = torch.utils.swap_tensors
-    _ORIGINAL = original
 
     @functools.wraps(original)
     def swap_tensors(t1: Any, t2: Any) -> None:
-        holders = list(_HOLDERS)
-        if not holders:
-            return original(t1, t2)  # type: ignore[no-any-return]
-        tensors = (t1, t2)
-        for holder in holders:
-            holder.release(tensors)
-        try:
-            return original(t1, t2)  # type: ignore[no-any-return]
-        finally:
-            for holder in holders:
-                holder.retake(tensors)
+        for holder in list(_HOLDERS):
+            holder.release((t1, t2))
+        return original(t1, t2)  # type: ignore[no-any-return]
 
     swap_tensors.__gpu_mem_track_guard__ = True  # type: ignore[attr-defined]
     torch.utils.swap_tensors = swap_tensors
