@@ -34,7 +34,7 @@ from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
 from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec, session_folder
 
-__all__ = ["FitInterrupted", "best_smaller", "default_jobs", "fit"]
+__all__ = ["FitInterrupted", "best_smaller", "default_jobs", "fit", "trial_run_options"]
 
 
 class FitInterrupted(KeyboardInterrupt):
@@ -115,7 +115,7 @@ def fit(
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
     folder = session_folder(Path(out_dir), Path(script))
-    options = _run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
+    options = trial_run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
     if runner is None:
         from .forked import preload_script_imports, resume
 
@@ -309,7 +309,7 @@ def _check_trial_options(
     check_engine(engine)
 
 
-def _run_options(
+def trial_run_options(
     include: Sequence[str],
     max_iterations: int | None,
     max_seconds: float | None,
@@ -317,7 +317,7 @@ def _run_options(
     end_script: bool,
     engine: str,
 ) -> tuple[str, ...]:
-    """``run``'s options for every trial."""
+    """``run``'s options for every trial, of fit's and of fit --nproc-per-node's."""
     out: list[str] = [token for path in include for token in ("--include", str(path))]
     if max_iterations is not None:
         out += ["--max-iterations", str(max_iterations)]

@@ -275,7 +275,7 @@ def _world(args: argparse.Namespace, launched: int | None) -> int | None:
 
 def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
     """``fit --nproc-per-node`` (``advisor.distributed``)."""
-    from ..advisor.api import _run_options
+    from ..advisor.api import trial_run_options
     from ..advisor.distributed import fit_distributed
     from ..advisor.worldrender import render_distributed
 
@@ -283,7 +283,7 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
         from ..errors import UsageError
 
         raise UsageError("--nproc-per-node tries the distributed levers itself: --levers is for one GPU")
-    options = _run_options(
+    options = trial_run_options(
         tuple(args.include),
         args.max_iterations,
         args.max_seconds,
