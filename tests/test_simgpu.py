@@ -36,6 +36,23 @@ def test_a_custom_gpu_is_size_and_architecture_and_an_unknown_name_lists_the_nam
         parse_gpu("0GiB:sm80")
 
 
+def test_a_model_alone_names_the_one_gpu_of_that_model_and_refuses_an_ambiguous_one():
+    for text, name in [
+        ("h100", "h100-80gb"),
+        ("H100", "h100-80gb"),
+        ("4090", "rtx-4090"),
+        ("rtx3090", "rtx-3090"),
+    ]:
+        assert parse_gpu(text, saved_probe=False) is GPUS[name]
+    with pytest.raises(UsageError, match="'a100' could be A100-40GB or A100-80GB"):
+        parse_gpu("a100")
+    with pytest.raises(UsageError, match="could be V100-16GB or V100-32GB"):
+        parse_gpu("V100")
+    for other in ("h20", "l40", "a10", "t"):  # other GPUs (the H20, the L40) or too short: not guessed
+        with pytest.raises(UsageError, match="unknown GPU"):
+            parse_gpu(other)
+
+
 def test_records_round_trip_through_dicts():
     spec = parse_gpu("t4")
     assert GpuSpec.from_dict(spec.to_dict()) == spec

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="gpus",
     help="list the GPUs run --simulate knows by name",
-    description="List the named GPUs of run --simulate GPU (names are case-insensitive) with the total "
+    description="List the named GPUs of run --simulate GPU (names are case-insensitive; a model "
+    "alone, such as h100 or 4090, names the one GPU of that model) with the total "
     "memory torch reports, compute capability, the cuBLAS workspace PyTorch allocates per handle and "
     "stream, the non-PyTorch memory (the CUDA context, and the cuBLAS/cuDNN handles where measured) and "
     "the capacity left to the caching allocator, and where each "

@@ -87,7 +87,8 @@ def prepare_parser(run: argparse.ArgumentParser) -> None:
         "--simulate",
         metavar="GPU",
         help="run the script unchanged on a simulated GPU: a name listed by the gpus command "
-        "(case-insensitive, e.g. A100-40GB) or SIZE:smXY (e.g. 24GiB:sm86). CUDA tensors get shapes, "
+        "(case-insensitive, e.g. A100-40GB; a model alone, e.g. h100, where one GPU has it) "
+        "or SIZE:smXY (e.g. 24GiB:sm86). CUDA tensors get shapes, "
         "no data, and memory from the caching-allocator model of that GPU; once its loop's memory is "
         "steady the loop is left as a break would and the script goes on after it (see --run-to-end, "
         "--end-script). Under torchrun each rank runs on its own "

@@ -242,7 +242,9 @@ _CUSTOM = re.compile(r"^\s*([0-9.]+\s*[a-zA-Z]*)\s*:\s*sm_?([0-9])([0-9])\s*$")
 
 
 def parse_gpu(text: str | GpuSpec, saved_probe: bool | None = None) -> GpuSpec:
-    """A catalog name (case-insensitive; ``_`` and spaces read as ``-``) or
+    """A catalog name (case-insensitive; ``_`` and spaces read as ``-``), the model of
+    exactly one catalog GPU without its memory size or maker (``h100`` is H100-80GB,
+    ``4090`` RTX-4090; ``a100`` could be either A100: a ``UsageError`` naming both) or
     ``SIZE:smXY`` (``"24GiB:sm86"``: that much memory as torch reports it, compute
     capability X.Y); a ``GpuSpec`` is returned as is. A catalog GPU takes the
     non-PyTorch memory of the probe's newest saved result for it (``with_saved_probe``)
@@ -251,14 +253,30 @@ def parse_gpu(text: str | GpuSpec, saved_probe: bool | None = None) -> GpuSpec:
     if isinstance(text, GpuSpec):
         return text
     key = re.sub(r"[\s_]+", "-", str(text).strip().lower())
-    if key in GPUS:
+    found = GPUS.get(key) or _by_model(key, str(text))
+    if found is not None:
         use = use_saved() if saved_probe is None else saved_probe
-        return with_saved_probe(GPUS[key]) if use else GPUS[key]
+        return with_saved_probe(found) if use else found
     custom = _CUSTOM.match(str(text))
     if custom:
         return _custom(custom.group(1), (int(custom.group(2)), int(custom.group(3))), str(text))
     names = ", ".join(spec.name for spec in GPUS.values())
     raise UsageError(f"unknown GPU {text!r}: choose one of {names}, or give SIZE:smXY such as 24GiB:sm86")
+
+
+def _by_model(key: str, text: str) -> GpuSpec | None:
+    """The one catalog GPU that ``key`` names without its memory size or maker's prefix
+    (``h100``: H100-80GB; ``4090``: RTX-4090; ``rtx3090``); None for none (``h20`` is
+    not H200: the H20 is another GPU); ``UsageError`` naming them for several."""
+    bare = key.replace("-", "")
+
+    def names(name: str) -> tuple[str, ...]:
+        return (name.replace("-", ""), name.split("-")[0], name.removeprefix("rtx-"))
+
+    hits = [spec for name, spec in GPUS.items() if bare and bare in names(name)]
+    if len(hits) > 1:
+        raise UsageError(f"GPU {text!r} could be {' or '.join(s.name for s in hits)}: give the whole name")
+    return hits[0] if hits else None
 
 
 def with_saved_probe(spec: GpuSpec, cache_dir: Any = None) -> GpuSpec:
