@@ -140,6 +140,19 @@ def test_fsdp2_replaces_the_ddp_wrap(tmp_path, rank0):
     assert lever.peak < ddp.peak
 
 
+def test_fsdp2_shards_the_blocks_of_a_sequential_that_also_holds_its_head(tmp_path, rank0):
+    source = (
+        MODEL
+        + "blocks = (Block(256) for _ in range(3))\n"
+        + "model = nn.Sequential(nn.Linear(256, 256), *blocks, nn.Linear(256, 10)).cuda()\n"
+    )
+    lever, [report] = simulate(tmp_path, source + LOOP, "mixed", "fsdp2")
+    base, _ = simulate(tmp_path, source + LOOP, "mixedbase")
+    assert report.applied and report.detail.startswith("3 x Block in Sequential + the root Sequential")
+    assert report.change.endswith("for block in model[1:4]: fully_shard(block); fully_shard(model)")
+    assert lever.peak < base.peak
+
+
 def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
     ddp, _ = simulate(tmp_path, DDP, "ddp")
     lever, [report] = simulate(tmp_path, DDP, "zero", "zero")

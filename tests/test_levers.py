@@ -179,3 +179,29 @@ def test_the_levers_package_imports_no_torch_and_sits_below_the_runner():
         text = path.read_text()
         for above in ("..runner", "..commands", "..estimator", "..simgpu", "..tracker"):
             assert f"from {above}" not in text, f"{path.name} imports {above}"
+
+
+def test_repeated_blocks_are_a_containers_children_of_one_class_or_its_blocks_beside_a_head():
+    from torch import nn
+
+    from gpu_mem_track.levers.checkpoint import repeated_blocks
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+    same = nn.Sequential(Block(), Block())
+    found = repeated_blocks(same)
+    assert found is not None and found.blocks == list(same) and found.span() == "" and not found.mixed
+    headed = nn.Sequential(nn.Linear(8, 8), Block(), Block(), Block(), nn.Linear(8, 2))
+    found = repeated_blocks(headed)
+    assert found is not None and found.blocks == list(headed)[1:4] and found.span() == "[1:4]"
+    tail = nn.ModuleList([Block(), Block(), nn.LayerNorm(8)])
+    assert repeated_blocks(tail).span() == "[:2]"
+    scattered = nn.Sequential(Block(), nn.Linear(8, 8), Block())
+    assert repeated_blocks(scattered).span() is None
+    # Leaf layers among others are no blocks (an MLP's Linears); all of one class they are.
+    assert repeated_blocks(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))) is None
+    assert repeated_blocks(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))).span() == ""
+    assert repeated_blocks(nn.Sequential(nn.ReLU(), nn.ReLU())) is None  # no parameters

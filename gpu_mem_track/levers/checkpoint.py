@@ -3,10 +3,10 @@
 The model is the first module with parameters called from outside any module's forward
 while autograd records (``calls.ModuleCalls``' outer hooks) that has repeated blocks (a
 script that calls a small module first, an embedding, still has its model found). Its
-blocks: of its ``ModuleList`` and ``Sequential`` containers (itself included) with at
-least two children, all of one class, the one with the most parameters (the first found
-on a tie; containers without parameters are left out). From then on, each call of one of
-those children made inside a forward while autograd records runs as
+blocks: ``repeated_blocks``, the children of one class of its ``ModuleList`` and
+``Sequential`` containers (itself included), with the most parameters; two or more, all
+the container's children or, beside a head or an embedding, blocks made of modules.
+From then on, each call of one of those blocks made inside a forward while autograd records runs as
 ``torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, **kwargs)``, as
 the one-line change the report gives would; under ``no_grad`` (evaluation) the blocks
 run as before. Where the change goes: the line that called the first block (in the loop
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from .calls import ModuleCalls
 from .catalog import describe
 from .records import LeverReport
 from .source import Site, called_from_user, callee, caller, looped_call, wrapped_call
 
-__all__ = ["CheckpointLever", "repeated_blocks"]
+__all__ = ["Blocks", "CheckpointLever", "repeated_blocks"]
 
 _FUNCTION = "torch.utils.checkpoint.checkpoint"
 #: The Hugging Face switches, newest first: (method, its keyword for checkpoint's arguments).
@@ -47,23 +47,62 @@ _SWITCHES = (
 )
 
 
-def repeated_blocks(model: Any) -> tuple[str, Any] | None:
-    """``(name, container)`` of ``model``'s largest ``ModuleList``/``Sequential`` of at
-    least two children of one class (by parameter count; "" names the model itself),
-    None when it has none with parameters."""
+class Blocks(NamedTuple):
+    """A model's repeated blocks: the container's ``name`` in the model ("" for the
+    model itself), the ``container`` and the ``blocks`` in it (all its children, or those
+    of the block class in a container that also holds others)."""
+
+    name: str
+    container: Any
+    blocks: list[Any]
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the container holds other modules beside its blocks (a head, an
+        embedding)."""
+        return len(self.blocks) != sum(1 for _ in self.container.children())
+
+    def span(self) -> str | None:
+        """The blocks as a slice of the container: "" when they are all its children,
+        ``"[1:9]"`` when they are one run of them, None when others sit between them."""
+        if not self.mixed:
+            return ""
+        children = list(self.container.children())
+        first = next(i for i, child in enumerate(children) if child is self.blocks[0])
+        if not all(
+            first + i < len(children) and children[first + i] is block for i, block in enumerate(self.blocks)
+        ):
+            return None
+        last = first + len(self.blocks)
+        return f"[{first or ''}:{last if last < len(children) else ''}]"
+
+
+def repeated_blocks(model: Any) -> Blocks | None:
+    """The repeated blocks of ``model`` with the most parameters (the first found on a
+    tie), None when it has none with parameters. Blocks are the children of a
+    ``ModuleList``/``Sequential`` of at least two children all of one class, or, in one
+    that also holds other modules (``Sequential(*blocks, head)``), its two or more
+    children of one class made of modules themselves (a transformer's or a residual
+    network's block, not a ``Linear`` among activations)."""
     import torch
 
-    best: tuple[int, str, Any] | None = None
+    best: tuple[int, Blocks] | None = None
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.ModuleList | torch.nn.Sequential):
             continue
         children = list(module.children())
-        if len(children) < 2 or len({type(child) for child in children}) != 1:
-            continue
-        size = sum(p.numel() for p in module.parameters())
-        if size and (best is None or size > best[0]):
-            best = (size, name, module)
-    return None if best is None else (best[1], best[2])
+        by_class: dict[type, list[Any]] = {}
+        for child in children:
+            by_class.setdefault(type(child), []).append(child)
+        for blocks in by_class.values():
+            if len(blocks) < 2:
+                continue
+            if len(blocks) != len(children) and not any(True for _ in blocks[0].children()):
+                continue
+            size = sum(p.numel() for block in blocks for p in block.parameters())
+            if size and (best is None or size > best[0]):
+                best = (size, Blocks(name, module, blocks))
+    return None if best is None else best[1]
 
 
 def checkpointing_owner(model: Any, container: Any) -> tuple[str, Any, tuple[str, str]] | None:
@@ -102,7 +141,7 @@ class CheckpointLever:
         calls.outer.append(self._outer)
         calls.inner.append(self._inner)
         self.model: str = ""
-        self.found: tuple[str, Any] | None = None
+        self.found: Blocks | None = None
         self.seen: set[int] = set()  # ids of the modules looked into
         self.blocks: list[Any] = []  # held, so their ids stay theirs
         self.ids: frozenset[int] = frozenset()
@@ -126,9 +165,9 @@ class CheckpointLever:
         self.found = repeated_blocks(module)
         if self.found is not None:
             self.model = type(module).__name__
-            self.blocks = list(self.found[1].children())
+            self.blocks = list(self.found.blocks)
             self.ids = frozenset(id(block) for block in self.blocks)
-            owner = checkpointing_owner(module, self.found[1])
+            owner = checkpointing_owner(module, self.found.container)
             if owner is not None:
                 self._through_library(*owner, caller(sys._getframe(1)))
 
@@ -171,16 +210,15 @@ class CheckpointLever:
         elif self.found is None:
             why = f"{self.model} has no ModuleList/Sequential of two or more blocks of one class"
         elif not self.calls:
-            why = f"the blocks of {self.found[0] or self.model} were never called with autograd recording"
+            why = f"the blocks of {self.found.name or self.model} were never called with autograd recording"
         else:
             why = ""
         if why:  # a model without repeated blocks was reached; the others were not
             reached = self.model != "" and self.found is None
             return LeverReport(self.name, False, why, cost=info.cost, reached=reached)
         assert self.found is not None
-        name, container = self.found
-        children = list(container.children())
-        detail = f"{len(children)} x {type(children[0]).__name__} in {name or self.model}"
+        name, _, blocks = self.found
+        detail = f"{len(blocks)} x {type(blocks[0]).__name__} in {name or self.model}"
         if self.library is not None:
             return self._library_report(detail, info.cost)
         detail += f" ({self.calls} block call(s) checkpointed)"

@@ -96,6 +96,7 @@ class Sharding:
         self.calls = 0  # every fully_shard call
         self.model: Any = None  # what the fsdp2 lever sharded
         self.found: tuple[str, int, str, str] | None = None  # (container, blocks, class, model class)
+        self.span: str | None = ""  # the blocks as a slice of their container (``Blocks.span``)
         self.param_bytes = 0
         self.world = 0
         self.site: Site | None = None
@@ -209,8 +210,8 @@ class Sharding:
         except (RuntimeError, ValueError) as exc:
             self.error = f"no process group could start ({str(exc).splitlines()[0]}): run it under torchrun"
             return
-        name, container = found
-        blocks = list(container.children())
+        name, blocks = found.name, found.blocks
+        self.span = found.span()
         self.param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
         self.world, self.site, self.model = dist.get_world_size(), site, module
         self.found = (name, len(blocks), type(blocks[0]).__name__, type(module).__name__)
@@ -301,11 +302,12 @@ class ShardingLever:
         target = (callee(s.site.text) if s.site is not None else None) or "model"
         target = target.split(".")[0] if "." in target and "(" not in target else target
         keywords = "".join(f", {SHARDING_OPTIONS[o][1]}" for o in s.options)
-        change = (
-            f"for block in {target}.{name}: fully_shard(block{keywords}); fully_shard({target}{keywords})"
-        )
-        if not name:
-            change = f"for block in {target}: fully_shard(block{keywords}); fully_shard({target}{keywords})"
+        blocks = f"{target}.{name}" if name else target
+        if s.span is None:  # others between the blocks: pick them by class
+            blocks = f"(b for b in {blocks} if isinstance(b, {block}))"
+        else:
+            blocks += s.span
+        change = f"for block in {blocks}: fully_shard(block{keywords}); fully_shard({target}{keywords})"
         if s.ddp_site is not None:
             change += f" (instead of the DDP wrap at {s.ddp_site.where})"
         if s.started:  # a script written for one GPU
