@@ -531,3 +531,100 @@ def test_a_script_that_shards_itself_is_combined_as_it_is(tmp_path):
     result = fit(tmp_path, fake, nproc=2)  # 20 + 1 + 40 GiB
     assert sorted(combinations(fake))[:2] == [("autocast",), ("checkpoint",)]
     assert result.answer.startswith("fits on 2 x A100-40GB with checkpoint")  # 21 + 10
+
+
+def test_fit_distributed_takes_fits_keywords_and_passes_them_to_every_ranks_run(tmp_path, monkeypatch):
+    import inspect
+
+    import gpu_mem_track.advisor as advisor
+    from gpu_mem_track.advisor import world
+
+    single = set(inspect.signature(advisor.fit).parameters) - {"levers"}  # the levers: fit_distributed's own
+    assert single <= set(inspect.signature(advisor.fit_distributed).parameters)
+    argvs = []
+
+    def run_forked(argv, cwd, log, environ):
+        argvs.append(argv)
+        return 1
+
+    monkeypatch.setattr(world, "run_forked", run_forked)
+    monkeypatch.setenv("GPU_MEM_TRACK_FIT_PRELOAD", "off")
+    script, extra = tmp_path / "train.py", tmp_path / "model.py"
+    script.write_text("pass\n")
+    extra.write_text("pass\n")
+    result = advisor.fit_distributed(
+        script,
+        ["--lr=1"],
+        gpu="A100-40GB",
+        nproc=2,
+        out_dir=tmp_path,
+        include=[str(extra)],
+        max_iterations=3,
+        max_seconds=9.5,
+        run_to_end=True,
+        end_script=True,
+        engine="settrace",
+    )
+    assert result.verdict == "failed" and len(argvs) == 2  # the baseline's two ranks, which wrote nothing
+    for argv in argvs:
+        options = argv[argv.index("--run-name") + 2 : argv.index("--")]
+        assert options == [
+            "--include",
+            str(extra),
+            "--max-iterations",
+            "3",
+            "--max-seconds",
+            "9.5",
+            "--run-to-end",
+            "--end-script",
+            "--engine",
+            "settrace",
+        ]
+        assert argv[argv.index("--") :] == ["--", str(script), "--lr=1"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_iterations": 0}, "--max-iterations must be at least 1"),
+        ({"max_seconds": 0}, "--max-seconds must be above 0"),
+        ({"include": ["no_such_module_here"]}, "no_such_module_here"),
+        ({"jobs": 0}, "--jobs takes a count >= 1"),
+        ({"max_batch": 0}, "--max-batch takes a count >= 1"),
+    ],
+)
+def test_fit_distributed_refuses_a_bad_option_before_any_trial(tmp_path, options, message):
+    fake = FakeRanks(GIB, GIB)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    with pytest.raises(UsageError, match=message):
+        fit_distributed(script, gpu="A100-40GB", nproc=2, runner=fake, out_dir=tmp_path, **options)
+    assert fake.specs == []
+
+
+def test_fit_distributed_no_longer_takes_run_options(tmp_path):
+    with pytest.raises(TypeError, match="run_options"):
+        fit(tmp_path, FakeRanks(GIB, GIB), nproc=2, run_options=["--run-to-end"])
+
+
+def test_fit_nproc_per_node_passes_the_trial_options_as_keywords(tmp_path, monkeypatch):
+    from gpu_mem_track.advisor import distributed
+    from gpu_mem_track.cli import main
+
+    asked = {}
+
+    def fake(script, args, **options):
+        asked.update(options)
+        return fit(tmp_path, FakeRanks(states=GIB, activations=GIB), nproc=options["nproc"])
+
+    monkeypatch.setattr(distributed, "fit_distributed", fake)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    command = ["fit", "--nproc-per-node", "2", "--max-iterations", "4", "--max-seconds", "30", "--run-to-end"]
+    command += ["--end-script", "--engine", "settrace", "--include", "x.py", "A100-40GB", str(script)]
+    assert main(command) == 0
+    assert "run_options" not in asked
+    assert (asked["max_iterations"], asked["max_seconds"], asked["engine"]) == (4, 30.0, "settrace")
+    assert asked["run_to_end"] is asked["end_script"] is True and asked["include"] == ("x.py",)

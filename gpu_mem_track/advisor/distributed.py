@@ -142,16 +142,27 @@ def fit_distributed(
     jobs: int | None = None,
     out_dir: str | os.PathLike[str] = "reports",
     max_batch: int | None = None,
-    run_options: Sequence[str] = (),
     accum_arg: str | int | None = None,
+    include: Sequence[str] = (),
+    max_iterations: int | None = None,
+    max_seconds: float | None = None,
+    run_to_end: bool = False,
+    end_script: bool = False,
+    engine: str = "auto",
     runner: Callable[[TrialSpec], Trial] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DistributedFit:
-    """See the module doc. ``nproc``: the ranks (GPUs) asked for; ``run_options``:
-    ``run``'s options for every trial; ``runner`` replaces the ranks' child processes
-    (tests); the rest as ``api.fit``. ``UsageError`` for a bad GPU, count or argument."""
+    """See the module doc. ``nproc``: the ranks (GPUs) asked for, 1 to 64; ``accum_arg``
+    (with ``batch_arg``): where ``args`` set the gradient accumulation steps, written as
+    ``batch_arg`` is; ``jobs``: the cores the trials may use (None: the cores available;
+    a trial runs its two ranks side by side, so ``jobs // 2`` trials at a time, at least
+    one). The rest as ``api.fit``'s keywords of the same names (``include``,
+    ``max_iterations``, ``max_seconds``, ``run_to_end``, ``end_script`` and ``engine``
+    are passed to every rank's ``run``); ``runner`` replaces the ranks' child processes
+    (tests). ``UsageError`` for a bad GPU, count, option or argument, before any trial
+    runs."""
     from ..simgpu.catalog import parse_gpu
-    from .api import default_jobs
+    from .api import check_trial_options, default_jobs, trial_run_options
 
     started = time.monotonic()
     spec = parse_gpu(gpu)
@@ -159,8 +170,13 @@ def fit_distributed(
         raise UsageError(f"--nproc-per-node takes a count in 1..{WORLDS[-1]}, not {nproc}")
     if not 0 < threshold <= 1:
         raise UsageError(f"--threshold takes a fraction in (0, 1], not {threshold}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
+    if max_batch is not None and max_batch < 1:
+        raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
     if not Path(script).is_file():
         raise UsageError(f"{script}: no such script")
+    check_trial_options(script, include, max_iterations, max_seconds, engine)
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
@@ -174,7 +190,8 @@ def fit_distributed(
 
         resume()  # a fit before in this process may have been interrupted
         preload_script_imports(script)
-        base = SubprocessRunner(str(script), args, gpu, folder, tuple(run_options), where)
+        options = trial_run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
+        base = SubprocessRunner(str(script), args, gpu, folder, options, where)
         runner = RanksRunner(base, accum_arg=accum)
     say = progress or (lambda line: None)
     jobs = max(1, (default_jobs() if jobs is None else jobs) // 2)  # a trial runs two ranks
