@@ -81,8 +81,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         metavar="N",
         help="simulate the script's ranks on N GPUs as torchrun would start them (rank 0 and the last "
-        "rank, each alone), and try the distributed levers (zero, fsdp2 and its options) and other world "
-        "sizes; figures per GPU. Under torchrun, WORLD_SIZE gives N",
+        "rank, each alone), and try the distributed levers (zero, fsdp2 and its options), the best of them "
+        "with autocast and checkpoint when none fits, and other world sizes; figures per GPU. Under "
+        "torchrun, WORLD_SIZE gives N",
     )
     parser.add_argument(
         "--accum-arg",
