@@ -221,7 +221,7 @@ def fit_distributed(
     capacity = found.baseline.capacity or spec.capacity
     worlds = tuple(sorted((w, t.fits(threshold)) for w, t in found.worlds.items()))
     failures = tuple(
-        sorted((w, failure(t)) for w, t in found.worlds.items() if t.fits(threshold) == "failed")
+        sorted((w, _failure(t)) for w, t in found.worlds.items() if t.fits(threshold) == "failed")
     )
     verdict = _verdict(rows, found.world)
     best = _best(rows, found.world)
@@ -250,7 +250,7 @@ def fit_distributed(
     )
 
 
-def failure(trial: Trial) -> str:
+def _failure(trial: Trial) -> str:
     """Why a trial failed for a reason other than memory, in one line: the exception and
     its line where the trial's log had them (``world.raised_in``), else what it recorded."""
     return trial.error or (f"it ended at {trial.peak_at}" if trial.peak_at else "no result")
