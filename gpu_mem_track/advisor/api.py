@@ -34,7 +34,14 @@ from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
 from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec, session_folder
 
-__all__ = ["FitInterrupted", "best_smaller", "default_jobs", "fit", "trial_run_options"]
+__all__ = [
+    "FitInterrupted",
+    "best_smaller",
+    "check_trial_options",
+    "default_jobs",
+    "fit",
+    "trial_run_options",
+]
 
 
 class FitInterrupted(KeyboardInterrupt):
@@ -110,7 +117,7 @@ def fit(
         raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
     if max_batch is not None and max_batch < 1:
         raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
-    _check_trial_options(script, include, max_iterations, max_seconds, engine)
+    check_trial_options(script, include, max_iterations, max_seconds, engine)
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
@@ -293,14 +300,15 @@ class _Searches:
         return [replace(row, batch=self.answers.get(row.levers)) for row in rows]
 
 
-def _check_trial_options(
+def check_trial_options(
     script: str | os.PathLike[str],
     include: Sequence[str],
     max_iterations: int | None,
     max_seconds: float | None,
     engine: str,
 ) -> None:
-    """``UsageError``, before any trial runs, for what every trial's ``run`` would refuse."""
+    """``UsageError``, before any trial runs, for what every trial's ``run`` would refuse
+    (``fit``'s and ``fit_distributed``'s)."""
     from ..runner.checks import check_budgets, check_engine, readable_script, resolve_includes
 
     path = readable_script(str(script))

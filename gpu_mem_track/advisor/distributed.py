@@ -10,9 +10,14 @@ rank's figures. The order:
    optimizer, FSDP2 on the repeated blocks (instead of any DDP wrap), and FSDP2 with
    each of its options (``no-reshard``, ``fsdp2-bf16``, ``cpu-offload``; for a script
    that shards itself, the options act on its own ``fully_shard`` calls);
+2b. when nothing fits under the threshold at ``nproc`` ranks, the sharding row with the
+   most headroom combined with the single-GPU levers that cut activations
+   (``ACTIVATIONS``: ``autocast`` and ``checkpoint``, each alone side by side, then both
+   when both applied and neither fits): at most 3 trials more;
 3. more (or fewer) ranks: the smallest world size of ``WORLDS`` at which the cheapest
    sharding that applied fits (a bisection: a sharded rank's memory falls as ranks are
-   added; each size tried is a trial);
+   added; each size tried is a trial; a size whose trial failed for a reason other than
+   memory leaves the bisection, which goes on over the others);
 4. with a batch argument, the largest batch per GPU that fits for every row and for the
    world size found (``batch.find_batch``, each point a trial).
 
@@ -36,7 +41,7 @@ from .records import BatchAnswer, FitRow, Trial
 from .trials import SubprocessRunner, TrialPool, TrialSpec, session_folder
 from .world import RanksRunner, WorldSpec, rank_of
 
-__all__ = ["SHARDED", "WORLDS", "DistributedFit", "WorldRow", "fit_distributed"]
+__all__ = ["ACTIVATIONS", "SHARDED", "WORLDS", "DistributedFit", "WorldRow", "fit_distributed"]
 
 #: The lever sets tried at the asked world size, cheapest first.
 SHARDED: tuple[tuple[str, ...], ...] = (
@@ -46,6 +51,10 @@ SHARDED: tuple[tuple[str, ...], ...] = (
     ("fsdp2", "fsdp2-bf16"),
     ("fsdp2", "cpu-offload"),
 )
+#: The single-GPU levers tried with the best sharding when nothing fits at the asked
+#: size: those that cut the activations, which no sharding divides (the optimizer and
+#: allocator levers act on what sharding already divides, or on fragmentation).
+ACTIVATIONS: tuple[str, ...] = ("autocast", "checkpoint")
 #: The world sizes the search for more ranks may answer.
 WORLDS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -72,7 +81,9 @@ class WorldRow:
 class DistributedFit:
     """The answer per GPU for ``script`` on ``nproc`` x ``gpu``: ``rows`` (the script
     as it is first), ``worlds`` (world size -> fits, for the sizes tried with
-    ``sharding``, the levers of the search), ``world`` (the smallest that fits, None:
+    ``sharding``, the levers of the search), ``world_failures`` (world size -> why, for
+    the sizes whose trial failed for a reason other than memory: the exception and its
+    line; the search went on without them), ``world`` (the smallest that fits, None:
     none), ``answer`` (one sentence), ``launch`` (the lines to write and the command to
     launch), ``not_applied`` ((lever, why)), ``verdict`` (``"fits"``: as it is,
     ``"found"``, ``"none"``, ``"failed"``), ``recommended`` (the index in ``rows`` of
@@ -98,6 +109,7 @@ class DistributedFit:
     batch_arg: str | None = None
     batch: int | None = None
     recommended: int | None = None
+    world_failures: tuple[tuple[int, str], ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -113,6 +125,7 @@ class DistributedFit:
         out["rows"] = [r.to_dict() for r in self.rows]
         out["args"], out["sharding"] = list(self.args), list(self.sharding)
         out["worlds"] = [list(w) for w in self.worlds]
+        out["world_failures"] = [list(w) for w in self.world_failures]
         out["not_applied"] = [list(p) for p in self.not_applied]
         out["launch"] = list(self.launch)
         return out
@@ -129,16 +142,27 @@ def fit_distributed(
     jobs: int | None = None,
     out_dir: str | os.PathLike[str] = "reports",
     max_batch: int | None = None,
-    run_options: Sequence[str] = (),
     accum_arg: str | int | None = None,
+    include: Sequence[str] = (),
+    max_iterations: int | None = None,
+    max_seconds: float | None = None,
+    run_to_end: bool = False,
+    end_script: bool = False,
+    engine: str = "auto",
     runner: Callable[[TrialSpec], Trial] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DistributedFit:
-    """See the module doc. ``nproc``: the ranks (GPUs) asked for; ``run_options``:
-    ``run``'s options for every trial; ``runner`` replaces the ranks' child processes
-    (tests); the rest as ``api.fit``. ``UsageError`` for a bad GPU, count or argument."""
+    """See the module doc. ``nproc``: the ranks (GPUs) asked for, 1 to 64; ``accum_arg``
+    (with ``batch_arg``): where ``args`` set the gradient accumulation steps, written as
+    ``batch_arg`` is; ``jobs``: the cores the trials may use (None: the cores available;
+    a trial runs its two ranks side by side, so ``jobs // 2`` trials at a time, at least
+    one). The rest as ``api.fit``'s keywords of the same names (``include``,
+    ``max_iterations``, ``max_seconds``, ``run_to_end``, ``end_script`` and ``engine``
+    are passed to every rank's ``run``); ``runner`` replaces the ranks' child processes
+    (tests). ``UsageError`` for a bad GPU, count, option or argument, before any trial
+    runs."""
     from ..simgpu.catalog import parse_gpu
-    from .api import default_jobs
+    from .api import check_trial_options, default_jobs, trial_run_options
 
     started = time.monotonic()
     spec = parse_gpu(gpu)
@@ -146,8 +170,13 @@ def fit_distributed(
         raise UsageError(f"--nproc-per-node takes a count in 1..{WORLDS[-1]}, not {nproc}")
     if not 0 < threshold <= 1:
         raise UsageError(f"--threshold takes a fraction in (0, 1], not {threshold}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
+    if max_batch is not None and max_batch < 1:
+        raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
     if not Path(script).is_file():
         raise UsageError(f"{script}: no such script")
+    check_trial_options(script, include, max_iterations, max_seconds, engine)
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
@@ -161,7 +190,8 @@ def fit_distributed(
 
         resume()  # a fit before in this process may have been interrupted
         preload_script_imports(script)
-        base = SubprocessRunner(str(script), args, gpu, folder, tuple(run_options), where)
+        options = trial_run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
+        base = SubprocessRunner(str(script), args, gpu, folder, options, where)
         runner = RanksRunner(base, accum_arg=accum)
     say = progress or (lambda line: None)
     jobs = max(1, (default_jobs() if jobs is None else jobs) // 2)  # a trial runs two ranks
@@ -190,6 +220,9 @@ def fit_distributed(
         pool.close()
     capacity = found.baseline.capacity or spec.capacity
     worlds = tuple(sorted((w, t.fits(threshold)) for w, t in found.worlds.items()))
+    failures = tuple(
+        sorted((w, _failure(t)) for w, t in found.worlds.items() if t.fits(threshold) == "failed")
+    )
     verdict = _verdict(rows, found.world)
     best = _best(rows, found.world)
     return DistributedFit(
@@ -204,7 +237,7 @@ def fit_distributed(
         sharding=found.sharding,
         worlds=worlds,
         world=found.world,
-        answer=_answer(rows, best, worlds, found.world, found.sharding, spec.name, nproc),
+        answer=_answer(rows, best, worlds, found.world, found.sharding, spec.name, nproc, failures),
         launch=_launch(best, str(script), args, nproc, found.world),
         not_applied=tuple(found.not_applied),
         folder=str(folder),
@@ -213,7 +246,14 @@ def fit_distributed(
         batch_arg=None if where is None else str(batch_arg),
         batch=user_batch,
         recommended=next((i for i, row in enumerate(rows) if row is best), None),
+        world_failures=failures,
     )
+
+
+def _failure(trial: Trial) -> str:
+    """Why a trial failed for a reason other than memory, in one line: the exception and
+    its line where the trial's log had them (``world.raised_in``), else what it recorded."""
+    return trial.error or (f"it ended at {trial.peak_at}" if trial.peak_at else "no result")
 
 
 class _Search:
@@ -253,10 +293,46 @@ class _Search:
         done = {n for t, _ in self.rows for n in t.levers}
         self.not_applied = [(name, reason) for name, reason in why.items() if name not in done]
         sharding = self._sharding()
+        if not any(t.fits(self.threshold) == "yes" for t, _ in self.rows):
+            self._with_single_gpu_levers(sharding == ())
         if sharding is not None:
             self.sharding = sharding
             self._worlds()
         return self
+
+    def _with_single_gpu_levers(self, shards_itself: bool) -> None:
+        """Step 2b of the module doc: the sharding row with the most headroom (the least
+        shortfall; the script as it is when it shards itself) with ``ACTIVATIONS``'
+        levers, each alone side by side, then both when each applied and neither fits.
+        A combination whose single-GPU lever did not apply is no row: it goes to
+        ``not_applied`` with why (autocast on a script that already computes in
+        bfloat16/float16 says so, as with one GPU). Not with ``autocast`` where the row
+        has ``fsdp2-bf16`` (its forward computes in bfloat16 already)."""
+        rows = [t for t, _ in self.rows if t.fits(self.threshold) != "failed" and (t.levers or shards_itself)]
+        if not rows:
+            return
+        base = max(rows, key=_headroom)  # the first (cheapest) of the best
+        names = list(ACTIVATIONS)
+        if "fsdp2-bf16" in base.levers:
+            names.remove("autocast")
+            why = "fsdp2-bf16 computes the forward in bfloat16 already: autocast changes little"
+            self.not_applied.append((label((*base.levers, "autocast")), why))
+        self.say(f"nothing fits on {self.nproc} ranks; trying {label(base.levers)} with {', '.join(names)}")
+        tried = self.pool.run_all(WorldSpec((*base.levers, n), None, self.nproc, self.nproc) for n in names)
+        applied = [trial for trial in tried if self._combined(trial)]
+        if len(applied) == len(ACTIVATIONS) and not any(t.fits(self.threshold) == "yes" for t in applied):
+            self._combined(self.trial((*base.levers, *ACTIVATIONS), self.nproc))
+
+    def _combined(self, trial: Trial) -> bool:
+        """A combination's trial at the asked size: its row when every lever applied
+        (True), else ``not_applied`` gets why (False)."""
+        missing = [n for n in trial.notes if not n.applied]
+        if missing:
+            reasons = "; ".join(f"{n.name}: {n.reason or 'not applied'}" for n in missing)
+            self.not_applied.append((label(trial.levers), reasons))
+            return False
+        self.rows.append((trial, self.nproc))
+        return True
 
     def _sharding(self) -> tuple[str, ...] | None:
         """The levers the world search uses: FSDP2 where it applied, else nothing for
@@ -269,31 +345,42 @@ class _Search:
         return ("zero",) if ("zero",) in have else None
 
     def _worlds(self) -> None:
-        """The smallest of ``WORLDS`` that fits with ``sharding`` (bisection)."""
+        """The smallest of ``WORLDS`` that fits with ``sharding``: a bisection over the
+        sizes still in question. A size whose trial failed for a reason other than memory
+        says nothing about memory: it leaves the candidates and the bisection goes on
+        over the others (memory per rank falls as ranks are added, so the order holds
+        on what is left)."""
         fits = lambda t: t.fits(self.threshold) == "yes"  # noqa: E731  (tight is no world to recommend)
         known = next(t for t, w in self.rows if t.levers == self.sharding and w == self.nproc)
         self.worlds[self.nproc] = known
-        lo, hi = 0, len(WORLDS) - 1
-        index = WORLDS.index(self.nproc) if self.nproc in WORLDS else None
-        if index is not None:
-            lo, hi = (0, index) if fits(known) else (index + 1, len(WORLDS) - 1)
-        best: int | None = self.nproc if fits(known) else None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            world = WORLDS[mid]
-            if world == self.nproc:
-                trial = known
-            else:
-                self.say(f"{label(self.sharding)} on {world} ranks")
-                trial = self.trial(self.sharding, world)
+        candidates = [w for w in WORLDS if w != self.nproc]
+        best: int | None = None
+        if known.fits(self.threshold) != "failed":
+            best = self.nproc if fits(known) else None
+            candidates = [w for w in candidates if (w < self.nproc) == fits(known)]
+        while candidates:
+            mid = len(candidates) // 2
+            world = candidates[mid]
+            self.say(f"{label(self.sharding)} on {world} ranks")
+            trial = self.trial(self.sharding, world)
             self.worlds[world] = trial
-            if fits(trial):
-                best, hi = world, mid - 1
+            if trial.fits(self.threshold) == "failed":
+                del candidates[mid]
+            elif fits(trial):
+                best, candidates = world, candidates[:mid]
             else:
-                lo = mid + 1
+                candidates = candidates[mid + 1 :]
         self.world = best
         if best is not None and best != self.nproc:
             self.rows.append((self.worlds[best], best))
+
+
+def _headroom(trial: Trial) -> int:
+    """Bytes left under the capacity at the trial's reserved peak; minus the shortfall
+    when it ran out of memory."""
+    if trial.oom is not None:
+        return -trial.oom.shortfall
+    return trial.capacity - (trial.reserved_peak or 0)
 
 
 def _batches(
@@ -384,13 +471,16 @@ def _answer(
     sharding: tuple[str, ...] | None,
     gpu: str,
     nproc: int,
+    failures: tuple[tuple[int, str], ...] = (),
 ) -> str:
-    """One sentence: where it fits, with what, at what batch per GPU; where not."""
+    """One sentence: where it fits, with what, at what batch per GPU; where not; which
+    world sizes failed for another reason, and why."""
     if rows[0].row.fits == "failed":
         return f"the script failed on {nproc} x {gpu} for a reason other than memory: {rows[0].row.line}"
+    failed = _failed_text(failures)
     if best is None:
-        tried = ", ".join(str(w) for w, _ in worlds) or str(nproc)
-        return f"does not fit on {tried} x {gpu} with what was tried"
+        tried = ", ".join(str(w) for w, fits in worlds if fits != "failed") or str(nproc)
+        return f"does not fit on {tried} x {gpu} with what was tried{failed}"
     how = "as it is" if not best.row.label or best.row.label == "as it is" else f"with {best.row.label}"
     text = f"fits on {best.world} x {gpu} {how}"
     if best.row.fits in ("no", "failed") and best.row.batch is not None:
@@ -399,11 +489,26 @@ def _answer(
         text += f" at batch {best.row.batch.batch} per GPU"
     if world is not None and world < best.world:
         text += f"; with {label(sharding or ())} from {world} GPUs"
-    smaller = [(w, fits) for w, fits in worlds if w < min(best.world, world or best.world) and fits != "yes"]
+    elif world is not None and world > best.world and sharding is not None and best.row.levers != sharding:
+        alone = f"with {label(sharding)} alone" if sharding else "as it is"
+        text += f"; {alone} from {world} GPUs"
+    limit = min(best.world, world or best.world)
+    smaller = [(w, fits) for w, fits in worlds if w < limit and fits not in ("yes", "failed")]
     if smaller:
         below, fits = max(smaller)
         text += f"; not on {below}" if fits != "tight" else f"; on {below} only above the threshold (tight)"
-    return text
+    return text + failed
+
+
+def _failed_text(failures: tuple[tuple[int, str], ...]) -> str:
+    """``"; failed on 32, 64 (not memory: why)"``: the world sizes whose trial failed for
+    another reason, those with the same reason together; "" when none did."""
+    reasons: dict[str, list[int]] = {}
+    for world, why in failures:
+        reasons.setdefault(why, []).append(world)
+    return "".join(
+        f"; failed on {', '.join(map(str, worlds))} (not memory: {why})" for why, worlds in reasons.items()
+    )
 
 
 def _launch(

@@ -66,10 +66,12 @@ def heading(result: DistributedFit) -> str:
 
 
 def verdict_lines(result: DistributedFit) -> list[str]:
-    """The world sizes tried (when a search ran), then the answer in one sentence."""
+    """The world sizes tried (when a search ran; one that failed for a reason other than
+    memory with that reason), then the answer in one sentence."""
     lines = []
     if result.worlds:
-        tried = ", ".join(f"{w}: {fits}" for w, fits in result.worlds)
+        why = dict(result.world_failures)
+        tried = ", ".join(f"{w}: {fits}" + (f" ({why[w]})" if w in why else "") for w, fits in result.worlds)
         lines.append(
             f"World sizes tried with {' + '.join(result.sharding) or 'the script as it is'}: {tried}"
         )

@@ -81,8 +81,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         metavar="N",
         help="simulate the script's ranks on N GPUs as torchrun would start them (rank 0 and the last "
-        "rank, each alone), and try the distributed levers (zero, fsdp2 and its options) and other world "
-        "sizes; figures per GPU. Under torchrun, WORLD_SIZE gives N",
+        "rank, each alone), and try the distributed levers (zero, fsdp2 and its options), the best of them "
+        "with autocast and checkpoint when none fits, and other world sizes; figures per GPU. Under "
+        "torchrun, WORLD_SIZE gives N",
     )
     parser.add_argument(
         "--accum-arg",
@@ -275,7 +276,6 @@ def _world(args: argparse.Namespace, launched: int | None) -> int | None:
 
 def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
     """``fit --nproc-per-node`` (``advisor.distributed``)."""
-    from ..advisor.api import trial_run_options
     from ..advisor.distributed import fit_distributed
     from ..advisor.worldrender import render_distributed
 
@@ -283,14 +283,6 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
         from ..errors import UsageError
 
         raise UsageError("--nproc-per-node tries the distributed levers itself: --levers is for one GPU")
-    options = trial_run_options(
-        tuple(args.include),
-        args.max_iterations,
-        args.max_seconds,
-        args.run_to_end,
-        args.end_script,
-        args.engine,
-    )
     result = fit_distributed(
         args.script,
         tuple(args.args),
@@ -301,8 +293,13 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
         jobs=args.jobs,
         out_dir=args.out_dir,
         max_batch=args.max_batch,
-        run_options=options,
         accum_arg=args.accum_arg,
+        include=tuple(args.include),
+        max_iterations=args.max_iterations,
+        max_seconds=args.max_seconds,
+        run_to_end=args.run_to_end,
+        end_script=args.end_script,
+        engine=args.engine,
         progress=progress,  # type: ignore[arg-type]
     )
     print_result(result, args.json, render_distributed)
