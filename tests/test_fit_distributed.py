@@ -420,8 +420,7 @@ def test_when_nothing_fits_the_answer_names_the_failed_worlds_apart(tmp_path):
 
 def test_the_failed_worlds_reason_is_the_exception_and_the_scripts_line(tmp_path, monkeypatch):
     from gpu_mem_track.advisor import world
-    from gpu_mem_track.advisor.trials import SubprocessRunner
-    from gpu_mem_track.advisor.world import raised_in
+    from gpu_mem_track.advisor.trials import SubprocessRunner, raised_in
 
     log = tmp_path / "x.log"
     log.write_text(

@@ -205,3 +205,16 @@ def test_repeated_blocks_are_a_containers_children_of_one_class_or_its_blocks_be
     assert repeated_blocks(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))) is None
     assert repeated_blocks(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))).span() == ""
     assert repeated_blocks(nn.Sequential(nn.ReLU(), nn.ReLU())) is None  # no parameters
+
+
+def test_a_block_is_named_by_the_class_the_script_wrote_under_fsdp2():
+    from torch import nn
+
+    from gpu_mem_track.levers.checkpoint import block_class
+
+    class Block(nn.Module):
+        pass
+
+    sharded = type("FSDPBlock", (Block,), {})  # as fully_shard swaps a module's class
+    assert block_class(sharded()) == "Block" and block_class(Block()) == "Block"
+    assert block_class(nn.Linear(1, 1)) == "Linear"

@@ -252,7 +252,7 @@ def fit_distributed(
 
 def _failure(trial: Trial) -> str:
     """Why a trial failed for a reason other than memory, in one line: the exception and
-    its line where the trial's log had them (``world.raised_in``), else what it recorded."""
+    its line where the trial's log had them (``trials.raised_in``), else what it recorded."""
     return trial.error or (f"it ended at {trial.peak_at}" if trial.peak_at else "no result")
 
 
@@ -488,10 +488,10 @@ def _answer(
     elif best.row.batch is not None and best.row.batch.batch > 0:
         text += f" at batch {best.row.batch.batch} per GPU"
     if world is not None and world < best.world:
-        text += f"; with {label(sharding or ())} from {world} GPUs"
+        text += f"; with {label(sharding or ())} from {world} GPU{'s' * (world != 1)}"
     elif world is not None and world > best.world and sharding is not None and best.row.levers != sharding:
         alone = f"with {label(sharding)} alone" if sharding else "as it is"
-        text += f"; {alone} from {world} GPUs"
+        text += f"; {alone} from {world} GPU{'s' * (world != 1)}"
     limit = min(best.world, world or best.world)
     smaller = [(w, fits) for w, fits in worlds if w < limit and fits not in ("yes", "failed")]
     if smaller:

@@ -14,12 +14,13 @@ ones (the runner's ``stop``) and refuses new ones.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "TrialPool",
     "TrialSpec",
     "last_line",
+    "raised_in",
     "read_trial",
     "session_folder",
     "trial_name",
@@ -162,6 +164,9 @@ class SubprocessRunner:
         if trial.error.startswith("no run description"):
             tail = last_line(self.folder / f"{spec.name}.log")
             return Trial(spec.levers, spec.batch, trial.folder, code, error=tail or trial.error)
+        if trial.error:  # failed for another reason than memory: say which exception, where
+            raised = raised_in(log, self.script)
+            return replace(trial, error=raised) if raised else trial
         return trial
 
 
@@ -172,6 +177,37 @@ def last_line(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1] if lines else ""
+
+
+def raised_in(log: Path, script: str = "") -> str:
+    """The exception a trial's script ended with, one line (``"AssertionError: msg
+    (train.py:12)"``: the last traceback's exception line and the file and line of its
+    innermost frame in ``script``, else of its innermost frame), from the trial's log;
+    "" when the log holds no traceback or cannot be read."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return ""
+    where, own, exception = "", "", ""
+    mine = Path(script).name if script else None
+    for line in lines[starts[-1] + 1 :]:
+        frame = _FRAME.match(line)
+        if frame:
+            where = f"{Path(frame.group(1)).name}:{frame.group(2)}"
+            own = where if Path(frame.group(1)).name == mine else own
+        elif line and not line[0].isspace():
+            exception = line.strip()
+            break
+    if not exception:
+        return ""
+    where = own or where
+    return f"{exception} ({where})" if where else exception
+
+
+_FRAME = re.compile(r'\s+File "([^"]+)", line (\d+)')
 
 
 class TrialPool:

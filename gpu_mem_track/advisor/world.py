@@ -27,9 +27,9 @@ from typing import Any
 
 from .forked import run_forked
 from .records import Trial
-from .trials import SubprocessRunner, TrialSpec, last_line, read_trial
+from .trials import SubprocessRunner, TrialSpec, last_line, raised_in, read_trial
 
-__all__ = ["RanksRunner", "WorldSpec", "distinct_ranks", "raised_in", "rank_environ", "rank_of", "worst"]
+__all__ = ["RanksRunner", "WorldSpec", "distinct_ranks", "rank_environ", "rank_of", "worst"]
 
 _RANK = re.compile(r"rank(\d+)$")
 
@@ -128,37 +128,6 @@ class RanksRunner:
 #: ``rank_environ`` sets anew. ``TORCHELASTIC_ERROR_FILE`` above all: a trial's rank that
 #: inherited it would write its failure where torchrun reads fit's own.
 _LAUNCH = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
-
-
-def raised_in(log: Path, script: str = "") -> str:
-    """The exception a trial's script ended with, one line (``"AssertionError: msg
-    (train.py:12)"``: the last traceback's exception line and the file and line of its
-    innermost frame in ``script``, else of its innermost frame), from the trial's log;
-    "" when the log holds no traceback or cannot be read."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    if not starts:
-        return ""
-    where, own, exception = "", "", ""
-    mine = Path(script).name if script else None
-    for line in lines[starts[-1] + 1 :]:
-        frame = _FRAME.match(line)
-        if frame:
-            where = f"{Path(frame.group(1)).name}:{frame.group(2)}"
-            own = where if Path(frame.group(1)).name == mine else own
-        elif line and not line[0].isspace():
-            exception = line.strip()
-            break
-    if not exception:
-        return ""
-    where = own or where
-    return f"{exception} ({where})" if where else exception
-
-
-_FRAME = re.compile(r'\s+File "([^"]+)", line (\d+)')
 
 
 def _without_launch(environ: Mapping[str, str]) -> dict[str, Any]:

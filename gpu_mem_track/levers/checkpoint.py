@@ -37,7 +37,7 @@ from .catalog import describe
 from .records import LeverReport
 from .source import Site, called_from_user, callee, caller, looped_call, wrapped_call
 
-__all__ = ["Blocks", "CheckpointLever", "repeated_blocks"]
+__all__ = ["Blocks", "CheckpointLever", "block_class", "repeated_blocks"]
 
 _FUNCTION = "torch.utils.checkpoint.checkpoint"
 #: The Hugging Face switches, newest first: (method, its keyword for checkpoint's arguments).
@@ -75,6 +75,16 @@ class Blocks(NamedTuple):
             return None
         last = first + len(self.blocks)
         return f"[{first or ''}:{last if last < len(children) else ''}]"
+
+
+def block_class(block: Any) -> str:
+    """The class name of ``block`` as the script wrote it: FSDP2's ``fully_shard`` swaps a
+    module's class for a subclass of ``FSDPModule`` named ``FSDP<class>``."""
+    cls = type(block)
+    for base in cls.__mro__[1:]:
+        if cls.__name__ == f"FSDP{base.__name__}":
+            return base.__name__
+    return cls.__name__
 
 
 def repeated_blocks(model: Any) -> Blocks | None:
@@ -218,7 +228,7 @@ class CheckpointLever:
             return LeverReport(self.name, False, why, cost=info.cost, reached=reached)
         assert self.found is not None
         name, _, blocks = self.found
-        detail = f"{len(blocks)} x {type(blocks[0]).__name__} in {name or self.model}"
+        detail = f"{len(blocks)} x {block_class(blocks[0])} in {name or self.model}"
         if self.library is not None:
             return self._library_report(detail, info.cost)
         detail += f" ({self.calls} block call(s) checkpointed)"
