@@ -105,3 +105,11 @@ def test_a_wrong_index_says_which_argument_it_took(tmp_path):
         "gpu_mem_track: --batch-arg 0 (counted from 0) took '--seq', the 1st argument after the script "
         "(sys.argv[1]): not a positive integer (0 is the first argument after the script)"
     )
+
+
+def test_a_script_that_raises_is_answered_with_its_exception_and_line(tmp_path):
+    (tmp_path / "bad.py").write_text('import torch\n\n\nraise ValueError("no data folder")\n')
+    done = fit_cli("2GiB:sm80", "bad.py", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "failed for a reason other than memory (ValueError: no data folder (bad.py:4))" in done.stdout
+    assert "trial baseline: failed (ValueError: no data folder (bad.py:4))" in done.stderr
