@@ -5,7 +5,8 @@ reconciles tensors, the caching allocator and the driver; ``prepare_run`` and
 ``execute_run`` run a script under the line profiler; ``load_run``, ``compare_files`` and
 ``plot_files`` read runs back; ``estimate`` and ``find_max_batch_size`` work without a
 GPU, and ``with simulated_gpu("a100-40gb"):`` runs any code on a simulated one;
-``fit`` says what change would make a script fit on a simulated GPU;
+``fit`` says what change would make a script fit on a simulated GPU, and
+``fit_distributed`` on how many, with which sharding;
 ``load_snapshot`` reads a PyTorch memory snapshot; ``HFMemTrackCallback`` and
 ``LightningMemTrackCallback`` stamp a trainer's steps. Names are imported lazily, so
 ``import gpu_mem_track`` does not import torch (nor a trainer framework) until a name
@@ -21,6 +22,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time see __getattr__
     from .advisor.api import fit
+    from .advisor.distributed import fit_distributed
     from .errors import UsageError
     from .estimator.batchsize import find_max_batch_size, search_batch_size
     from .estimator.render import render_estimate
@@ -61,6 +63,7 @@ _HOMES = {
     "find_max_batch_size": "estimator.batchsize",
     "search_batch_size": "estimator.batchsize",
     "fit": "advisor.api",
+    "fit_distributed": "advisor.distributed",
     "load_snapshot": "snapshotfile.load",
     "simulated_gpu": "simgpu.session",
     "HFMemTrackCallback": "integrations.hf",
@@ -86,6 +89,7 @@ __all__ = [
     "find_max_batch_size",
     "search_batch_size",
     "fit",
+    "fit_distributed",
     "load_snapshot",
     "simulated_gpu",
     "HFMemTrackCallback",
