@@ -108,6 +108,20 @@ def fails(s):
     raise ValueError("expected")
 
 
+def catches(s):
+    try:
+        yield 1
+    except KeyError:  # thrown in (PY_THROW): the generator resumes here
+        s.allocate(3)
+        yield 2
+    finally:
+        s.free(3)
+
+
+def not_traced():
+    raise KeyError("unwinds through a frame the engine does not want")
+
+
 def recurse(s, depth):
     if depth:
         s.allocate(depth)
@@ -135,10 +149,18 @@ def workload(s):
     x = 0
     x += 1  # noqa: E702 - two statements on one line
     s.free(20_000)
+    thrown = catches(s)
+    next(thrown)
+    thrown.throw(KeyError("into the generator"))
+    thrown.close()  # GeneratorExit thrown in, then unwinding it
+    try:
+        not_traced()
+    except KeyError:
+        pass
     return total
 
 
-WANTED = {f.__code__ for f in (grow, spike, chunks, fails, recurse, workload)}
+WANTED = {f.__code__ for f in (grow, spike, chunks, catches, fails, recurse, workload)}
 
 
 def profile(tmp_path: Path, engine_name: str, sampler_class: type, module) -> dict:
@@ -221,7 +243,7 @@ def test_python_runs_only_the_rare_lines(tmp_path, line_sink, engine_name, monke
 
     monkeypatch.setattr(LineProfiler, "_python_line", counting)
     profile(tmp_path, engine_name, FakeSampler, line_sink)
-    functions = (grow, spike, chunks, fails, recurse, workload)
+    functions = (grow, spike, chunks, catches, fails, recurse, workload)
     assert sorted(calls) == sorted(f.__code__.co_name for f in functions)
 
 

@@ -33,7 +33,7 @@
 
 namespace {
 
-constexpr int kAbi = 1;
+constexpr int kAbi = 2;
 
 // Indexes of a frame list and of an aggregate list (runner/profiler.py).
 enum { F_CODE, F_FIRST, F_MEMORY, F_HIGH, F_TIME, F_EVENTS, F_LAST, F_RES, F_RES_PEAK };
@@ -87,8 +87,8 @@ struct Core {
   PyObject* py_line;     // the profiler's Python line(code, lineno)
   PyObject* py_offer;
   PyObject* py_where;
-  PyObject* py_start;    // the monitoring engine's Python start callback
-  PyObject* wanted;      // the engine's set of wanted code objects
+  PyObject* py_start;    // the monitoring engine's Python decision on code not wanted so far
+  PyObject* wanted;      // the engine's wanted code objects, {id(code): code}, or None
   PyObject* cached_read; // the sampler's native read, as last looked up
   PyObject* cached_index;
   PyObject* attrs;       // the profiler's __dict__: peak, _floor, _significant, _seq, _extras_at
@@ -757,6 +757,18 @@ PyObject* core_enter(Core* self, PyObject* code) { return do_enter(self, code); 
 
 PyObject* core_leave(Core* self, PyObject* code) { return do_leave(self, code); }
 
+// Whether the engine wants code: 1, 0, or -1 with an error. Looked up by the code
+// object's id, never by its hash (computed anew from its bytecode and constants, nested
+// code objects included, at every lookup: see runner/tracer.py).
+int is_wanted(Core* self, PyObject* code) {
+  if (self->wanted == Py_None) return 0;
+  PyObject* key = PyLong_FromVoidPtr(code);
+  if (key == nullptr) return -1;
+  int found = PyDict_Contains(self->wanted, key);
+  Py_DECREF(key);
+  return found;
+}
+
 // sys.monitoring's LINE callback: (code, line_number), the main thread only.
 PyObject* core_monitor_line(Core* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_args(nargs, 2, "monitor_line") < 0) return nullptr;
@@ -765,11 +777,11 @@ PyObject* core_monitor_line(Core* self, PyObject* const* args, Py_ssize_t nargs)
 }
 
 // sys.monitoring's PY_START/PY_RESUME callback: (code, offset). Code not known to be
-// wanted goes to the engine's Python callback (which decides, and may DISABLE), from any
-// thread; known code enters the sink from the main thread only.
+// wanted goes to the engine's Python decision (which may DISABLE it), from any thread;
+// known code enters the sink from the main thread only.
 PyObject* core_monitor_start(Core* self, PyObject* const* args, Py_ssize_t nargs) {
   if (check_args(nargs, 2, "monitor_start") < 0) return nullptr;
-  int known = PySet_Contains(self->wanted, args[0]);
+  int known = is_wanted(self, args[0]);
   if (known < 0) return nullptr;
   if (known) {
     if (!on_main(self)) Py_RETURN_NONE;
@@ -778,12 +790,29 @@ PyObject* core_monitor_start(Core* self, PyObject* const* args, Py_ssize_t nargs
   return PyObject_Vectorcall(self->py_start, args, 2, nullptr);
 }
 
-// sys.monitoring's PY_RETURN/PY_YIELD/PY_UNWIND callback: (code, offset, value).
-PyObject* core_monitor_leave(Core* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (check_args(nargs, 3, "monitor_leave") < 0) return nullptr;
-  int known = PySet_Contains(self->wanted, args[0]);
+// sys.monitoring's PY_THROW callback: (code, offset, exception), a global event (never
+// DISABLE): wanted code enters the sink from the main thread only.
+PyObject* core_monitor_throw(Core* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_args(nargs, 3, "monitor_throw") < 0) return nullptr;
+  int known = is_wanted(self, args[0]);
   if (known < 0) return nullptr;
   if (!known || !on_main(self)) Py_RETURN_NONE;
+  return do_enter(self, args[0]);
+}
+
+// sys.monitoring's PY_RETURN/PY_YIELD/PY_UNWIND callback: (code, offset, value). PY_UNWIND
+// is global: the innermost frame's code answers first, as do_leave leaves nothing else.
+PyObject* core_monitor_leave(Core* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (check_args(nargs, 3, "monitor_leave") < 0) return nullptr;
+  if (!on_main(self)) Py_RETURN_NONE;
+  Py_ssize_t depth = PyList_GET_SIZE(self->stack);
+  if (depth == 0) Py_RETURN_NONE;
+  PyObject* top = PyList_GET_ITEM(self->stack, depth - 1);
+  if (PyList_Check(top) && PyList_GET_SIZE(top) == 9 && PyList_GET_ITEM(top, F_CODE) != args[0])
+    Py_RETURN_NONE;  // do_leave would leave nothing
+  int known = is_wanted(self, args[0]);
+  if (known < 0) return nullptr;
+  if (!known) Py_RETURN_NONE;
   return do_leave(self, args[0]);
 }
 
@@ -830,7 +859,7 @@ PyObject* core_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     }
   }
   if (!PyList_CheckExact(self->stack) || !PyDict_CheckExact(self->stats) || !PyDict_CheckExact(self->starts) ||
-      !PyUnicode_Check(self->rank_cell) || (self->wanted != Py_None && !PyAnySet_Check(self->wanted))) {
+      !PyUnicode_Check(self->rank_cell) || (self->wanted != Py_None && !PyDict_Check(self->wanted))) {
     PyErr_SetString(PyExc_TypeError, "not a LineProfiler this module knows");
     Py_DECREF(self);
     return nullptr;
@@ -977,6 +1006,8 @@ PyMethodDef core_methods[] = {
      METH_FASTCALL, "sys.monitoring LINE callback (the main thread only)"},
     {"monitor_start", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(core_monitor_start)),
      METH_FASTCALL, "sys.monitoring PY_START/PY_RESUME callback"},
+    {"monitor_throw", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(core_monitor_throw)),
+     METH_FASTCALL, "sys.monitoring PY_THROW callback"},
     {"monitor_leave", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(core_monitor_leave)),
      METH_FASTCALL, "sys.monitoring PY_RETURN/PY_YIELD/PY_UNWIND callback"},
     {nullptr, nullptr, 0, nullptr}};
@@ -1015,7 +1046,7 @@ PyMODINIT_FUNC PyInit_line_sink() {
   CoreType.tp_name = "line_sink.Core";
   CoreType.tp_basicsize = sizeof(Core);
   CoreType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  CoreType.tp_doc = "Core(profiler, py_line, native_reads=False, wanted=None, py_start=None, main_thread=<this>)";
+  CoreType.tp_doc = "Core(profiler, py_line, native_reads=False, wanted=None, py_start=None, main_thread=<this>): wanted a dict {id(code): code}";
   CoreType.tp_new = core_new;
   CoreType.tp_dealloc = reinterpret_cast<destructor>(core_dealloc);
   CoreType.tp_traverse = reinterpret_cast<traverseproc>(core_traverse);

@@ -25,7 +25,7 @@ from . import build_running, load_once, load_planned, request_background, start_
 __all__ = ["building", "for_run", "module", "request_build", "status"]
 
 #: The ABI number of line_sink.cpp this Python code speaks.
-ABI = 1
+ABI = 2
 
 _lock = threading.Lock()
 

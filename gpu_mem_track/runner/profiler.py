@@ -149,16 +149,16 @@ class LineProfiler:
         return self._on_cuda and hasattr(self._sampler, "_read")
 
     def monitoring_callbacks(
-        self, wanted: set[CodeType], start: Callable[[CodeType, int], Any], main: int
+        self, wanted: dict[int, CodeType], decide: Callable[[CodeType, int], Any], main: int
     ) -> Any:
-        """``(start, leave, line)``: native ``sys.monitoring`` callbacks for the engine
-        (``tracer.MonitoringEngine``): ``wanted`` its set of wanted code objects, ``start``
-        its Python start callback for code not in it, ``main`` the traced thread's ident.
-        None without the native sink."""
+        """``(start, throw, leave, line)``: native ``sys.monitoring`` callbacks for the
+        engine (``tracer.MonitoringEngine``): ``wanted`` its wanted code objects by id,
+        ``decide`` its Python start callback for code not in it, ``main`` the traced
+        thread's ident. None without the native sink."""
         if self._line_sink is None:
             return None
-        core = self._line_sink.Core(self, self._python_line, self._native_reads(), wanted, start, main)
-        return core.monitor_start, core.monitor_leave, core.monitor_line
+        core = self._line_sink.Core(self, self._python_line, self._native_reads(), wanted, decide, main)
+        return core.monitor_start, core.monitor_throw, core.monitor_leave, core.monitor_line
 
     # -- tracer.LineSink ----------------------------------------------------------------------
 

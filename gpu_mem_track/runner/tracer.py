@@ -12,9 +12,18 @@ Which code objects are wanted is asked once per code object (``wants(code)``); c
 is not wanted costs one callback the first time it runs (``sys.monitoring``: the callback
 then disables itself at that location) or one dictionary lookup per call (``settrace``).
 Other threads are not traced. A sink may offer native callbacks for ``sys.monitoring``
-(``monitoring_callbacks(wanted, start, main)`` returning ``(start, leave, line)`` that
-do what this engine's own do, or None): the profiler does where its native line sink is
-built.
+(``monitoring_callbacks(wanted, decide, main)`` returning ``(start, throw, leave, line)``
+that do what this engine's own do, or None): the profiler does where its native line sink
+is built.
+
+The wanted code objects are kept by ``id`` (``{id(code): code}``), never hashed: a code
+object's hash is computed anew from its bytecode and constants at every lookup, nested
+code objects included (80 us for a large module's), and ``sys.monitoring`` calls back at
+every module an import runs, at every frame an exception unwinds and at every exception
+thrown into a generator, in any code (``PY_UNWIND`` and ``PY_THROW`` cannot be switched
+off where they happen): 29,000 callbacks while ``torch.optim.Adam`` first imports
+``torch._dynamo`` (8,000 code objects started, 11,500 frames unwound, 9,000 exceptions
+thrown into generators; ``reports/bench_runner_native_py312.md``).
 """
 
 from __future__ import annotations
@@ -102,7 +111,7 @@ class MonitoringEngine:
     def __init__(self, sink: LineSink, wants: Wants) -> None:
         self._sink = sink
         self._wants = wants
-        self._wanted: set[CodeType] = set()
+        self._wanted: dict[int, CodeType] = {}  # id(code): code (see the module docstring)
         self._tool: int | None = None
 
     @staticmethod
@@ -129,29 +138,33 @@ class MonitoringEngine:
         main = threading.get_ident()
         get_ident = threading.get_ident
 
-        def on_start(code: CodeType, offset: int) -> Any:
-            # Code that is not wanted is switched off whichever thread runs it first (a
-            # data loader's thread would otherwise call back at every call it makes); only
-            # the main thread's frames reach the sink.
-            if code in wanted:
-                if get_ident() == main:
-                    sink.enter(code)
-                return None
+        def decide(code: CodeType, offset: int) -> Any:
+            # A code object not wanted so far, seen starting: asked once; not wanted, it is
+            # switched off whichever thread runs it first (a data loader's thread would
+            # otherwise call back at every call it makes); only the main thread's frames
+            # reach the sink.
             if self._wants(code):
-                wanted.add(code)
+                wanted[id(code)] = code
                 mon.set_local_events(tool, code, events.LINE | events.PY_RETURN | events.PY_YIELD)
                 if get_ident() == main:
                     sink.enter(code)
                 return None
             return disable
 
+        def on_start(code: CodeType, offset: int) -> Any:
+            if id(code) in wanted:
+                if get_ident() == main:
+                    sink.enter(code)
+                return None
+            return decide(code, offset)
+
         def on_throw(code: CodeType, offset: int, exception: BaseException) -> Any:
-            if code in wanted and get_ident() == main:  # global event: never DISABLE
+            if id(code) in wanted and get_ident() == main:  # global event: never DISABLE
                 sink.enter(code)
             return None
 
         def on_leave(code: CodeType, offset: int, value: Any) -> Any:
-            if code in wanted and get_ident() == main:
+            if id(code) in wanted and get_ident() == main:
                 sink.leave(code)
             return None
 
@@ -161,9 +174,9 @@ class MonitoringEngine:
             return None
 
         native = getattr(sink, "monitoring_callbacks", None)
-        fast = native(wanted, on_start, main) if native is not None else None
+        fast = native(wanted, decide, main) if native is not None else None
         if fast is not None:  # the sink's own native callbacks, doing what the ones above do
-            on_start, on_leave, on_line = fast  # type: ignore[assignment]
+            on_start, on_throw, on_leave, on_line = fast  # type: ignore[assignment]
         mon.register_callback(tool, events.PY_START, on_start)
         mon.register_callback(tool, events.PY_RESUME, on_start)
         mon.register_callback(tool, events.PY_THROW, on_throw)
@@ -179,7 +192,7 @@ class MonitoringEngine:
             return
         mon = sys.monitoring
         mon.set_events(self._tool, 0)
-        for code in self._wanted:
+        for code in self._wanted.values():
             mon.set_local_events(self._tool, code, 0)
         for event in (
             mon.events.PY_START,
