@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import Command, count, print_result
 
@@ -187,24 +187,25 @@ def _answer(args: argparse.Namespace, launch: RankInfo | None) -> int:
 def _fit(args: argparse.Namespace, progress: Callable[[str], None]) -> FitResult:
     from ..advisor.api import fit
 
-    return fit(
-        args.script,
-        tuple(args.args),
-        gpu=args.gpu,
-        levers=args.levers,
-        batch_arg=args.batch_arg,
-        threshold=args.threshold,
-        jobs=args.jobs,
-        out_dir=args.out_dir,
-        max_batch=args.max_batch,
-        include=tuple(args.include),
-        max_iterations=args.max_iterations,
-        max_seconds=args.max_seconds,
-        run_to_end=args.run_to_end,
-        end_script=args.end_script,
-        engine=args.engine,
-        progress=progress,
-    )
+    return fit(args.script, tuple(args.args), levers=args.levers, progress=progress, **_shared(args))
+
+
+def _shared(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords ``fit`` and ``fit_distributed`` both take, from the options."""
+    return {
+        "gpu": args.gpu,
+        "batch_arg": args.batch_arg,
+        "threshold": args.threshold,
+        "jobs": args.jobs,
+        "out_dir": args.out_dir,
+        "max_batch": args.max_batch,
+        "include": tuple(args.include),
+        "max_iterations": args.max_iterations,
+        "max_seconds": args.max_seconds,
+        "run_to_end": args.run_to_end,
+        "end_script": args.end_script,
+        "engine": args.engine,
+    }
 
 
 class _Signalled(KeyboardInterrupt):
@@ -286,21 +287,10 @@ def _distributed(args: argparse.Namespace, nproc: int, progress: object) -> int:
     result = fit_distributed(
         args.script,
         tuple(args.args),
-        gpu=args.gpu,
         nproc=nproc,
-        batch_arg=args.batch_arg,
-        threshold=args.threshold,
-        jobs=args.jobs,
-        out_dir=args.out_dir,
-        max_batch=args.max_batch,
         accum_arg=args.accum_arg,
-        include=tuple(args.include),
-        max_iterations=args.max_iterations,
-        max_seconds=args.max_seconds,
-        run_to_end=args.run_to_end,
-        end_script=args.end_script,
-        engine=args.engine,
         progress=progress,  # type: ignore[arg-type]
+        **_shared(args),
     )
     print_result(result, args.json, render_distributed)
     if args.html:
