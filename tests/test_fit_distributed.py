@@ -467,9 +467,11 @@ def test_when_no_sharding_fits_the_best_one_is_combined_with_autocast_and_checkp
     # most headroom: 28 + 1 + 20 = 49 GiB, still no.
     fake = FakeRanks(states=112 * GIB, activations=30 * GIB, low_precision=True)
     result = fit(tmp_path, fake, nproc=4)
-    assert combinations(fake) == [("fsdp2", "fsdp2-bf16", "checkpoint")]  # no autocast with fsdp2-bf16
+    # no autocast with fsdp2-bf16; checkpoint with fsdp2 too, which keeps the numbers
+    assert combinations(fake) == [("fsdp2", "checkpoint"), ("fsdp2", "fsdp2-bf16", "checkpoint")]
     rows = {r.row.label: r for r in result.rows}
     assert rows["fsdp2 + fsdp2-bf16"].row.fits == "no"
+    assert rows["fsdp2 + checkpoint"].row.fits == "tight"  # 28 + 1 + 30 / 4 = 36.5 GiB
     combined = rows["fsdp2 + fsdp2-bf16 + checkpoint"]  # 28 + 1 + 30 / 4 x 2 / 3 = 34 GiB
     assert combined.row.fits == "yes" and combined.world == 4 and combined.rank == 3
     assert "checkpoint words" in combined.row.cost and "fsdp2 words" in combined.row.cost
@@ -481,6 +483,17 @@ def test_when_no_sharding_fits_the_best_one_is_combined_with_autocast_and_checkp
     assert "for block in model.h: fully_shard(block)" in result.launch
     assert "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)" in result.launch
     assert result.exit_code == 0
+
+
+def test_checkpoint_with_a_sharding_that_keeps_the_numbers_is_recommended_where_it_fits(tmp_path):
+    # fsdp2 on 4: 28 + 1 + 20 GiB, no; fsdp2-bf16 28 + 1 + 13.3, no (the most headroom);
+    # fsdp2 + checkpoint 28 + 1 + 5 = 34 GiB fits, as fsdp2-bf16 + checkpoint's 32.3 does
+    fake = FakeRanks(states=112 * GIB, activations=20 * GIB, low_precision=True)
+    result = fit(tmp_path, fake, nproc=4)
+    fits = {r.row.label: r.row.fits for r in result.rows}
+    assert fits["fsdp2 + checkpoint"] == fits["fsdp2 + fsdp2-bf16 + checkpoint"] == "yes"
+    assert result.rows[result.recommended].row.label == "fsdp2 + checkpoint"
+    assert result.answer.startswith("fits on 4 x A100-40GB with fsdp2 + checkpoint")
 
 
 class NoBf16Option(FakeRanks):

@@ -13,7 +13,8 @@ rank's figures. The order:
 2b. when nothing fits under the threshold at ``nproc`` ranks, the sharding row with the
    most headroom combined with the single-GPU levers that cut activations
    (``ACTIVATIONS``: ``autocast`` and ``checkpoint``, each alone side by side, then both
-   when both applied and neither fits): at most 3 trials more;
+   when both applied and neither fits; where that row changes the numbers, ``fsdp2``
+   with ``checkpoint`` too): at most 4 trials more;
 3. more (or fewer) ranks: the smallest world size of ``WORLDS`` at which the cheapest
    sharding that applied fits (a bisection: a sharded rank's memory falls as ranks are
    added; each size tried is a trial; a size whose trial failed for a reason other than
@@ -304,6 +305,10 @@ class _Search:
         """Step 2b of the module doc: the sharding row with the most headroom (the least
         shortfall; the script as it is when it shards itself) with ``ACTIVATIONS``'
         levers, each alone side by side, then both when each applied and neither fits.
+        Where that row changes the script's numbers (``fsdp2-bf16``), ``fsdp2`` (else the
+        row with the most headroom of those that keep them) runs with ``checkpoint``
+        beside them, listed first, so that a fit that keeps the numbers is the one
+        recommended: ZeRO's headroom, say, tells little of what checkpointing adds to it.
         A combination whose single-GPU lever did not apply is no row: it goes to
         ``not_applied`` with why (autocast on a script that already computes in
         bfloat16/float16 says so, as with one GPU). Not with ``autocast`` where the row
@@ -317,9 +322,15 @@ class _Search:
             names.remove("autocast")
             why = "fsdp2-bf16 computes the forward in bfloat16 already: autocast changes little"
             self.not_applied.append((label((*base.levers, "autocast")), why))
-        self.say(f"nothing fits on {self.nproc} ranks; trying {label(base.levers)} with {', '.join(names)}")
-        tried = self.pool.run_all(WorldSpec((*base.levers, n), None, self.nproc, self.nproc) for n in names)
-        applied = [trial for trial in tried if self._combined(trial)]
+        combos = [(*base.levers, n) for n in names]
+        keeping = [t for t in rows if not _changes_results(t.levers)]
+        plain = next((t for t in keeping if t.levers == ("fsdp2",)), None)  # FSDP2 + checkpointing
+        plain = plain or (max(keeping, key=_headroom) if keeping else None)
+        if plain is not None and _changes_results(base.levers):  # its numbers kept, first
+            combos.insert(0, (*plain.levers, "checkpoint"))
+        self.say(f"nothing fits on {self.nproc} ranks; trying {', '.join(label(c) for c in combos)}")
+        tried = self.pool.run_all(WorldSpec(c, None, self.nproc, self.nproc) for c in combos)
+        applied = [trial for trial in tried if self._combined(trial) and trial.levers[:-1] == base.levers]
         if len(applied) == len(ACTIVATIONS) and not any(t.fits(self.threshold) == "yes" for t in applied):
             self._combined(self.trial((*base.levers, *ACTIVATIONS), self.nproc))
 
@@ -373,6 +384,13 @@ class _Search:
         self.world = best
         if best is not None and best != self.nproc:
             self.rows.append((self.worlds[best], best))
+
+
+def _changes_results(levers: tuple[str, ...]) -> bool:
+    """Whether any of ``levers`` changes the script's numbers (``fsdp2-bf16``, ``autocast``)."""
+    from ..levers.catalog import describe
+
+    return any(describe(name).changes_results for name in levers)
 
 
 def _headroom(trial: Trial) -> int:
