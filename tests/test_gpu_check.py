@@ -228,6 +228,22 @@ def test_a_step_past_its_time_is_interrupted_first_and_one_past_its_slot_is_skip
     assert seen == ["sleeper", "late"]
 
 
+def test_a_step_is_interrupted_even_where_the_check_was_started_with_sigint_ignored(tmp_path):
+    # as under `nohup make gpu-check &` or a remote runner's shell: ignored, SIGINT would
+    # stay ignored in every step, which would then be killed without its summary
+    import signal
+
+    clock = _load("gpu_check_clock")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        check = clock.Check(300, tmp_path)
+        child = "import time\ntry:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    print('interrupted')"
+        outcome = check.run("sleeper", [sys.executable, "-c", child], tmp_path, timeout=2)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert outcome.status == "timed out after 2 s" and outcome.output.strip() == "interrupted"
+
+
 def test_a_pytest_run_cut_at_its_slot_still_gives_its_counts(tmp_path):
     clock, steps = _load("gpu_check_clock"), _load("gpu_check_steps")
     suite = tmp_path / "suite"

@@ -5,7 +5,8 @@ figures read from them (``put``/``note``, per workload). A step is given a deadl
 monotonic time: the end of its part's slot, never past the budget's end); one that cannot
 start three seconds before it is skipped, and says so. At its timeout a step's process is
 sent SIGINT first (pytest then writes its summary and its JUnit XML, a training script its
-traceback), then after ``grace`` seconds its whole process group is killed. Steps that use
+traceback; ``interruptible_children``: even where this process was started with SIGINT
+ignored), then after ``grace`` seconds its whole process group is killed. Steps that use
 the GPU (``gpu=True``) wait for one of ``gpu_slots`` places, so the GPU's memory holds
 every run at once; the others run as the caller's threads allow. After every step the
 listeners are called (the report is rewritten then, so a check cut off from outside loses
@@ -94,6 +95,7 @@ class Check:
         self.listeners: list[Callable[[], None]] = []
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        interruptible_children()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -184,6 +186,19 @@ class Check:
             self.steps.append(outcome)
         for listener in list(self.listeners):
             listener()
+
+
+def interruptible_children() -> None:
+    """Let the steps' processes take the SIGINT that cuts them: a command started in the
+    background by a shell without job control (``nohup make gpu-check &``, a remote
+    runner's shell) has SIGINT ignored, and an ignored signal stays ignored in every child
+    (a Python child then installs no KeyboardInterrupt handler, and pytest is killed at the
+    grace's end without its summary). Where it is ignored, this process takes Python's
+    default handler instead, which ``exec`` resets to the default action in the children.
+    From the main thread only (Python's rule for ``signal.signal``)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _kill_group(pid: int) -> None:
