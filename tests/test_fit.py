@@ -560,3 +560,27 @@ def test_a_compiled_baseline_says_so_in_the_answer_its_json_and_its_page(tmp_pat
     assert html.escape(note) in render_fit_page(result)
     plain = fit(script, gpu="2GiB:sm80", runner=FakeRunner(), levers="expandable,checkpoint", jobs=1)
     assert plain.compiled == "" and "Note:" not in render_fit(plain)
+
+
+def test_the_recommended_change_says_where_it_goes_where_the_lever_knew():
+    from gpu_mem_track.advisor.distributed import WorldRow, _launch
+    from gpu_mem_track.advisor.plan import make_row
+    from gpu_mem_track.advisor.records import FitRow, Trial
+    from gpu_mem_track.advisor.render import placed
+
+    notes = (
+        LeverNote("expandable", True, change="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        LeverNote("checkpoint", True, change=CHANGES["checkpoint"], where="/a/model.py:45"),
+    )
+    trial = Trial(
+        ("expandable", "checkpoint"), None, "/runs/x", 0, peak=1, reserved_peak=1, capacity=9, notes=notes
+    )
+    row = make_row(trial, 0.9)
+    assert row.change == f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; {CHANGES['checkpoint']}"
+    assert (
+        placed(row)
+        == f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; {CHANGES['checkpoint']} (at model.py:45)"
+    )
+    assert FitRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+    launch = _launch(WorldRow(row, 2, 0), "train.py", (), 2, None)
+    assert launch[-1] == f"{CHANGES['checkpoint']}  # at model.py:45"

@@ -88,7 +88,8 @@ def test_a_ddp_script_whose_activations_do_not_fit_gets_sharding_with_checkpoint
     assert combined["fits"] == "yes" and combined["reserved_peak"] < rows[("fsdp2", 2)]["reserved_peak"]
     assert "one more forward pass" in combined["cost"]
     assert result["answer"].startswith(f"fits on 2 x {GPU} with fsdp2 + fsdp2-bf16 + checkpoint")
-    assert "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)" in result["launch"]
+    checkpointing = "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # at train.py:"
+    assert any(line.startswith(checkpointing) for line in result["launch"])  # with its place
     assert any(line.startswith("for block in model.h: fully_shard(block") for line in result["launch"])
     assert dict(result["not_applied"])["fsdp2 + fsdp2-bf16 + autocast"].startswith("fsdp2-bf16 computes")
     # the worlds: 16, 32 and 64 raise, and leave the bisection: 8 is tried all the same

@@ -39,6 +39,7 @@ from ..errors import UsageError
 from .batch import BatchArg, find_batch
 from .plan import label, make_row
 from .records import BatchAnswer, FitRow, Trial
+from .render import short_line
 from .trials import SubprocessRunner, TrialPool, TrialSpec, session_folder
 from .world import RanksRunner, WorldSpec, rank_of
 
@@ -557,7 +558,11 @@ def _launch(
             )
         if "zero" in notes:
             lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
-    for part in (part.strip() for part in best.row.change.split("; ")) if best.row.change else ():
-        if part and not (group_started and part.startswith("dist.init_process_group(")):  # not twice
-            lines.append(part)
+    edits = best.row.edits or ((best.row.change, ""),)  # a row read from before edits were kept
+    for change, where in edits:
+        parts = [part.strip() for part in change.split("; ") if part.strip()]
+        if group_started:  # the device's line above starts it: not twice
+            parts = [p for p in parts if not p.startswith("dist.init_process_group(")]
+        for i, part in enumerate(parts):
+            lines.append(f"{part}  # at {short_line(where)}" if where and i == 0 else part)
     return tuple(lines)

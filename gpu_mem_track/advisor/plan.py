@@ -107,6 +107,7 @@ def make_row(trial: Trial, threshold: float) -> FitRow:
         line=(trial.error or line) if fits == "failed" else line,  # a failure: what ended it, where
         cost="; ".join(n.cost for n in applied if n.cost) if trial.levers else "",
         change="; ".join(n.change for n in applied if n.change),
+        edits=tuple((n.change, n.where) for n in applied if n.change),
         changes_results=any(n.changes_results for n in applied),
         folder=trial.folder,
         stopped=trial.stopped,

@@ -172,7 +172,8 @@ class FitRow:
     out-of-memory), ``cost`` and ``change`` (the levers' words and lines, joined with
     "; "), ``changes_results``, ``folder`` (the trial's run folder) and ``batch`` (with
     a batch argument: the largest batch that fits with these levers), ``stopped`` (as
-    ``Trial.stopped``)."""
+    ``Trial.stopped``), ``edits`` (each lever's change with the ``file:line`` where it
+    goes, "" where no place is known: the parts of ``change``, lever by lever)."""
 
     label: str
     levers: tuple[str, ...]
@@ -188,23 +189,26 @@ class FitRow:
     folder: str
     batch: BatchAnswer | None = None
     stopped: str = ""
+    edits: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["levers"] = list(self.levers)
+        out["edits"] = [list(edit) for edit in self.edits]
         out["batch"] = None if self.batch is None else self.batch.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FitRow:
         batch = data.get("batch")
-        skip = ("levers", "batch", "stopped")
+        skip = ("levers", "batch", "stopped", "edits")
         values = {f.name: data[f.name] for f in fields(cls) if f.name not in skip}
         return cls(
             **values,
             levers=tuple(data["levers"]),
             batch=None if batch is None else BatchAnswer.from_dict(batch),
             stopped=str(data.get("stopped", "")),
+            edits=tuple((str(c), str(w)) for c, w in data.get("edits", ())),
         )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "bound_lines",
     "margin_text",
     "ordered_rows",
+    "placed",
     "render_fit",
     "short_line",
     "summary_cells",
@@ -32,6 +33,14 @@ def short_line(line: str) -> str:
     if not sep or not number.isdigit():
         return line
     return f"{PurePath(path).name}:{number}"
+
+
+def placed(row: FitRow) -> str:
+    """``row``'s change, each lever's part followed by where it goes (``"... (at
+    model.py:45)"``) where that is known."""
+    if not row.edits:
+        return row.change
+    return "; ".join(f"{change} (at {short_line(where)})" if where else change for change, where in row.edits)
 
 
 def margin_text(row: FitRow, capacity: int) -> str:
@@ -150,7 +159,7 @@ def verdict_lines(result: FitResult) -> list[str]:
         row = result.row(result.recommended)
         tight = ", but tight" if row.fits == "tight" else ""
         lines = [
-            f"Recommended: {row.label} (cheapest change that fits{tight}): {row.change or 'see the table'}"
+            f"Recommended: {row.label} (cheapest change that fits{tight}): {placed(row) or 'see the table'}"
         ]
         if row.changes_results:
             lines.append(f"Note: {row.label} changes the script's results ({cost_text(row)}).")
