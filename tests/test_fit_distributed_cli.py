@@ -13,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT = """
+#: The model (a ModuleList of blocks), also the DDP script's of test_fit_distributed_combined.
+MODEL = """
 import torch
 from torch import nn
 
@@ -36,7 +37,11 @@ class Net(nn.Module):
         for block in self.h:
             x = block(x)
         return x
+"""
 
+SCRIPT = (
+    MODEL
+    + """
 
 model = Net().to("cuda")
 optimizer = torch.optim.AdamW(model.parameters())
@@ -45,6 +50,7 @@ for step in range(3):
     optimizer.step()
     optimizer.zero_grad()
 """
+)
 
 
 def test_a_single_gpu_script_gets_fsdp2_over_the_ranks_asked(tmp_path):

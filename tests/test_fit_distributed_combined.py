@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from test_fit_distributed_cli import MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: On rank 0 of 2 on a simulated A100 (run --simulate, trials as fit runs them): as it is
@@ -23,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: of 1.42 GiB.
 GPU = "1850MiB:sm80"
 
-SCRIPT = """
+SCRIPT = (
+    """
 import os
 
 import torch
@@ -35,28 +38,12 @@ accumulation = 8
 assert accumulation % int(os.environ["WORLD_SIZE"]) == 0, "the accumulation steps must divide by the ranks"
 
 
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Net(nn.Module):
-    def __init__(self, d=1024, n=8):
-        super().__init__()
-        self.h = nn.ModuleList(Block(d) for _ in range(n))
-
-    def forward(self, x):
-        for block in self.h:
-            x = block(x)
-        return x
-
+"""
+    + MODEL
+    + """
 
 dist.init_process_group("nccl")
-model = DistributedDataParallel(Net().cuda())
+model = DistributedDataParallel(Net(n=8).cuda())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for step in range(3):
     model(torch.randn(8192, 1024, device="cuda")).sum().backward()
@@ -64,6 +51,7 @@ for step in range(3):
     optimizer.zero_grad()
 dist.destroy_process_group()
 """
+)
 
 
 def test_a_ddp_script_whose_activations_do_not_fit_gets_sharding_with_checkpointing(tmp_path):
