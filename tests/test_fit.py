@@ -16,7 +16,7 @@ from gpu_mem_track.advisor.accumulation import accumulation, split_batch
 from gpu_mem_track.advisor.batch import BatchArg, find_batch, start_batches
 from gpu_mem_track.advisor.page import render_fit_page
 from gpu_mem_track.advisor.plan import LEVERS, cheapest_combination, parse_levers
-from gpu_mem_track.advisor.records import Accumulation, FitResult, LeverNote, OutOfMemory, Trial
+from gpu_mem_track.advisor.records import Accumulation, BatchAnswer, FitResult, LeverNote, OutOfMemory, Trial
 from gpu_mem_track.advisor.render import render_fit
 from gpu_mem_track.advisor.trials import TrialPool, TrialSpec, read_trial
 from gpu_mem_track.errors import UsageError
@@ -38,19 +38,25 @@ CHANGES = {
 class FakeRunner:
     """A script whose peak reserved is ``base + per * batch`` MiB (batch 10 when not
     set), less each applied lever's ``SAVES`` per sample; above the capacity it runs out
-    of memory. ``fail`` makes the script raise."""
+    of memory. ``fail`` makes the script raise. A step takes ``samples`` (the batch
+    clamped to ``(low, high)``: a dataset smaller than the batch, rounding at small ones)."""
 
     def __init__(
-        self, base: int = 200, per: int = 100, fail: bool = False, saves: dict | None = None
+        self,
+        base: int = 200,
+        per: int = 100,
+        fail: bool = False,
+        saves: dict | None = None,
+        samples: tuple[int, int] = (1, 1 << 30),
     ) -> None:
-        self.base, self.per, self.fail = base, per, fail
+        self.base, self.per, self.fail, self.samples = base, per, fail, samples
         self.saves = SAVES if saves is None else saves
         self.calls: list[TrialSpec] = []
         self.lock = threading.Lock()
 
     def reserved(self, levers: tuple[str, ...], batch: int) -> int:
         per = self.per - sum(self.saves.get(n, 0) for n in levers)
-        return (self.base + per * batch) * MiB
+        return (self.base + per * min(max(batch, self.samples[0]), self.samples[1])) * MiB
 
     def __call__(self, spec: TrialSpec) -> Trial:
         with self.lock:
@@ -172,6 +178,26 @@ def test_the_batch_search_finds_the_largest_batch_that_fits_and_proves_the_next_
     assert answer.reserved_peak == 1000 * MiB
     assert 9 in answer.tried and 8 in answer.tried
     assert answer.folder == "/runs/baseline-b8"
+
+
+def test_a_peak_that_stops_growing_with_the_batch_ends_the_search_with_any_batch(script):
+    fake = FakeRunner(samples=(1, 4))  # a dataset of 4 samples: 600 MiB from batch 4 on
+
+    answer = find_batch(lambda b: fake(TrialSpec((), None if b == 10 else b)), 10, CAPACITY)
+    assert answer == BatchAnswer(10240, 600 * MiB, "/runs/baseline-b10240", (10, 5, 10240), flat_from=5)
+    result = fit(script, ["--bs=10"], gpu="2GiB:sm80", runner=fake, levers="expandable", batch_arg="--bs")
+    text = render_fit(result)
+    assert "As it is, any batch fits (--bs; you run 10): the peak is the same at batch 5 and 10240" in text
+    assert "as it is  yes         any" in text
+    assert result.rows[0].batch.flat_from == 5
+
+
+def test_equal_peaks_at_small_batches_jump_once_then_search_on():
+    fake = FakeRunner(samples=(2, 1 << 30))  # batches 1 and 2 round to the same peak
+
+    answer = find_batch(lambda b: fake(TrialSpec((), b)), 2, CAPACITY)
+    assert (answer.batch, answer.flat_from) == (8, None)
+    assert 2048 in answer.tried  # the one jump: it ran out, so the batch still matters
 
 
 def test_the_combination_accumulates_then_drops_what_is_not_needed():

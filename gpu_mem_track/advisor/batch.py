@@ -131,6 +131,20 @@ def start_batches(run: Callable[[int], Trial], batch: int) -> tuple[int, ...]:
     return (batch // 2, batch) if batch > 1 else (batch,)
 
 
+#: How far above a batch whose peaks equal a smaller batch's ``find_batch`` tries once,
+#: to tell a peak that stopped growing from one that rounding kept the same.
+FLAT_JUMP = 1024
+
+
+class _Flat(Exception):
+    """The peak stopped growing with the batch: the trial at ``batch`` has the peaks of
+    smaller ones (``find_batch``)."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__(batch)
+        self.batch = batch
+
+
 def find_batch(
     trial_at: Callable[[int], Trial],
     batch: int,
@@ -146,10 +160,19 @@ def find_batch(
     counts, for the line, as needing what it had reserved plus the request that failed
     (a lower bound: it stopped there); one that failed otherwise does not fit. At most
     ``max_trials`` batches are evaluated after the start.
+
+    A peak that stops growing ends the search: when a completed trial has the same
+    allocated and reserved peaks as a smaller batch's, one trial at ``FLAT_JUMP`` times
+    the batch (at most ``max_batch``) tells whether the batch still matters; when that one
+    has them too, every step takes no more samples than the smaller batch (a dataset
+    smaller than the batch, or a batch argument the steps do not follow), and the answer
+    is the largest batch tried, with ``flat_from`` (``BatchAnswer``). Where rounding kept
+    two small batches' peaks equal, the jump's peak differs and the search goes on.
     """
     from ..estimator.search import search_batch_size  # no torch: the trials import it
 
     trials: dict[int, Trial] = {}
+    jumped: set[int] = set()
 
     def run(b: int) -> Trial:
         trials[b] = trial_at(b)
@@ -158,23 +181,37 @@ def find_batch(
     def peak_of(b: int) -> int | None:
         trial = run(b)
         if trial.completed:
+            _check_flat(b)
             return trial.reserved_peak
         if trial.oom is not None:
             return max(trial.oom.reserved + trial.oom.request, capacity + 1)
         return None
 
-    samples = start_batches(run, min(batch, max_batch))
-    if not samples:
-        return BatchAnswer(batch=0, reserved_peak=None, folder="", tried=tuple(trials))
-    result = search_batch_size(
-        peak_of,
-        capacity,
-        samples=samples,
-        max_batch=max_batch,
-        max_probes=max_trials + len(samples),
-        confirm_above=True,
-        source="simulated trials",
-    )
+    def _check_flat(b: int) -> None:
+        if not _same_peaks(trials, b) or b in jumped:
+            return
+        far = min(max_batch, b * FLAT_JUMP)
+        jumped.update((b, far))
+        if far == b or (run(far).completed and _peaks(trials[far]) == _peaks(trials[b])):
+            raise _Flat(far)
+
+    try:
+        samples = start_batches(run, min(batch, max_batch))
+        if not samples:
+            return BatchAnswer(batch=0, reserved_peak=None, folder="", tried=tuple(trials))
+        result = search_batch_size(
+            peak_of,
+            capacity,
+            samples=samples,
+            max_batch=max_batch,
+            max_probes=max_trials + len(samples),
+            confirm_above=True,
+            source="simulated trials",
+        )
+    except _Flat as flat:
+        best = trials[flat.batch]
+        flat_from = min(b for b in trials if trials[b].completed and _peaks(trials[b]) == _peaks(best))
+        return BatchAnswer(flat.batch, best.reserved_peak, best.folder, tuple(trials), flat_from)
     best = trials.get(result.batch)
     return BatchAnswer(
         batch=result.batch,
@@ -182,3 +219,13 @@ def find_batch(
         folder="" if best is None else best.folder,
         tried=tuple(trials),
     )
+
+
+def _peaks(trial: Trial) -> tuple[int | None, int | None]:
+    return trial.peak, trial.reserved_peak
+
+
+def _same_peaks(trials: dict[int, Trial], b: int) -> bool:
+    """Whether a completed trial at a smaller batch than ``b`` has the peaks of ``b``'s."""
+    peaks = _peaks(trials[b])
+    return any(other < b and t.completed and _peaks(t) == peaks for other, t in trials.items())

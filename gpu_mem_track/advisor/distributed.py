@@ -39,7 +39,7 @@ from ..errors import UsageError
 from .batch import BatchArg, find_batch
 from .plan import label, make_row
 from .records import BatchAnswer, FitRow, Trial
-from .render import short_line
+from .render import flat_text, short_line
 from .trials import SubprocessRunner, TrialPool, TrialSpec, session_folder
 from .world import RanksRunner, WorldSpec, rank_of
 
@@ -504,6 +504,8 @@ def _answer(
     text = f"fits on {best.world} x {gpu} {how}"
     if best.row.fits in ("no", "failed") and best.row.batch is not None:
         text += f" only at batch {best.row.batch.batch} per GPU"
+    elif best.row.batch is not None and best.row.batch.flat_from is not None:
+        text += f" at any batch per GPU ({flat_text(best.row.batch)})"
     elif best.row.batch is not None and best.row.batch.batch > 0:
         text += f" at batch {best.row.batch.batch} per GPU"
     if world is not None and world < best.world:

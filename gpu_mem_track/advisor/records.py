@@ -121,12 +121,16 @@ class Trial:
 class BatchAnswer:
     """The largest batch that fits with a row's levers: ``batch`` (0: not even the
     smallest tried), its trial's ``reserved_peak`` and ``folder``, and ``tried``, the
-    batches run (each a simulated trial), in the order run."""
+    batches run (each a simulated trial), in the order run. ``flat_from``: where the
+    peak stops growing with the batch (``find_batch``), the smallest batch tried whose
+    peaks equal those at ``batch``: any batch fits, as every step takes the samples of
+    batch ``flat_from`` at most (None: the peak grew up to ``batch``)."""
 
     batch: int
     reserved_peak: int | None
     folder: str
     tried: tuple[int, ...]
+    flat_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -140,6 +144,7 @@ class BatchAnswer:
             reserved_peak=data.get("reserved_peak"),
             folder=str(data.get("folder", "")),
             tried=tuple(data.get("tried", ())),
+            flat_from=data.get("flat_from"),
         )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import PurePath
 
 from ..units import format_bytes
-from .records import FitResult, FitRow
+from .records import BatchAnswer, FitResult, FitRow
 
 __all__ = [
     "bound_lines",
@@ -56,7 +56,18 @@ def margin_text(row: FitRow, capacity: int) -> str:
 def batch_text(row: FitRow) -> str:
     if row.batch is None:
         return "-"
+    if row.batch.flat_from is not None:
+        return "any"
     return str(row.batch.batch) if row.batch.batch else "none"
+
+
+def flat_text(answer: BatchAnswer) -> str:
+    """Why a batch search found no limit (``BatchAnswer.flat_from``), in words."""
+    return (
+        f"the peak is the same at batch {answer.flat_from} and {answer.batch}: no step takes more "
+        f"samples than {answer.flat_from} (a dataset that small, or the batch argument does not "
+        "set the batch)"
+    )
 
 
 def cost_text(row: FitRow) -> str:
@@ -209,6 +220,9 @@ def _batch_line(row: FitRow, result: FitResult, with_what: str) -> list[str]:
         return []
     if row.batch.batch == 0:
         return [f"{with_what.capitalize()}, no batch tried fits ({_where(result)})."]
+    if row.batch.flat_from is not None:
+        where = f"{_where(result)}; you run {result.batch}"
+        return [f"{with_what.capitalize()}, any batch fits ({where}): {flat_text(row.batch)}."]
     sentence = f"{with_what.capitalize()}, batch {row.batch.batch} fits"
     return [f"{sentence} ({_where(result)}; you run {result.batch})."]
 
