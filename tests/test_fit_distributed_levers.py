@@ -153,6 +153,21 @@ def test_fsdp2_shards_the_blocks_of_a_sequential_that_also_holds_its_head(tmp_pa
     assert lever.peak < base.peak
 
 
+def test_fsdp2_shards_the_layers_of_an_mlp_among_its_activations(tmp_path, rank0):
+    source = MODEL + (
+        "model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), "
+        "nn.Linear(1024, 256)).cuda()\n"
+    )
+    lever, [report] = simulate(tmp_path, source + LOOP, "mlp", "fsdp2")
+    base, _ = simulate(tmp_path, source + LOOP, "mlpbase")
+    assert report.applied and report.detail.startswith("3 x Linear in Sequential + the root Sequential")
+    assert report.change.endswith(
+        "for block in (b for b in model if isinstance(b, torch.nn.Linear)): fully_shard(block); "
+        "fully_shard(model)"
+    )
+    assert lever.peak < base.peak
+
+
 def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
     ddp, _ = simulate(tmp_path, DDP, "ddp")
     lever, [report] = simulate(tmp_path, DDP, "zero", "zero")
@@ -176,7 +191,7 @@ def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
             "the model is sharded with FSDP2: its optimizer's state is sharded already",
         ),
         (SHARDS_ITSELF, ("fsdp2",), "fsdp2", "the script shards with fully_shard itself"),
-        (FLAT, ("fsdp2",), "fsdp2", "no module with repeated blocks was moved to the GPU"),
+        (FLAT, ("fsdp2",), "fsdp2", "no module with repeated blocks or layers was moved to the GPU"),
         (SINGLE, ("no-reshard",), "no-reshard", "nothing calls fully_shard"),
         (SINGLE, ("fsdp2-bf16",), "fsdp2-bf16", "nothing calls fully_shard"),
         (SINGLE, ("cpu-offload",), "cpu-offload", "nothing calls fully_shard"),

@@ -87,13 +87,15 @@ def block_class(block: Any) -> str:
     return cls.__name__
 
 
-def repeated_blocks(model: Any) -> Blocks | None:
+def repeated_blocks(model: Any, leaves: bool = False) -> Blocks | None:
     """The repeated blocks of ``model`` with the most parameters (the first found on a
     tie), None when it has none with parameters. Blocks are the children of a
     ``ModuleList``/``Sequential`` of at least two children all of one class, or, in one
     that also holds other modules (``Sequential(*blocks, head)``), its two or more
     children of one class made of modules themselves (a transformer's or a residual
-    network's block, not a ``Linear`` among activations)."""
+    network's block, not a ``Linear`` among activations: checkpointing one ``Linear``
+    keeps what it saves). With ``leaves`` such children count too (``Sequential(Linear,
+    ReLU, Linear, ReLU, ...)``' ``Linear`` layers: a unit of FSDP2's sharding)."""
     import torch
 
     best: tuple[int, Blocks] | None = None
@@ -107,7 +109,7 @@ def repeated_blocks(model: Any) -> Blocks | None:
         for blocks in by_class.values():
             if len(blocks) < 2:
                 continue
-            if len(blocks) != len(children) and not any(True for _ in blocks[0].children()):
+            if len(blocks) != len(children) and not leaves and not any(True for _ in blocks[0].children()):
                 continue
             size = sum(p.numel() for block in blocks for p in block.parameters())
             if size and (best is None or size > best[0]):

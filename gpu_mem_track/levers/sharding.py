@@ -1,16 +1,18 @@
 """The distributed levers: FSDP2 sharding and its options, and ZeRO for a DDP script.
 
 ``fsdp2`` shards the model the script builds as a user would with FSDP2: when the script
-moves a module with repeated blocks (found as the ``checkpoint`` lever finds them,
-``checkpoint.repeated_blocks``) to the GPU with ``.to(...)``/``.cuda()``, each block and
-then the model itself go through ``fully_shard`` first (on a one-dimensional mesh over
-every rank), so the GPU only ever holds one block's full parameters on the way; a script
+moves a module with repeated blocks to the GPU with ``.to(...)``/``.cuda()``, each block
+and then the model itself go through ``fully_shard`` first (on a one-dimensional mesh
+over every rank), so the GPU only ever holds one block's full parameters on the way.
+The blocks are found as the ``checkpoint`` lever finds them (``checkpoint.repeated_blocks``),
+else as a container's layers of one class among parameter-free modules
+(``Sequential(Linear, ReLU, Linear, ...)``' ``Linear`` layers: ``leaves``). A script
 that wraps the model in ``DistributedDataParallel`` gets the sharded model back instead
 (``model.module`` is the model, ``no_sync()`` does nothing). A script that initialises
 no process group (written for one GPU) gets one (``init_process_group``, which the
 simulated ranks make torch's fake one). Not applied: a script that shards with
-``fully_shard`` itself, a model with no repeated blocks, a model never moved to the GPU
-with ``.to``/``.cuda`` (built there directly).
+``fully_shard`` itself, a model with no repeated blocks or layers, a model never moved to
+the GPU with ``.to``/``.cuda`` (built there directly).
 
 ``no-reshard`` (``reshard_after_forward=False``), ``fsdp2-bf16``
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``) and
@@ -97,6 +99,7 @@ class Sharding:
         self.model: Any = None  # what the fsdp2 lever sharded
         self.found: tuple[str, int, str, str] | None = None  # (container, blocks, class, model class)
         self.span: str | None = ""  # the blocks as a slice of their container (``Blocks.span``)
+        self.block_class = ""  # the blocks' class as the script's code names it (``_class_text``)
         self.param_bytes = 0
         self.world = 0
         self.site: Site | None = None
@@ -195,7 +198,7 @@ class Sharding:
 
         if self.script_calls or isinstance(module, FSDPModule) or not any(True for _ in module.parameters()):
             return
-        found = repeated_blocks(module)
+        found = repeated_blocks(module) or repeated_blocks(module, leaves=True)
         if found is None:
             return
         self.moved = True
@@ -215,6 +218,7 @@ class Sharding:
         self.param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
         self.world, self.site, self.model = dist.get_world_size(), site, module
         self.found = (name, len(blocks), type(blocks[0]).__name__, type(module).__name__)
+        self.block_class = _class_text(type(blocks[0]))
         self._local.ours = True
         try:
             for block in blocks:
@@ -222,6 +226,16 @@ class Sharding:
             self._fully_shard(module, mesh=mesh)
         finally:
             self._local.ours = False
+
+
+def _class_text(cls: type) -> str:
+    """``cls`` as code names it: ``torch.nn.Linear`` for one of ``torch.nn``'s layers (the
+    script may import it under any name), else its own name (the script's class)."""
+    import torch
+
+    if cls.__module__.startswith("torch.") and getattr(torch.nn, cls.__name__, None) is cls:
+        return f"torch.nn.{cls.__name__}"
+    return cls.__name__
 
 
 def _replaced_ddp(real: type, sharding: Sharding) -> type:
@@ -304,7 +318,7 @@ class ShardingLever:
         keywords = "".join(f", {SHARDING_OPTIONS[o][1]}" for o in s.options)
         blocks = f"{target}.{name}" if name else target
         if s.span is None:  # others between the blocks: pick them by class
-            blocks = f"(b for b in {blocks} if isinstance(b, {block}))"
+            blocks = f"(b for b in {blocks} if isinstance(b, {s.block_class}))"
         else:
             blocks += s.span
         change = f"for block in {blocks}: fully_shard(block{keywords}); fully_shard({target}{keywords})"
@@ -324,7 +338,7 @@ class ShardingLever:
             return s.error
         if not s.moved:
             return (
-                "no module with repeated blocks was moved to the GPU with .to()/.cuda() "
+                "no module with repeated blocks or layers was moved to the GPU with .to()/.cuda() "
                 "(a model built on the GPU directly is not sharded)"
             )
         return "not applied"
