@@ -170,6 +170,7 @@ def test_it_fits_as_it_is_and_nothing_else_runs(tmp_path):
     result = fit(tmp_path, fake, nproc=4)
     assert result.verdict == "fits" and result.exit_code == 0
     assert [s.name for s in fake.specs] == ["baseline-w4"]
+    assert render_distributed(result).splitlines()[-1].startswith("1 trial in ")  # not "1 trials"
 
 
 def test_usage_mistakes(tmp_path):
