@@ -11,9 +11,10 @@ without talking to each other: every rank computes the same ``<launch>`` name fr
 it shares with the others (see :func:`launch_name`):
 
 1. ``--run-name`` (or ``MemTracker(run_name=...)``) when given: the name is the user's.
-2. else a real rendezvous id (``TORCHELASTIC_RUN_ID``, set by ``torchrun --rdzv-id`` or
-   ``--standalone``; torchrun's default without rendezvous options is ``"none"``, which
-   says nothing): ``<script>-<run id>`` (a UUID is cut to its first 8 hex digits).
+2. else a real rendezvous id (``TORCHELASTIC_RUN_ID``, set by ``torchrun --rdzv-id``, by
+   ``--standalone``, and by torch 2.13's torchrun on one node without ``--rdzv-endpoint``
+   or ``--master-port``; its default otherwise, ``"none"``, says nothing):
+   ``<script>-<run id>`` (a UUID is cut to its first 8 hex digits).
 3. else the launcher process, the parent of every local rank (torchrun's agent): its pid
    and its start time, read from ``/proc/<ppid>/stat`` on Linux:
    ``<script>-<YYYYmmdd-HHMMSS of the agent's start>-p<agent pid>``. A pid and a start

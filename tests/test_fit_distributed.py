@@ -156,6 +156,14 @@ def test_the_batch_per_gpu_is_searched_for_each_row(tmp_path):
     assert result.exit_code in (0, 3)
 
 
+def test_a_fit_as_it_is_names_the_largest_batch_as_a_bound_not_as_the_batch_to_run(tmp_path):
+    fake = FakeRanks(states=GIB, activations=GIB)
+    result = fit(tmp_path, fake, nproc=4, batch_arg="--batch_size", max_batch=64)
+    assert result.rows[0].row.fits == "yes" and result.rows[0].row.batch.batch == 64
+    # the script's batch 8 fits: 64 is how far it could go, which "at batch 64" did not say
+    assert result.answer == "fits on 4 x A100-40GB as it is, up to batch 64 per GPU"
+
+
 def test_a_script_that_shards_itself_gets_the_options_and_the_world_search(tmp_path):
     fake = FakeRanks(states=100 * GIB, activations=10 * GIB, shards_itself=True)
     result = fit(tmp_path, fake, nproc=2)
@@ -170,6 +178,7 @@ def test_it_fits_as_it_is_and_nothing_else_runs(tmp_path):
     result = fit(tmp_path, fake, nproc=4)
     assert result.verdict == "fits" and result.exit_code == 0
     assert [s.name for s in fake.specs] == ["baseline-w4"]
+    assert render_distributed(result).splitlines()[-1].startswith("1 trial in ")  # not "1 trials"
 
 
 def test_usage_mistakes(tmp_path):

@@ -74,7 +74,7 @@ def test_under_torchrun_rank_0_answers_for_the_world_and_the_other_rank_runs_not
     assert sum("on 2 x A100-40GB (simulated" in line for line in lines) == 1  # one rank printed
     assert "Answer: fits on 2 x A100-40GB as it is" in lines
     assert "  torchrun --nproc-per-node 2 ddp.py --batch_size 8" in lines
-    assert any(line.startswith("1 trials in ") for line in lines)
+    assert any(line.startswith("1 trial in ") for line in lines)
     (session,) = (tmp_path / "reports").iterdir()  # one fit: rank 1 simulated nothing
     assert sorted(p.name for p in session.iterdir() if p.is_dir()) == ["baseline-w2"]
     assert sorted(p.name for p in (session / "baseline-w2").iterdir() if p.is_dir()) == ["rank0", "rank1"]

@@ -507,7 +507,7 @@ def _answer(
     elif best.row.batch is not None and best.row.batch.flat_from is not None:
         text += f" at any batch per GPU ({flat_text(best.row.batch)})"
     elif best.row.batch is not None and best.row.batch.batch > 0:
-        text += f" at batch {best.row.batch.batch} per GPU"
+        text += f", up to batch {best.row.batch.batch} per GPU"  # the largest found, not the batch run
     if world is not None and world < best.world:
         text += f"; with {label(sharding or ())} from {world} GPU{'s' * (world != 1)}"
     elif world is not None and world > best.world and sharding is not None and best.row.levers != sharding:

@@ -80,7 +80,8 @@ def verdict_lines(result: DistributedFit) -> list[str]:
 
 def trials_line(result: DistributedFit) -> str:
     """How many trials, how long, where their run folders are."""
-    return f"{result.trials} trials in {result.seconds:.1f} s; run folders in {result.folder}"
+    trials = "1 trial" if result.trials == 1 else f"{result.trials} trials"
+    return f"{trials} in {result.seconds:.1f} s; run folders in {result.folder}"
 
 
 def render_distributed(result: DistributedFit) -> str:
