@@ -31,10 +31,15 @@ class FakeRanks:
     ``fsdp2-bf16`` takes a third off them."""
 
     def __init__(
-        self, states: int, activations: int, shards_itself: bool = False, low_precision: bool = False
+        self,
+        states: int,
+        activations: int,
+        shards_itself: bool = False,
+        low_precision: bool = False,
+        samples: int | None = None,
     ) -> None:
         self.states, self.activations, self.shards_itself = states, activations, shards_itself
-        self.low_precision = low_precision
+        self.low_precision, self.samples = low_precision, samples  # samples: a step takes at most
         self.specs: list[WorldSpec] = []
         self.lock = threading.Lock()
 
@@ -50,7 +55,7 @@ class FakeRanks:
                 states = states // spec.world + (GIB if rank == spec.world - 1 and spec.world > 1 else 0)
             elif "zero" in applied:
                 states = states // 2 + states // (2 * spec.world)
-            batch = spec.batch or 8
+            batch = min(spec.batch or 8, self.samples or 1 << 30)
             activations = self.activations * batch // 8
             activations //= (2 if "autocast" in applied else 1) * (4 if "checkpoint" in applied else 1)
             activations -= activations // 3 if "fsdp2-bf16" in applied else 0
@@ -162,6 +167,16 @@ def test_a_fit_as_it_is_names_the_largest_batch_as_a_bound_not_as_the_batch_to_r
     assert result.rows[0].row.fits == "yes" and result.rows[0].row.batch.batch == 64
     # the script's batch 8 fits: 64 is how far it could go, which "at batch 64" did not say
     assert result.answer == "fits on 4 x A100-40GB as it is, up to batch 64 per GPU"
+
+
+def test_a_batch_that_stops_mattering_is_any_batch_per_gpu(tmp_path):
+    fake = FakeRanks(states=GIB, activations=GIB, samples=16)  # the data gives 16 per step at most
+    result = fit(tmp_path, fake, nproc=4, batch_arg="--batch_size")
+    answer = result.rows[0].row.batch  # tried 8, 4, then 128 and 2048: the same peaks; 2048 x 1024 too
+    assert (answer.tried, answer.flat_from, answer.batch) == ((8, 4, 128, 2048, 1 << 20), 128, 1 << 20)
+    assert result.answer.startswith(
+        "fits on 4 x A100-40GB as it is, at any batch per GPU (the peak is the same at batch 128 and 1048576"
+    )
 
 
 def test_a_script_that_shards_itself_gets_the_options_and_the_world_search(tmp_path):

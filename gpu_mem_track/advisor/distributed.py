@@ -505,7 +505,7 @@ def _answer(
     if best.row.fits in ("no", "failed") and best.row.batch is not None:
         text += f" only at batch {best.row.batch.batch} per GPU"
     elif best.row.batch is not None and best.row.batch.flat_from is not None:
-        text += f" at any batch per GPU ({flat_text(best.row.batch)})"
+        text += f", at any batch per GPU ({flat_text(best.row.batch)})"
     elif best.row.batch is not None and best.row.batch.batch > 0:
         text += f", up to batch {best.row.batch.batch} per GPU"  # the largest found, not the batch run
     if world is not None and world < best.world:
