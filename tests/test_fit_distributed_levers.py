@@ -134,7 +134,7 @@ def test_fsdp2_replaces_the_ddp_wrap(tmp_path, rank0):
     lever, [report] = simulate(tmp_path, DDP, "ddpfsdp", "fsdp2")
     assert report.applied
     assert report.change.startswith(
-        "for block in model.h: fully_shard(block); fully_shard(model) (instead of the DDP wrap at "
+        "for block in model.h: fully_shard(block); fully_shard(model) (instead of the DDP wrap at ddpfsdp.py:"
     )
     assert "init_process_group" not in report.change  # the script starts its own
     assert lever.peak < ddp.peak

@@ -36,6 +36,7 @@ from __future__ import annotations
 import sys
 import threading
 from contextlib import nullcontext
+from pathlib import PurePath
 from typing import Any
 
 from ..units import format_bytes
@@ -323,7 +324,7 @@ class ShardingLever:
             blocks += s.span
         change = f"for block in {blocks}: fully_shard(block{keywords}); fully_shard({target}{keywords})"
         if s.ddp_site is not None:
-            change += f" (instead of the DDP wrap at {s.ddp_site.where})"
+            change += f" (instead of the DDP wrap at {PurePath(s.ddp_site.file).name}:{s.ddp_site.line})"
         if s.started:  # a script written for one GPU
             change = f"dist.init_process_group('nccl'); {change}"
             detail += "; the script starts no process group: the lever started it"
