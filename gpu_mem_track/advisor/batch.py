@@ -181,13 +181,13 @@ def find_batch(
     def peak_of(b: int) -> int | None:
         trial = run(b)
         if trial.completed:
-            _check_flat(b)
+            check_flat(b)
             return trial.reserved_peak
         if trial.oom is not None:
             return max(trial.oom.reserved + trial.oom.request, capacity + 1)
         return None
 
-    def _check_flat(b: int) -> None:
+    def check_flat(b: int) -> None:
         if not _same_peaks(trials, b) or b in jumped:
             return
         far = min(max_batch, b * FLAT_JUMP)
