@@ -187,7 +187,7 @@ def test_a_peak_that_stops_growing_with_the_batch_ends_the_search_with_any_batch
     assert answer == BatchAnswer(10240, 600 * MiB, "/runs/baseline-b10240", (10, 5, 10240), flat_from=5)
     result = fit(script, ["--bs=10"], gpu="2GiB:sm80", runner=fake, levers="expandable", batch_arg="--bs")
     text = render_fit(result)
-    assert "As it is, any batch fits (--bs; you run 10): the peak is the same at batch 5 and 10240" in text
+    assert "As it is, any batch fits (--bs; you run 10): the same peak at batch 5 and 10240" in text
     assert "as it is  yes         any" in text
     assert result.rows[0].batch.flat_from == 5
 

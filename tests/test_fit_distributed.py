@@ -175,7 +175,7 @@ def test_a_batch_that_stops_mattering_is_any_batch_per_gpu(tmp_path):
     answer = result.rows[0].row.batch  # tried 8, 4, then 128 and 2048: the same peaks; 2048 x 1024 too
     assert (answer.tried, answer.flat_from, answer.batch) == ((8, 4, 128, 2048, 1 << 20), 128, 1 << 20)
     assert result.answer.startswith(
-        "fits on 4 x A100-40GB as it is, at any batch per GPU (the peak is the same at batch 128 and 1048576"
+        "fits on 4 x A100-40GB as it is, at any batch per GPU (the same peak at batch 128 and 1048576"
     )
 
 

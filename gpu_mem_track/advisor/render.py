@@ -64,9 +64,9 @@ def batch_text(row: FitRow) -> str:
 def flat_text(answer: BatchAnswer) -> str:
     """Why a batch search found no limit (``BatchAnswer.flat_from``), in words."""
     return (
-        f"the peak is the same at batch {answer.flat_from} and {answer.batch}: no step takes more "
-        f"samples than {answer.flat_from} (a dataset that small, or the batch argument does not "
-        "set the batch)"
+        f"the same peak at batch {answer.flat_from} and {answer.batch}: no step takes more than "
+        f"{answer.flat_from} samples, as with a dataset that small or a batch argument that does "
+        "not set the batch"
     )
 
 
