@@ -113,3 +113,16 @@ def test_a_script_that_raises_is_answered_with_its_exception_and_line(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "failed for a reason other than memory (ValueError: no data folder (bad.py:4))" in done.stdout
     assert "trial baseline: failed (ValueError: no data folder (bad.py:4))" in done.stderr
+
+
+@pytest.mark.parametrize("world", [(), ("--nproc-per-node", "2")])
+def test_an_out_dir_that_cannot_be_written_is_one_line_before_any_trial(tmp_path, world):
+    """--out-dir naming a file was a NotADirectoryError traceback once the first trial
+    made its folder; it is a usage mistake, said before the script runs."""
+    (tmp_path / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    done = fit_cli(*world, "--out-dir", "taken/sub", "2GiB:sm80", "train.py", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "gpu_mem_track: cannot write reports to taken/sub: it cannot be created (taken is a file)"
+    ]
