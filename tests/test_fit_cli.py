@@ -126,3 +126,13 @@ def test_an_out_dir_that_cannot_be_written_is_one_line_before_any_trial(tmp_path
     assert done.stderr.strip().splitlines() == [
         "gpu_mem_track: cannot write reports to taken/sub: it cannot be created (taken is a file)"
     ]
+
+
+def test_an_html_page_that_is_a_folder_is_refused_before_any_trial(tmp_path):
+    """--html naming a folder failed ("Is a directory") only once every trial had run."""
+    (tmp_path / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    (tmp_path / "pages").mkdir()
+    done = fit_cli("--html", "pages", "2GiB:sm80", "train.py", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "gpu_mem_track: --html pages: a folder, not a page to write\n"
+    assert not (tmp_path / "reports").exists()  # no trial ran

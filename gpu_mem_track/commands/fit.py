@@ -153,8 +153,10 @@ def _answer(args: argparse.Namespace, launch: RankInfo | None) -> int:
     from ..advisor.render import render_fit
     from ..errors import UsageError
 
-    if args.html and not Path(args.html).resolve().parent.is_dir():
-        raise UsageError(f"--html {args.html}: no such folder for the page")  # before any trial runs
+    if args.html and not Path(args.html).resolve().parent.is_dir():  # both before any trial runs
+        raise UsageError(f"--html {args.html}: no such folder for the page")
+    if args.html and Path(args.html).is_dir():
+        raise UsageError(f"--html {args.html}: a folder, not a page to write")
 
     def progress(line: str) -> None:  # one write per line: trials end in several threads
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
