@@ -54,6 +54,18 @@ def fit_cli(*argv: str, cwd) -> subprocess.CompletedProcess[str]:
             "gpu_mem_track: --include nosuchmodule: no such",
         ),
         (("2GiB:sm80", "."), "gpu_mem_track: . is a folder without a __main__.py, not a Python script"),
+        (
+            ("--batch-arg", "0", "--max-batch", "4", "2GiB:sm80", "train.py", "8"),
+            "gpu_mem_track: --max-batch 4 is below the batch the script runs (8)",
+        ),
+        (
+            ("--max-batch", "4", "2GiB:sm80", "train.py", "8"),
+            "gpu_mem_track: --max-batch bounds the batch search: give --batch-arg too",
+        ),
+        (
+            ("--nproc-per-node", "2", "--batch-arg", "0", "--max-batch", "4", "2GiB:sm80", "train.py", "8"),
+            "gpu_mem_track: --max-batch 4 is below the batch the script runs (8)",
+        ),
     ],
 )
 def test_a_usage_mistake_is_one_line_and_exit_2(tmp_path, argv, message):

@@ -66,7 +66,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         "train.py 32 1024, which the script reads as sys.argv[1]); each row then gets the largest batch "
         "that fits, found by simulated trials",
     )
-    parser.add_argument("--max-batch", type=_positive, metavar="N", help="the largest batch the search tries")
+    parser.add_argument(
+        "--max-batch",
+        type=_positive,
+        metavar="N",
+        help="the largest batch the search of --batch-arg tries (at least the script's batch)",
+    )
     parser.add_argument(
         "--jobs", type=_positive, metavar="N", help="trials run at once (default: the cores available)"
     )
