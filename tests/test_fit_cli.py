@@ -148,3 +148,17 @@ def test_an_html_page_that_is_a_folder_is_refused_before_any_trial(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "gpu_mem_track: --html pages: a folder, not a page to write\n"
     assert not (tmp_path / "reports").exists()  # no trial ran
+
+
+@pytest.mark.parametrize("option", ["--jobs", "--max-batch", "--nproc-per-node"])
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_a_count_of_at_least_1_says_so_for_every_bad_value(option, value, capsys):
+    """-1 was refused as "not a count >= 0", which 0 is, while 0 said ">= 1"."""
+    from gpu_mem_track.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", option, value, "2GiB:sm80", "train.py"])
+    assert exit.value.code == 2
+    assert (
+        capsys.readouterr().err.splitlines()[-1].endswith(f"argument {option}: not a count >= 1: {value!r}")
+    )

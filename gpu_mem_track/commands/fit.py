@@ -29,7 +29,10 @@ def _fraction(text: str) -> float:
 
 
 def _positive(text: str) -> int:
-    value = count(text)
+    try:
+        value = count(text)
+    except argparse.ArgumentTypeError:
+        value = 0  # -1 or x: "not a count >= 1" too, not count's ">= 0"
     if value < 1:
         raise argparse.ArgumentTypeError(f"not a count >= 1: {text!r}")
     return value
