@@ -394,6 +394,12 @@ def test_cli_amp_may_come_before_the_factory_and_the_factory_prints_as_written(t
     assert "estimate needs a model factory" in capsys.readouterr().err
     assert main(["estimate", "--amp", spec, spec, "--input", "4x10"]) == 2
     assert "two factories given" in capsys.readouterr().err
+    for amp in (["--amp", "fp8"], ["--amp=fp8"]):  # a dtype autocast does not take: said as such
+        assert main(["estimate", spec, *amp, "--input", "4x10"]) == 2
+        assert capsys.readouterr().err == (
+            "gpu_mem_track: --amp takes autocast's dtype: fp16, float16, half, bf16 or bfloat16 "
+            "(default fp16), not 'fp8'\n"
+        )
 
 
 def test_cli_loss_function_from_a_file(tmp_path, capsys):
