@@ -133,3 +133,21 @@ def test_ctrl_c_prints_the_traceback_python_prints(tmp_path):
     assert traceback.splitlines()[-1] == "KeyboardInterrupt"
     assert 'interrupted.py", line 11, in <module>' in traceback and ", in wait" in traceback
     assert "gpu_mem_track" not in traceback  # none of our frames
+
+
+def test_ctrl_c_before_the_script_starts_leaves_no_empty_run_folder(tmp_path, monkeypatch):
+    """Ctrl-C in the second the runner imports torch (before meta.json) left an empty run
+    folder, which show and compare then refused as 'not a gpu_mem_track run folder'."""
+    from gpu_mem_track.runner import run as runner
+    from gpu_mem_track.runner.options import RunOptions
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    script = write(tmp_path / "loop.py", LOOP)
+    prepared = runner.prepare(RunOptions(script=str(script), out_dir=str(tmp_path / "reports"), device="cpu"))
+    assert prepared.folder.path.is_dir()  # claimed by prepare
+    monkeypatch.setattr(runner, "TimelineWriter", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(prepared)
+    assert list((tmp_path / "reports").iterdir()) == []

@@ -116,12 +116,17 @@ def execute(
     and torch's history recorder (tests pass fakes)."""
     from ..levers.apply import applied_levers
 
-    with (
-        runner_objects_frozen(),  # before torch is imported (launch.runner_objects_frozen)
-        applied_levers(prepared.options.levers, prepared.gpu is not None) as levers,  # before CUDA starts
-        simulation(prepared.gpu, prepared.rank) as gpu,  # before the sampler's first reading
-    ):
-        return _execute(prepared, stream, sampler, history, gpu, levers)
+    try:
+        with (
+            runner_objects_frozen(),  # before torch is imported (launch.runner_objects_frozen)
+            applied_levers(prepared.options.levers, prepared.gpu is not None) as levers,  # before CUDA starts
+            simulation(prepared.gpu, prepared.rank) as gpu,  # before the sampler's first reading
+        ):
+            return _execute(prepared, stream, sampler, history, gpu, levers)
+    except BaseException:
+        if not prepared.folder.meta.exists():  # stopped before the script started (Ctrl-C in
+            _abandon(prepared.folder)  # torch's import): no empty run folder left behind
+        raise
 
 
 def _execute(
