@@ -151,3 +151,26 @@ def test_ctrl_c_before_the_script_starts_leaves_no_empty_run_folder(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         runner.execute(prepared)
     assert list((tmp_path / "reports").iterdir()) == []
+
+
+def test_sigterm_before_the_script_starts_leaves_no_empty_run_folder_and_exits_143(tmp_path):
+    """SIGTERM in the set-up killed the runner at once, leaving its run folder empty; it
+    now unwinds, removes the folder and dies of the signal as before (143)."""
+    script = write(tmp_path / "loop.py", LOOP)
+    code = (
+        "import os, signal, sys\n"
+        "from gpu_mem_track.runner import run as runner\n"
+        "from gpu_mem_track.runner.options import RunOptions\n"
+        "class Killed:\n"
+        "    def __init__(self, path):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"  # as a SIGTERM in torch's import would
+        f"prepared = runner.prepare(RunOptions(script={str(script)!r}, out_dir='reports', device='cpu'))\n"
+        "runner.TimelineWriter = Killed\n"
+        "runner.execute(prepared)\n"
+        "print('not reached')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert list((tmp_path / "reports").iterdir()) == []
