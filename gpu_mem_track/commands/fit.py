@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import Command, count, print_result
@@ -155,8 +157,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _answer(args: argparse.Namespace, launch: RankInfo | None) -> int:
     """``run`` on the rank that answers (every run outside torchrun)."""
-    from pathlib import Path
-
     from ..advisor.api import FitInterrupted
     from ..advisor.render import render_fit
     from ..errors import UsageError
@@ -268,13 +268,24 @@ def _say_interrupted(stop: FitInterrupted) -> None:
         lines.append(f"complete trial folders ({len(stop.complete)}): {', '.join(stop.complete)}")
     else:
         lines.append("no trial was complete")
-    if stop.stopped:
-        lines.append(
-            f"stopped, not complete ({len(stop.stopped)}): {', '.join(stop.stopped)} (under {stop.folder}/)"
-        )
+    stopped = [name for name in stop.stopped if _started(Path(stop.folder), name)]
+    if stopped:
+        lines.append(f"stopped, not complete ({len(stopped)}): {', '.join(stopped)} (under {stop.folder}/)")
+    waiting = [name for name in stop.stopped if name not in stopped]
+    if waiting:
+        lines.append(f"not started ({len(waiting)}): {', '.join(waiting)}")
     for line in lines:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
     sys.stderr.flush()
+
+
+def _started(folder: Path, trial: str) -> bool:
+    """Whether the trial ran at all: its run folder or its log (one per rank) exists."""
+    return (
+        (folder / trial).exists()
+        or (folder / f"{trial}.log").exists()
+        or any(folder.glob(f"{glob.escape(trial)}-rank*.log"))
+    )
 
 
 def _world(args: argparse.Namespace, launched: int | None) -> int | None:
