@@ -62,6 +62,7 @@ def test_show_totals_only_leaves_out_the_groups(two_stamps, in_process):
             "gpu_mem_track: empty.csv is empty (no CSV header): not a gpu_mem_track report\n",
         ),
         (("show", "."), 2, "gpu_mem_track: . is not a gpu_mem_track run folder (no meta.json"),
+        (("show", "data.bin"), 2, "gpu_mem_track: data.bin is not a gpu_mem_track report (a run folder"),
         (("probe", "--device", "cpu"), 2, "the probe measures CUDA devices, not 'cpu'"),
         (("probe", "--device", "gpu"), 2, "not a device: 'gpu'"),
         (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
@@ -73,6 +74,7 @@ def test_usage_mistakes_exit_2_with_one_clear_line(tmp_path, monkeypatch, in_pro
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("hello\n")
     (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "data.bin").write_bytes(bytes(range(128, 256)) * 8)  # binary: not "empty"
     done = in_process(*args)
     assert done.returncode == code
     assert message in done.stderr

@@ -394,6 +394,12 @@ def test_cli_amp_may_come_before_the_factory_and_the_factory_prints_as_written(t
     assert "estimate needs a model factory" in capsys.readouterr().err
     assert main(["estimate", "--amp", spec, spec, "--input", "4x10"]) == 2
     assert "two factories given" in capsys.readouterr().err
+    for amp in (["--amp", "fp8"], ["--amp=fp8"]):  # a dtype autocast does not take: said as such
+        assert main(["estimate", spec, *amp, "--input", "4x10"]) == 2
+        assert capsys.readouterr().err == (
+            "gpu_mem_track: --amp takes autocast's dtype: fp16, float16, half, bf16 or bfloat16 "
+            "(default fp16), not 'fp8'\n"
+        )
 
 
 def test_cli_loss_function_from_a_file(tmp_path, capsys):
@@ -622,3 +628,23 @@ def test_cli_memory_model_options(in_process):
     assert data == json.loads(json.dumps(expected.to_dict()))
     assert data["cublas_workspace"] == 2 * 32 * 2**20 + (1 << 20)  # + cuBLASLt's (biased linears)
     assert data["allocator"] == "max_split_size_mb:64"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--gpu", "h100"], "the simulated GPU (--gpu, gpu)"),
+        (["--alloc-conf", "expandable_segments:True"], "the allocator settings (--alloc-conf, alloc_conf)"),
+        (["--cublas-workspace", "0"], "the cuBLAS workspace (--cublas-workspace, cublas_workspace)"),
+    ],
+)
+def test_cli_a_cuda_memory_model_on_the_cpu_target_is_a_usage_mistake(tmp_path, capsys, option, message):
+    """--gpu h100 --device cpu printed exact CPU sizes as if no GPU had been named."""
+    from gpu_mem_track.cli import main
+
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    spec = str(tmp_path / "factories.py") + ":net"
+    for command in (["estimate"], ["batch-size", "--budget", "1GiB"]):
+        assert main([*command, spec, "--input", "4x10", "--device", "cpu", *option]) == 2
+        said = f"gpu_mem_track: {message} is the CUDA target's: it does not apply to cpu\n"
+        assert capsys.readouterr() == ("", said)

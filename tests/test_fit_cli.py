@@ -54,6 +54,18 @@ def fit_cli(*argv: str, cwd) -> subprocess.CompletedProcess[str]:
             "gpu_mem_track: --include nosuchmodule: no such",
         ),
         (("2GiB:sm80", "."), "gpu_mem_track: . is a folder without a __main__.py, not a Python script"),
+        (
+            ("--batch-arg", "0", "--max-batch", "4", "2GiB:sm80", "train.py", "8"),
+            "gpu_mem_track: --max-batch 4 is below the batch the script runs (8)",
+        ),
+        (
+            ("--max-batch", "4", "2GiB:sm80", "train.py", "8"),
+            "gpu_mem_track: --max-batch bounds the batch search: give --batch-arg too",
+        ),
+        (
+            ("--nproc-per-node", "2", "--batch-arg", "0", "--max-batch", "4", "2GiB:sm80", "train.py", "8"),
+            "gpu_mem_track: --max-batch 4 is below the batch the script runs (8)",
+        ),
     ],
 )
 def test_a_usage_mistake_is_one_line_and_exit_2(tmp_path, argv, message):
@@ -113,3 +125,64 @@ def test_a_script_that_raises_is_answered_with_its_exception_and_line(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "failed for a reason other than memory (ValueError: no data folder (bad.py:4))" in done.stdout
     assert "trial baseline: failed (ValueError: no data folder (bad.py:4))" in done.stderr
+
+
+@pytest.mark.parametrize("world", [(), ("--nproc-per-node", "2")])
+def test_an_out_dir_that_cannot_be_written_is_one_line_before_any_trial(tmp_path, world):
+    """--out-dir naming a file was a NotADirectoryError traceback once the first trial
+    made its folder; it is a usage mistake, said before the script runs."""
+    (tmp_path / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    done = fit_cli(*world, "--out-dir", "taken/sub", "2GiB:sm80", "train.py", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "gpu_mem_track: cannot write reports to taken/sub: it cannot be created (taken is a file)"
+    ]
+
+
+def test_an_html_page_that_is_a_folder_is_refused_before_any_trial(tmp_path):
+    """--html naming a folder failed ("Is a directory") only once every trial had run."""
+    (tmp_path / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    (tmp_path / "pages").mkdir()
+    done = fit_cli("--html", "pages", "2GiB:sm80", "train.py", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "gpu_mem_track: --html pages: a folder, not a page to write\n"
+    assert not (tmp_path / "reports").exists()  # no trial ran
+
+
+@pytest.mark.parametrize("option", ["--jobs", "--max-batch", "--nproc-per-node"])
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_a_count_of_at_least_1_says_so_for_every_bad_value(option, value, capsys):
+    """-1 was refused as "not a count >= 0", which 0 is, while 0 said ">= 1"."""
+    from gpu_mem_track.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", option, value, "2GiB:sm80", "train.py"])
+    assert exit.value.code == 2
+    assert (
+        capsys.readouterr().err.splitlines()[-1].endswith(f"argument {option}: not a count >= 1: {value!r}")
+    )
+
+
+def test_an_interrupt_names_the_trials_never_started_apart_from_those_it_stopped(tmp_path, capsys):
+    """Trials still waiting for a slot were listed as 'stopped, not complete' beside the
+    ones stopped mid-run, though no folder or log of theirs exists."""
+    import signal
+
+    from gpu_mem_track.advisor.api import FitInterrupted
+    from gpu_mem_track.commands.fit import _say_interrupted
+
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "expandable").mkdir()
+    (tmp_path / "expandable.log").write_text("")
+    (tmp_path / "zero-w2-rank0.log").write_text("")  # a distributed trial's log, per rank
+    stop = FitInterrupted(
+        str(tmp_path), [str(tmp_path / "baseline")], ["expandable", "zero-w2", "fused"], signal.SIGTERM
+    )
+    _say_interrupted(stop)
+    assert capsys.readouterr().err.splitlines() == [
+        "gpu_mem_track fit: interrupted (SIGTERM): every trial stopped, no process left",
+        f"gpu_mem_track fit: complete trial folders (1): {tmp_path / 'baseline'}",
+        f"gpu_mem_track fit: stopped, not complete (2): expandable, zero-w2 (under {tmp_path}/)",
+        "gpu_mem_track fit: not started (1): fused",
+    ]

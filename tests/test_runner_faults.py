@@ -133,3 +133,44 @@ def test_ctrl_c_prints_the_traceback_python_prints(tmp_path):
     assert traceback.splitlines()[-1] == "KeyboardInterrupt"
     assert 'interrupted.py", line 11, in <module>' in traceback and ", in wait" in traceback
     assert "gpu_mem_track" not in traceback  # none of our frames
+
+
+def test_ctrl_c_before_the_script_starts_leaves_no_empty_run_folder(tmp_path, monkeypatch):
+    """Ctrl-C in the second the runner imports torch (before meta.json) left an empty run
+    folder, which show and compare then refused as 'not a gpu_mem_track run folder'."""
+    from gpu_mem_track.runner import run as runner
+    from gpu_mem_track.runner.options import RunOptions
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    script = write(tmp_path / "loop.py", LOOP)
+    prepared = runner.prepare(RunOptions(script=str(script), out_dir=str(tmp_path / "reports"), device="cpu"))
+    assert prepared.folder.path.is_dir()  # claimed by prepare
+    monkeypatch.setattr(runner, "TimelineWriter", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(prepared)
+    assert list((tmp_path / "reports").iterdir()) == []
+
+
+def test_sigterm_before_the_script_starts_leaves_no_empty_run_folder_and_exits_143(tmp_path):
+    """SIGTERM in the set-up killed the runner at once, leaving its run folder empty; it
+    now unwinds, removes the folder and dies of the signal as before (143)."""
+    script = write(tmp_path / "loop.py", LOOP)
+    code = (
+        "import os, signal, sys\n"
+        "from gpu_mem_track.runner import run as runner\n"
+        "from gpu_mem_track.runner.options import RunOptions\n"
+        "class Killed:\n"
+        "    def __init__(self, path):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"  # as a SIGTERM in torch's import would
+        f"prepared = runner.prepare(RunOptions(script={str(script)!r}, out_dir='reports', device='cpu'))\n"
+        "runner.TimelineWriter = Killed\n"
+        "runner.execute(prepared)\n"
+        "print('not reached')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert list((tmp_path / "reports").iterdir()) == []

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..levers.allocator import NOT_TRIED
 from .accumulation import accumulation
-from .batch import BatchArg, find_batch
+from .batch import BatchArg, check_max_batch, find_batch
 from .plan import cheapest_combination, label, make_row, parse_levers, rank
 from .records import Accumulation, BatchAnswer, FitResult, FitRow, LeverNote, Trial
 from .trials import Stopped, SubprocessRunner, TrialPool, TrialSpec, session_folder
@@ -115,12 +115,11 @@ def fit(
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
-    if max_batch is not None and max_batch < 1:
-        raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
     check_trial_options(script, include, max_iterations, max_seconds, engine)
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
+    check_max_batch(max_batch, user_batch)
     folder = session_folder(Path(out_dir), Path(script))
     options = trial_run_options(include, max_iterations, max_seconds, run_to_end, end_script, engine)
     if runner is None:

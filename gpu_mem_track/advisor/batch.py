@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .records import BatchAnswer, Trial
 
-__all__ = ["BatchArg", "find_batch", "start_batches"]
+__all__ = ["BatchArg", "check_max_batch", "find_batch", "start_batches"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,21 @@ class BatchArg:
         out = list(args)
         out[at] = f"{self.option}={batch}" if joined else str(batch)
         return tuple(out)
+
+
+def check_max_batch(max_batch: int | None, batch: int | None) -> None:
+    """``UsageError`` for a ``max_batch`` the search cannot use: one under 1, one without
+    a batch to search (no ``--batch-arg``), or one below the batch the script runs, where
+    the answer would say the script fits at its batch and that a smaller one is the
+    largest that fits."""
+    if max_batch is None:
+        return
+    if max_batch < 1:
+        raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
+    if batch is None:
+        raise UsageError("--max-batch bounds the batch search: give --batch-arg too")
+    if max_batch < batch:
+        raise UsageError(f"--max-batch {max_batch} is below the batch the script runs ({batch})")
 
 
 def _ordinal(n: int) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .batch import BatchArg, find_batch
+from .batch import BatchArg, check_max_batch, find_batch
 from .plan import label, make_row
 from .records import BatchAnswer, FitRow, Trial
 from .render import flat_text, short_line
@@ -174,14 +174,13 @@ def fit_distributed(
         raise UsageError(f"--threshold takes a fraction in (0, 1], not {threshold}")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs takes a count >= 1, not {jobs}")
-    if max_batch is not None and max_batch < 1:
-        raise UsageError(f"--max-batch takes a count >= 1, not {max_batch}")
     if not Path(script).is_file():
         raise UsageError(f"{script}: no such script")
     check_trial_options(script, include, max_iterations, max_seconds, engine)
     args = tuple(str(a) for a in args)
     where = BatchArg.parse(batch_arg) if batch_arg is not None else None
     user_batch = where.value(args) if where is not None else None
+    check_max_batch(max_batch, user_batch)
     accum = BatchArg.parse(accum_arg) if accum_arg is not None else None
     if accum is not None and where is None:
         raise UsageError("--accum-arg needs --batch-arg: the accumulation makes up for a smaller batch")

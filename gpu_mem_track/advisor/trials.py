@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
+from ..outputs import claim_folder
 from ..units import format_bytes
 from .forked import Stopped, run_forked, stop_all
 from .records import LeverNote, OutOfMemory, Trial
@@ -291,11 +292,12 @@ def describe(trial: Trial) -> str:
 
 
 def session_folder(out_dir: Path, script: Path) -> Path:
-    """A new folder for one fit's trials under ``out_dir``: ``fit-<script>-<time>``, with
-    ``-2``, ``-3``... when that exists."""
+    """A new folder for one fit's trials under ``out_dir``, created here:
+    ``fit-<script>-<time>``, with ``-2``, ``-3``... when that exists. ``UsageError`` (one
+    line) when ``out_dir`` cannot be written (a file, a read-only folder), before any
+    trial starts."""
+    from ..runner.checks import check_out_dir
+
+    check_out_dir(out_dir, str(out_dir))  # names the file in the way, as run does
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder = out_dir / f"fit-{script.stem}-{stamp}"
-    n = 2
-    while folder.exists():
-        folder, n = out_dir / f"fit-{script.stem}-{stamp}-{n}", n + 1
-    return folder
+    return claim_folder(out_dir, f"fit-{script.stem}-{stamp}")

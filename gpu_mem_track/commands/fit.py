@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import Command, count, print_result
@@ -29,7 +31,10 @@ def _fraction(text: str) -> float:
 
 
 def _positive(text: str) -> int:
-    value = count(text)
+    try:
+        value = count(text)
+    except argparse.ArgumentTypeError:
+        value = 0  # -1 or x: "not a count >= 1" too, not count's ">= 0"
     if value < 1:
         raise argparse.ArgumentTypeError(f"not a count >= 1: {text!r}")
     return value
@@ -66,7 +71,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         "train.py 32 1024, which the script reads as sys.argv[1]); each row then gets the largest batch "
         "that fits, found by simulated trials",
     )
-    parser.add_argument("--max-batch", type=_positive, metavar="N", help="the largest batch the search tries")
+    parser.add_argument(
+        "--max-batch",
+        type=_positive,
+        metavar="N",
+        help="the largest batch the search of --batch-arg tries (at least the script's batch)",
+    )
     parser.add_argument(
         "--jobs", type=_positive, metavar="N", help="trials run at once (default: the cores available)"
     )
@@ -147,14 +157,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _answer(args: argparse.Namespace, launch: RankInfo | None) -> int:
     """``run`` on the rank that answers (every run outside torchrun)."""
-    from pathlib import Path
-
     from ..advisor.api import FitInterrupted
     from ..advisor.render import render_fit
     from ..errors import UsageError
 
-    if args.html and not Path(args.html).resolve().parent.is_dir():
-        raise UsageError(f"--html {args.html}: no such folder for the page")  # before any trial runs
+    if args.html and not Path(args.html).resolve().parent.is_dir():  # both before any trial runs
+        raise UsageError(f"--html {args.html}: no such folder for the page")
+    if args.html and Path(args.html).is_dir():
+        raise UsageError(f"--html {args.html}: a folder, not a page to write")
 
     def progress(line: str) -> None:  # one write per line: trials end in several threads
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
@@ -258,13 +268,24 @@ def _say_interrupted(stop: FitInterrupted) -> None:
         lines.append(f"complete trial folders ({len(stop.complete)}): {', '.join(stop.complete)}")
     else:
         lines.append("no trial was complete")
-    if stop.stopped:
-        lines.append(
-            f"stopped, not complete ({len(stop.stopped)}): {', '.join(stop.stopped)} (under {stop.folder}/)"
-        )
+    stopped = [name for name in stop.stopped if _started(Path(stop.folder), name)]
+    if stopped:
+        lines.append(f"stopped, not complete ({len(stopped)}): {', '.join(stopped)} (under {stop.folder}/)")
+    waiting = [name for name in stop.stopped if name not in stopped]
+    if waiting:
+        lines.append(f"not started ({len(waiting)}): {', '.join(waiting)}")
     for line in lines:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
     sys.stderr.flush()
+
+
+def _started(folder: Path, trial: str) -> bool:
+    """Whether the trial ran at all: its run folder or its log (one per rank) exists."""
+    return (
+        (folder / trial).exists()
+        or (folder / f"{trial}.log").exists()
+        or any(folder.glob(f"{glob.escape(trial)}-rank*.log"))
+    )
 
 
 def _world(args: argparse.Namespace, launched: int | None) -> int | None:

@@ -185,6 +185,9 @@ def _factory_spec(args: argparse.Namespace) -> str:
             f"{args.command} needs a model factory (package.module:function or file.py:function)"
         )
     if args.factory is not None and swallowed is not None:
+        if ":" not in swallowed:  # --amp fp8: a dtype autocast does not take, not a factory
+            dtypes = f"{', '.join(AMP_ALIASES[:-1])} or {AMP_ALIASES[-1]}"
+            raise UsageError(f"--amp takes autocast's dtype: {dtypes} (default fp16), not {swallowed!r}")
         raise UsageError(f"two factories given: {swallowed} and {args.factory}")
     return args.factory or swallowed
 

@@ -100,7 +100,7 @@ class StepOptions:
     (forward, loss, backward, optimizer step) or, when False, one forward pass under
     ``no_grad``. ``device``: the CPU or a CUDA device. ``warmup``: steps run before the
     measured one (None: 1 for training or a user's step, so the optimizer state exists;
-    0 for inference). The CUDA target's memory model (unused on the CPU target; None:
+    0 for inference). The CUDA target's memory model (a ``UsageError`` on the CPU target; None:
     the environment variables, see
     :mod:`~gpu_mem_track.estimator.target`): ``alloc_conf``, a
     ``PYTORCH_CUDA_ALLOC_CONF`` value; ``gpu``, the simulated GPU (an architecture or a

@@ -155,11 +155,26 @@ class Target:
         self.tracker.close()
 
 
+def _no_cuda_memory_model(options: StepOptions) -> None:
+    """``UsageError`` for a CUDA memory model given to the CPU target, which would ignore it
+    (the environment variables, read only on the CUDA target, are no mistake)."""
+    given = (
+        ("the simulated GPU (--gpu, gpu)", options.gpu),
+        ("the allocator settings (--alloc-conf, alloc_conf)", options.alloc_conf),
+        ("the cuBLAS workspace (--cublas-workspace, cublas_workspace)", options.cublas_workspace),
+    )
+    for what, value in given:
+        if value is not None:
+            raise UsageError(f"{what} is the CUDA target's: it does not apply to {options.device}")
+
+
 def open_target(options: StepOptions, sim: str, user_code: bool = False) -> Target:
     """The device of ``options.target`` for tensors on ``sim`` (``"meta"``, or ``"cpu"``
     for a real CPU step); ``user_code``: the step is the user's."""
     if options.target != "cuda" and options.amp is not None and sim == "meta":
         raise UsageError(f"autocast (--amp, amp) is CUDA's: it needs the CUDA target, not {options.device}")
+    if options.target != "cuda" and sim == "meta":  # exact sizes: a CUDA memory model given is unused
+        _no_cuda_memory_model(options)
     if options.target != "cuda" or sim != "meta":
         tracker = Lifetimes({sim, "cpu"}, ExactMemory())
         return Target(tracker, KnownValues(tracker.module) if sim == "meta" else None)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .options import PreparedRun
     from .session import RunSession
 
-__all__ = ["run_script", "runner_objects_frozen"]
+__all__ = ["dies_of_signals_after_unwinding", "run_script", "runner_objects_frozen"]
 
 #: Frames of these files are left out of the script's traceback.
 _OUR_FILES = (os.path.abspath(__file__),)
@@ -192,6 +192,26 @@ def _compile(source: bytes, filename: str, pad: bool) -> types.CodeType:
 
 def _runs_through_runpy(script: Path) -> bool:
     return script.is_dir() or zipfile.is_zipfile(script)
+
+
+@contextlib.contextmanager
+def dies_of_signals_after_unwinding() -> Iterator[None]:
+    """Around the runner's set-up and its reports (``run_script`` then sees our handler
+    and keeps it): SIGTERM and SIGHUP at their default raise ``_Terminated``, so the
+    ``except`` and ``finally`` clauses inside run (the runner removes a run folder the
+    script never wrote into); then the process dies of the signal, as it would have at
+    once (exit 128 + N)."""
+    handlers = _Terminated.install()
+    try:
+        yield
+    except _Terminated as exc:
+        _Terminated.restore(handlers)  # the signal's default again: dying of it
+        handlers = {}
+        sys.stderr.flush()
+        os.kill(os.getpid(), exc.signum)
+        raise  # only when the signal was not fatal after all
+    finally:
+        _Terminated.restore(handlers)
 
 
 class _Terminated(BaseException):

@@ -42,7 +42,7 @@ from .checks import (
     resolve_includes,
 )
 from .history import HistoryRecorder
-from .launch import run_script, runner_objects_frozen
+from .launch import dies_of_signals_after_unwinding, run_script, runner_objects_frozen
 from .options import PreparedRun, RunOptions
 from .profiler import LineProfiler
 from .result import RunResult
@@ -116,12 +116,18 @@ def execute(
     and torch's history recorder (tests pass fakes)."""
     from ..levers.apply import applied_levers
 
-    with (
-        runner_objects_frozen(),  # before torch is imported (launch.runner_objects_frozen)
-        applied_levers(prepared.options.levers, prepared.gpu is not None) as levers,  # before CUDA starts
-        simulation(prepared.gpu, prepared.rank) as gpu,  # before the sampler's first reading
-    ):
-        return _execute(prepared, stream, sampler, history, gpu, levers)
+    with dies_of_signals_after_unwinding():  # SIGTERM in the set-up: the except clause below
+        try:
+            with (
+                runner_objects_frozen(),  # before torch is imported (launch.runner_objects_frozen)
+                applied_levers(prepared.options.levers, prepared.gpu is not None) as levers,  # before CUDA
+                simulation(prepared.gpu, prepared.rank) as gpu,  # before the sampler's first reading
+            ):
+                return _execute(prepared, stream, sampler, history, gpu, levers)
+        except BaseException:
+            if not prepared.folder.meta.exists():  # stopped before the script started (Ctrl-C or
+                _abandon(prepared.folder)  # SIGTERM in torch's import): no empty run folder left
+            raise
 
 
 def _execute(

@@ -132,9 +132,10 @@ def detect(path: str | Path) -> Source:
         )
     if not path.exists():
         raise UsageError(f"no such run or report: {path}")
-    header = set(_header(path))
-    if not header:
+    cells = _header(path)
+    if cells is not None and not cells:
         raise UsageError(f"{path} is empty (no CSV header): not a gpu_mem_track report")
+    header = set(cells or ())
     if header.issuperset(TRACKER_COLUMNS):
         return Source(path, "tracker")
     if header.issuperset(TIMELINE_REQUIRED):
@@ -161,14 +162,16 @@ def load_run(
         return _load_runner(source, lines, timeline, points)
 
 
-def _header(path: Path) -> list[str]:
+def _header(path: Path) -> list[str] | None:
+    """The first row's cells: ``[]`` for an empty file, None for one that is not CSV
+    text (binary, a pickle: not "empty")."""
     try:
         with open_csv(path) as handle:
             return next(csv.reader(handle), [])
     except UnicodeDecodeError:
-        return []
+        return None
     except csv.Error:
-        return []
+        return None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
