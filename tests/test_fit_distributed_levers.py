@@ -168,6 +168,38 @@ def test_fsdp2_shards_the_layers_of_an_mlp_among_its_activations(tmp_path, rank0
     assert lever.peak < base.peak
 
 
+CONVNET = """
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+layers = [m for c in (3, 16, 16) for m in (nn.Conv2d(c, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())]
+model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+"""
+CONVNET_LOOP = """
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for step in range(2):
+    model(torch.randn(4, 3, 8, 8, device="cuda")).sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    ("shard", "levers"),
+    [
+        ("model = model.cuda()\n", ("fsdp2",)),  # the lever shards at the move
+        ('dist.init_process_group("nccl")\nfully_shard(model)\nmodel = model.cuda()\n', ()),
+    ],
+)
+def test_fsdp2_moves_batchnorms_integer_buffer_to_the_simulated_gpu(tmp_path, rank0, shard, levers):
+    # BatchNorm's num_batches_tracked stays a real CPU tensor in the simulation (an integer
+    # under virtual.THRESHOLD); FSDP2's `tensor.data = tensor.to(device)` refused it
+    info, reports = simulate(tmp_path, CONVNET + shard + CONVNET_LOOP, "convnet", *levers)
+    assert info.exit_code == 0
+    assert all(report.applied for report in reports)
+
+
 def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
     ddp, _ = simulate(tmp_path, DDP, "ddp")
     lever, [report] = simulate(tmp_path, DDP, "zero", "zero")

@@ -86,6 +86,7 @@ def simulate_ranks(gpu: RunningGpu, ranks: RankEnv, patches: Patches) -> None:
     patches.set(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda"))
     _ddp_buckets_pass(patches)
     _fsdp_resizes_told(gpu, patches)
+    _fsdp_moves_real_tensors(patches)
     _dtensor_metadata_on_meta(patches)
 
 
@@ -131,6 +132,45 @@ def _fsdp_resizes_told(gpu: RunningGpu, patches: Patches) -> None:
         for name in ("alloc_storage", "free_storage"):
             if hasattr(module, name):
                 patches.set(module, name, told(getattr(module, name)))
+
+
+def _fsdp_moves_real_tensors(patches: Patches) -> None:
+    """FSDP2's ``fully_shard`` moves a module's parameters and buffers to the mesh's
+    device by ``tensor.data = tensor.to(device)`` (``_fsdp_init._move_states_to_device``).
+    In the simulation a CPU tensor that stayed real (``virtual``: an integer buffer such
+    as BatchNorm's ``num_batches_tracked``, or a tensor made outside a module's
+    construction) moves to a meta tensor, and ``set_data`` refuses the pair
+    ("incompatible tensor type") where a GPU's CPU and CUDA tensors agree. Such a tensor
+    takes its moved copy's implementation instead (``torch._C._swap_tensor_impl``, the
+    step of ``torch.utils.swap_tensors`` that keeps the Python object the module, the
+    script and FSDP2 hold), before FSDP2's own move, which then finds it moved."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_init
+    except ImportError:
+        return
+    original = getattr(_fsdp_init, "_move_states_to_device", None)
+    swap = getattr(torch._C, "_swap_tensor_impl", None)
+    if original is None or swap is None:
+        return
+
+    def move(params: list[torch.Tensor], buffers: list[torch.Tensor], device: torch.device) -> None:
+        for tensor in (*params, *buffers):
+            if tensor.device == device or tensor.device.type != "cpu" or type(tensor) not in _PLAIN:
+                continue
+            with torch.no_grad():
+                moved = tensor.to(device)
+            if torch._has_compatible_shallow_copy_type(tensor, moved):
+                continue
+            if type(tensor) is torch.nn.Parameter:
+                moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+            swap(tensor, moved)
+        original(params, buffers, device)
+
+    patches.set(_fsdp_init, "_move_states_to_device", move)
+
+
+#: The tensor classes :func:`_fsdp_moves_real_tensors` moves (subclasses go FSDP2's way).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _dtensor_metadata_on_meta(patches: Patches) -> None:
