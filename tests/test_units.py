@@ -41,5 +41,7 @@ def test_parse_bytes():
     assert parse_bytes("64MiB") == 64 * 2**20
     assert parse_bytes("1.5 GB") == 1_500_000_000
     assert parse_bytes("512") == 512
+    assert parse_bytes(format_bytes(3 * 2**50)) == 3 * 2**50  # what reports print reads back
+    assert parse_bytes("2PB") == 2 * 10**15
     with pytest.raises(ValueError, match="not a byte size: '12 parsecs'"):
         parse_bytes("12 parsecs")
