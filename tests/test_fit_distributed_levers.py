@@ -200,6 +200,16 @@ def test_fsdp2_moves_batchnorms_integer_buffer_to_the_simulated_gpu(tmp_path, ra
     assert all(report.applied for report in reports)
 
 
+@pytest.mark.parametrize("levers", [("checkpoint",), ("fsdp2", "checkpoint")])
+def test_a_lever_names_the_model_inside_the_ddp_wrap(tmp_path, rank0, levers):
+    mlp = "nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))"
+    source = MODEL + f'dist.init_process_group("nccl")\nmodel = DistributedDataParallel({mlp}.cuda())\n'
+    _, reports = simulate(tmp_path, source + LOOP, "wrapped", *levers)
+    report = next(r for r in reports if r.name == "checkpoint")
+    # not DistributedDataParallel, nor the wrapper the fsdp2 lever puts in its place
+    assert report.reason.startswith("Sequential has no ModuleList/Sequential")
+
+
 def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
     ddp, _ = simulate(tmp_path, DDP, "ddp")
     lever, [report] = simulate(tmp_path, DDP, "zero", "zero")

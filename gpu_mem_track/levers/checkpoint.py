@@ -173,10 +173,10 @@ class CheckpointLever:
         self.seen.add(id(module))
         if not any(True for _ in module.parameters()):
             return
-        self.model = self.model or type(module).__name__
+        self.model = self.model or block_class(_wrapped(module))
         self.found = repeated_blocks(module)
         if self.found is not None:
-            self.model = type(module).__name__
+            self.model = block_class(_wrapped(module))
             self.blocks = list(self.found.blocks)
             self.ids = frozenset(id(block) for block in self.blocks)
             owner = checkpointing_owner(module, self.found.container)
@@ -253,6 +253,17 @@ class CheckpointLever:
             target += f".get_submodule({path!r})"
         detail += f", by {owner}.{call.split('(')[0]}"
         return LeverReport(self.name, True, "", detail, f"{target}.{call}", "", cost)
+
+
+#: Wrappers whose ``module`` is the model they run (``sharding._unwrapped``'s included).
+_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "ShardedModel"})
+
+
+def _wrapped(module: Any) -> Any:
+    """The model inside DDP-style wrappers (``.module``), to name it as the script does."""
+    while type(module).__name__ in _WRAPPERS and getattr(module, "module", None) is not None:
+        module = module.module
+    return module
 
 
 def _through_checkpoint(run: Any, args: tuple, kwargs: dict) -> Any:
