@@ -210,6 +210,35 @@ def test_a_lever_names_the_model_inside_the_ddp_wrap(tmp_path, rank0, levers):
     assert report.reason.startswith("Sequential has no ModuleList/Sequential")
 
 
+ACCELERATE = (
+    MODEL
+    + """
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model = Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(2):
+    accelerator.backward(model(torch.randn(64, 256, device=accelerator.device)).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+)
+
+
+def test_the_sharding_levers_leave_an_accelerate_script_to_its_own_config(tmp_path, rank0):
+    pytest.importorskip("accelerate")
+    # Before, fsdp2 sharded at prepare's .to() and Accelerate's DDP wrap refused the DTensors;
+    # zero's optimizer failed in AcceleratedOptimizer (its state dict before a consolidation)
+    info, reports = simulate(tmp_path, ACCELERATE, "hf_accelerate", "fsdp2", "zero")
+    why = {report.name: report.reason for report in reports if not report.applied}
+    assert why["fsdp2"].startswith("the model is moved by Hugging Face Accelerate's prepare")
+    assert "--fsdp_version 2" in why["fsdp2"]
+    assert why["zero"].startswith("an Accelerator exists")
+    assert info.exit_code == 0
+
+
 def test_zero_shards_a_ddp_scripts_optimizer_state(tmp_path, rank0):
     ddp, _ = simulate(tmp_path, DDP, "ddp")
     lever, [report] = simulate(tmp_path, DDP, "zero", "zero")

@@ -12,7 +12,8 @@ that wraps the model in ``DistributedDataParallel`` gets the sharded model back 
 no process group (written for one GPU) gets one (``init_process_group``, which the
 simulated ranks make torch's fake one). Not applied: a script that shards with
 ``fully_shard`` itself, a model with no repeated blocks or layers, a model never moved to
-the GPU with ``.to``/``.cuda`` (built there directly).
+the GPU with ``.to``/``.cuda`` (built there directly), a model moved by Hugging Face
+Accelerate's ``prepare`` (``ACCELERATE_FSDP2``: Accelerate shards from its own config).
 
 ``no-reshard`` (``reshard_after_forward=False``), ``fsdp2-bf16``
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``) and
@@ -21,8 +22,9 @@ script's own or ``fsdp2``'s; not applied when nothing calls ``fully_shard``.
 
 ``zero`` builds each optimizer as ``ZeroRedundancyOptimizer(params,
 optimizer_class=ITS_CLASS, **its_keywords)``, which keeps 1/world of the optimizer's
-state on each rank; not applied outside a process group, with one rank, or on FSDP2's
-sharded parameters (whose state is sharded already).
+state on each rank; not applied outside a process group, with one rank, on FSDP2's
+sharded parameters (whose state is sharded already), or once a Hugging Face Accelerate
+``Accelerator`` exists (``ACCELERATE_ZERO``).
 
 Each lever's cost is the communication it adds, in words and in bytes per GPU per step
 from the parameters' bytes (``communication``): DDP's ring all-reduce sends about
@@ -108,6 +110,7 @@ class Sharding:
         self.error = ""
         self.started = False  # the lever started the process group (the script starts none)
         self.moved = False  # a module with repeated blocks was moved to the GPU
+        self.accelerate = False  # Hugging Face Accelerate's prepare moved the model (not sharded)
         self._local = threading.local()
         self._saved: list[tuple[Any, str, Any]] = []
 
@@ -175,6 +178,9 @@ class Sharding:
 
         def move(module: Any, *args: Any, **kwargs: Any) -> Any:
             if sharding.model is None and sharding._to_gpu(cuda, args, kwargs):
+                if _from_accelerate(sys._getframe(1)):  # its prepare wraps in DDP, which refuses DTensors
+                    sharding.accelerate = True
+                    return original(module, *args, **kwargs)
                 sharding._try_shard(module, caller(sys._getframe(1)))
                 if sharding.model is module and "cpu-offload" in sharding.options:
                     return module  # offloaded shards stay on the CPU; fully_shard moved the buffers
@@ -337,6 +343,8 @@ class ShardingLever:
             return "the script shards with fully_shard itself"
         if s.error:
             return s.error
+        if s.accelerate and not s.moved:
+            return ACCELERATE_FSDP2
         if not s.moved:
             return (
                 "no module with repeated blocks or layers was moved to the GPU with .to()/.cuda() "
@@ -433,6 +441,8 @@ class ZeroLever:
         tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
         if any(isinstance(t, DTensor) for t in tensors):
             return "the model is sharded with FSDP2: its optimizer's state is sharded already"
+        if _accelerator_made():
+            return ACCELERATE_ZERO
         return ""
 
     def report(self) -> LeverReport:
@@ -447,6 +457,35 @@ class ZeroLever:
         text = self.site.text if self.site is not None else ""
         change = _zero_line(text) or describe(self.name).change
         return LeverReport(self.name, True, "", detail, change, self.site.where if self.site else "", words)
+
+
+#: Why the levers leave a Hugging Face Accelerate script alone: its ``prepare`` wraps the
+#: model in DDP (which refuses FSDP2's DTensor parameters) and the optimizer in an
+#: ``AcceleratedOptimizer`` (which reads its state dict at once, which
+#: ``ZeroRedundancyOptimizer`` refuses before a consolidation). Accelerate shards from
+#: its own configuration instead.
+ACCELERATE_FSDP2 = (
+    "the model is moved by Hugging Face Accelerate's prepare, which wraps it in DDP: shard it with "
+    "Accelerate's FSDP2 (accelerate launch --use_fsdp --fsdp_version 2, or "
+    "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))), not simulated here"
+)
+ACCELERATE_ZERO = (
+    "an Accelerator exists: its prepare reads the optimizer's state dict, which ZeroRedundancyOptimizer "
+    "refuses; shard the optimizer's state with Accelerate's DeepSpeed ZeRO or FSDP2 instead"
+)
+
+
+def _from_accelerate(frame: Any) -> bool:
+    """Whether ``frame`` (a ``.to()``/``.cuda()`` call's caller) is Hugging Face Accelerate's."""
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name == "accelerate" or name.startswith("accelerate.")
+
+
+def _accelerator_made() -> bool:
+    """Whether Hugging Face Accelerate's process state exists (an ``Accelerator`` or a
+    ``PartialState`` was made), read without importing it."""
+    state = getattr(sys.modules.get("accelerate.state"), "PartialState", None)
+    return bool(getattr(state, "_shared_state", None))
 
 
 def _listed(params: Any) -> Any:
