@@ -90,7 +90,10 @@ class FakeRunner:
 
 
 @pytest.fixture
-def script(tmp_path):
+def script(tmp_path, monkeypatch):
+    """The script, with the working folder at ``tmp_path``: ``fit`` makes its session
+    folder under ``reports/`` there up front, not in the checkout's."""
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "train.py"
     path.write_text("print('never run: the runner is fake')\n")
     return path
