@@ -203,6 +203,22 @@ def test_equal_peaks_at_small_batches_jump_once_then_search_on():
     assert 2048 in answer.tried  # the one jump: it ran out, so the batch still matters
 
 
+def test_a_stopped_pool_tells_running_trials_from_those_never_started():
+    started, release = threading.Event(), threading.Event()
+
+    def runner(spec):
+        started.set()
+        release.wait(10)
+        return FakeRunner()(spec)
+
+    pool = TrialPool(runner, jobs=1)
+    first, second = TrialSpec((), 1), TrialSpec((), 2)
+    pool.submit(first), pool.submit(second)  # one slot: the second waits for it
+    assert started.wait(10)
+    runner.stop = release.set  # the runner's stop ends the running trial
+    assert pool.stop() == ([first], [second])
+
+
 def test_the_combination_accumulates_then_drops_what_is_not_needed():
     fake = FakeRunner(base=0, per=120, saves={"expandable": 10, "grads-to-none": 1, "checkpoint": 15})
     pool = TrialPool(fake, jobs=2)

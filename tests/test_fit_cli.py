@@ -166,18 +166,15 @@ def test_a_count_of_at_least_1_says_so_for_every_bad_value(option, value, capsys
 
 def test_an_interrupt_names_the_trials_never_started_apart_from_those_it_stopped(tmp_path, capsys):
     """Trials still waiting for a slot were listed as 'stopped, not complete' beside the
-    ones stopped mid-run, though no folder or log of theirs exists."""
+    ones stopped mid-run, though no folder or log of theirs exists (the pool tells them
+    apart: ``test_fit.test_a_stopped_pool_tells_running_trials_from_those_never_started``)."""
     import signal
 
     from gpu_mem_track.advisor.api import FitInterrupted
     from gpu_mem_track.commands.fit import _say_interrupted
 
-    (tmp_path / "baseline").mkdir()
-    (tmp_path / "expandable").mkdir()
-    (tmp_path / "expandable.log").write_text("")
-    (tmp_path / "zero-w2-rank0.log").write_text("")  # a distributed trial's log, per rank
     stop = FitInterrupted(
-        str(tmp_path), [str(tmp_path / "baseline")], ["expandable", "zero-w2", "fused"], signal.SIGTERM
+        str(tmp_path), [str(tmp_path / "baseline")], ["expandable", "zero-w2"], signal.SIGTERM, ["fused"]
     )
     _say_interrupted(stop)
     assert capsys.readouterr().err.splitlines() == [

@@ -48,13 +48,32 @@ class FitInterrupted(KeyboardInterrupt):
     """``fit`` interrupted (Ctrl-C; SIGTERM or SIGHUP where the caller turns them into a
     ``KeyboardInterrupt`` with a ``signum``): every trial was ended and no process of its
     is left. ``folder``: the session folder; ``complete``: the run folders of the trials
-    that ended before (complete reports); ``stopped``: the names of the trials ended or
-    never started (their folders, where any, are not complete); ``signum``: the signal
-    (``signal.SIGINT`` for Ctrl-C)."""
+    that ended before (complete reports); ``stopped``: the names of the trials ended while
+    running (their folders are not complete); ``not_started``: those still waiting for a
+    slot (no folder, no log); ``signum``: the signal (``signal.SIGINT`` for Ctrl-C)."""
 
-    def __init__(self, folder: str, complete: list[str], stopped: list[str], signum: int) -> None:
+    def __init__(
+        self,
+        folder: str,
+        complete: list[str],
+        stopped: list[str],
+        signum: int,
+        not_started: list[str] | None = None,
+    ) -> None:
         super().__init__(f"fit interrupted by signal {signum}")
         self.folder, self.complete, self.stopped, self.signum = folder, complete, stopped, signum
+        self.not_started = not_started or []
+
+    @classmethod
+    def stopping(cls, pool: TrialPool, folder: Path, interrupt: KeyboardInterrupt) -> FitInterrupted:
+        """Stop every trial of ``pool`` (``TrialPool.stop``) and say what ``interrupt``
+        (Ctrl-C, or SIGTERM/SIGHUP turned into one, with its ``signum``) left."""
+        import signal
+
+        running, waiting = pool.stop()
+        complete = [trial.folder for trial in pool.complete]
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        return cls(str(folder), complete, [s.name for s in running], signum, [s.name for s in waiting])
 
 
 def default_jobs() -> int:
@@ -142,12 +161,7 @@ def fit(
         if searches is not None:
             rows = searches.finish(rows)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP turned into one by the caller
-        import signal
-
-        stopped = pool.stop()
-        complete = [trial.folder for trial in pool.complete]
-        signum = getattr(exc, "signum", signal.SIGINT)
-        raise FitInterrupted(str(folder), complete, [spec.name for spec in stopped], signum) from None
+        raise FitInterrupted.stopping(pool, folder, exc) from None
     finally:
         pool.close()
     keep: Accumulation | None = None

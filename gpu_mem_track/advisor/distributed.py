@@ -209,14 +209,9 @@ def fit_distributed(
         if user_accum is not None and user_batch is not None:
             rows += _accumulated(pool, rows, user_batch, user_accum, nproc, threshold, str(accum_arg))
     except KeyboardInterrupt as exc:  # as api.fit: every trial's ranks ended, then FitInterrupted
-        import signal
-
         from .api import FitInterrupted
 
-        stopped = pool.stop()
-        complete = [trial.folder for trial in pool.complete]
-        signum = getattr(exc, "signum", signal.SIGINT)
-        raise FitInterrupted(str(folder), complete, [spec.name for spec in stopped], signum) from None
+        raise FitInterrupted.stopping(pool, folder, exc) from None
     finally:
         pool.close()
     capacity = found.baseline.capacity or spec.capacity

@@ -222,6 +222,7 @@ class TrialPool:
         self._futures: dict[TrialSpec, Future[Trial]] = {}
         self._lock = threading.Lock()
         self._stopped = False
+        self._started: set[TrialSpec] = set()  # handed to the runner (``_run``)
         #: The trials that ended before any stop, in the order they ended.
         self.complete: list[Trial] = []
 
@@ -251,24 +252,28 @@ class TrialPool:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def stop(self) -> list[TrialSpec]:
+    def stop(self) -> tuple[list[TrialSpec], list[TrialSpec]]:
         """Refuse new trials, cancel those not started, end the running ones (the
         runner's ``stop()``, when it has one) and wait for their threads; returns the
-        trials that were running or queued (their folders are not complete)."""
+        trials that were running (their folders are not complete) and those that never
+        started (queued: no folder, no log)."""
         with self._lock:
             self._stopped = True
             pending = [spec for spec, future in self._futures.items() if not future.done()]
+            running = [spec for spec in pending if spec in self._started]
         for spec in pending:
             self._futures[spec].cancel()
         stop = getattr(self.runner, "stop", None)
         if stop is not None:
             stop()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        return pending
+        return running, [spec for spec in pending if spec not in running]
 
     def _run(self, spec: TrialSpec) -> Trial:
-        if self._stopped:
-            raise Stopped("fit was interrupted")
+        with self._lock:  # a stop either sees this trial started or it never starts
+            if self._stopped:
+                raise Stopped("fit was interrupted")
+            self._started.add(spec)
         self.progress(f"trial {spec.name}: started")
         trial = self.runner(spec)
         with self._lock:

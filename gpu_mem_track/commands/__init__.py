@@ -62,15 +62,20 @@ def all_commands() -> tuple[Command, ...]:
     )
 
 
-def count(text: str) -> int:
-    """An argparse type: an integer >= 0."""
+def count(text: str, least: int = 0) -> int:
+    """An argparse type: an integer >= ``least`` (0; ``positive`` for 1)."""
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"not a count >= 0: {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"not a count >= {least}: {text!r}")
     return value
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return count(text, 1)
 
 
 def byte_size(text: str) -> int:

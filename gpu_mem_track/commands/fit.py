@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import Command, count, print_result
+from . import Command, count, positive, print_result
 
 if TYPE_CHECKING:
     from ..advisor.api import FitInterrupted
@@ -27,16 +26,6 @@ def _fraction(text: str) -> float:
         value = -1.0
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"not a fraction in (0, 1]: {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = count(text)
-    except argparse.ArgumentTypeError:
-        value = 0  # -1 or x: "not a count >= 1" too, not count's ">= 0"
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a count >= 1: {text!r}")
     return value
 
 
@@ -73,12 +62,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-batch",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="the largest batch the search of --batch-arg tries (at least the script's batch)",
     )
     parser.add_argument(
-        "--jobs", type=_positive, metavar="N", help="trials run at once (default: the cores available)"
+        "--jobs", type=positive, metavar="N", help="trials run at once (default: the cores available)"
     )
     parser.add_argument(
         "--out-dir",
@@ -88,7 +77,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nproc-per-node",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="simulate the script's ranks on N GPUs as torchrun would start them (rank 0 and the last "
         "rank, each alone), and try the distributed levers (zero, fsdp2 and its options), the best of them "
@@ -268,24 +257,14 @@ def _say_interrupted(stop: FitInterrupted) -> None:
         lines.append(f"complete trial folders ({len(stop.complete)}): {', '.join(stop.complete)}")
     else:
         lines.append("no trial was complete")
-    stopped = [name for name in stop.stopped if _started(Path(stop.folder), name)]
-    if stopped:
-        lines.append(f"stopped, not complete ({len(stopped)}): {', '.join(stopped)} (under {stop.folder}/)")
-    waiting = [name for name in stop.stopped if name not in stopped]
-    if waiting:
-        lines.append(f"not started ({len(waiting)}): {', '.join(waiting)}")
+    if stop.stopped:
+        names = ", ".join(stop.stopped)
+        lines.append(f"stopped, not complete ({len(stop.stopped)}): {names} (under {stop.folder}/)")
+    if stop.not_started:
+        lines.append(f"not started ({len(stop.not_started)}): {', '.join(stop.not_started)}")
     for line in lines:
         sys.stderr.write(f"gpu_mem_track fit: {line}\n")
     sys.stderr.flush()
-
-
-def _started(folder: Path, trial: str) -> bool:
-    """Whether the trial ran at all: its run folder or its log (one per rank) exists."""
-    return (
-        (folder / trial).exists()
-        or (folder / f"{trial}.log").exists()
-        or any(folder.glob(f"{glob.escape(trial)}-rank*.log"))
-    )
 
 
 def _world(args: argparse.Namespace, launched: int | None) -> int | None:
