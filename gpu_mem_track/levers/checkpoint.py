@@ -255,14 +255,12 @@ class CheckpointLever:
         return LeverReport(self.name, True, "", detail, f"{target}.{call}", "", cost)
 
 
-#: Wrappers whose ``module`` is the model they run (``sharding._unwrapped``'s included).
-_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "ShardedModel"})
-
-
 def _wrapped(module: Any) -> Any:
-    """The model inside DDP-style wrappers (``.module``), to name it as the script does."""
-    while type(module).__name__ in _WRAPPERS and getattr(module, "module", None) is not None:
-        module = module.module
+    """The model inside wrappers whose one child is their ``module`` (DDP, DataParallel,
+    the fsdp2 lever's stand-in for a DDP wrap), to name it as the script does."""
+    inner = getattr(module, "module", None)
+    while inner is not None and list(module.children()) == [inner]:
+        module, inner = inner, getattr(inner, "module", None)
     return module
 
 
